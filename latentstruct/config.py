@@ -1,0 +1,199 @@
+"""Dataclass schemas for every config group, registered in Hydra's ConfigStore (DESIGN.md §6).
+
+Each YAML option starts ``defaults: [<schema>, _self_]`` so that an unknown key or a wrong type fails at
+composition, naming the key. Importing this module registers the schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+__all__ = ["register_configs"]
+
+
+def _help(text: str, default: Any = MISSING, **kw) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": text}, **kw)
+    return field(default=default, metadata={"help": text}, **kw)
+
+
+class EvalLatent(str, Enum):
+    map = "map"
+    relaxed = "relaxed"
+
+
+class LatentSource(str, Enum):
+    predicted = "predicted"
+    gold = "gold"
+    none = "none"
+
+
+class Select(str, Enum):
+    last = "last"
+    best = "best"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Baseline(str, Enum):
+    none = "none"
+    moving_average = "moving_average"
+
+
+# ---------------------------------------------------------------------------------------------------- dataset
+@dataclass
+class SyntheticClustersConf:
+    _target_: str = "latentstruct.data.synthetic.synthetic_clusters"
+    num_features: int = _help("input dimension D", 100)
+    num_clusters: int = _help("number of clusters K (also the latent size)", 3)
+    n_train: int = _help("training examples", 5000)
+    n_valid: int = _help("validation examples", 1000)
+    n_test: int = _help("test examples", 1000)
+    noise: float = _help("σ of the isotropic noise around each centre", 0.1)
+    seed: int = _help("data seed: centres, cluster models and samples", 42)
+    data_dir: str | None = _help("unused (generated data)", None)
+
+
+# ------------------------------------------------------------------------------------------- model parts
+@dataclass
+class IdentityEncoderConf:
+    _target_: str = "latentstruct.models.encoders.Identity"
+
+
+@dataclass
+class LinearScorerConf:
+    _target_: str = "latentstruct.models.scorers.Linear"
+    bias: bool = _help("learn a bias b_f", True)
+
+
+@dataclass
+class CategoricalConf:
+    _target_: str = "latentstruct.structures.Categorical"
+
+
+@dataclass
+class DecoderConf:
+    _target_: str = MISSING
+
+
+# ------------------------------------------------------------------------------------------------ estimator
+@dataclass
+class EstimatorConf:
+    _target_: str = MISSING
+    eval_latent: EvalLatent = _help("decoder input at evaluation: relaxed (the relaxation, if any) or map", "relaxed")
+
+
+@dataclass
+class PulledBackConf(EstimatorConf):
+    eta: float = _help("pull-back step size η", 1.0)
+    steps: int = _help("k inner pull-back steps (each extra step calls the decoder)", 1)
+
+
+@dataclass
+class GumbelConf(EstimatorConf):
+    tau: float = _help("temperature τ of the relaxation", 1.0)
+
+
+@dataclass
+class SfeConf(EstimatorConf):
+    baseline: Baseline = _help("control variate: none or moving_average", "none")
+    decay: float = _help("decay of the moving-average baseline", 0.9)
+
+
+# ---------------------------------------------------------------------------------------------- optim etc.
+@dataclass
+class OptimConf:
+    _target_: str = MISSING
+    _partial_: bool = True
+    lr: float = _help("learning rate", 1e-3)
+    weight_decay: float = _help("weight decay (decoupled for AdamW)", 0.0)
+
+
+@dataclass
+class TrainerConf:
+    device: Device = _help("auto (cuda if available), cpu or cuda", "auto")
+    max_steps: int | None = _help("optimizer steps; null = max_epochs × batches per epoch", None)
+    max_epochs: int | None = _help("epochs, used when max_steps is null", None)
+    batch_size: int | None = _help("examples per step; null = the full training set", None)
+    eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None)
+    select: Select = _help("report the last evaluation or the best by valid/acc", "last")
+    seed: int = _help("model seed (initialisation, noise, shuffling)", 301)
+    resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
+    force: bool = _help("re-run even if metrics.json says completed", False)
+    threads: int | None = _help("torch CPU threads; null = torch's default", None)
+    progress: bool = _help("show a progress bar", True)
+    log_every: int = _help("send the training loss to the logger every this many steps", 100)
+
+
+@dataclass
+class LoggerConf:
+    _target_: str = MISSING
+
+
+@dataclass
+class WandbLoggerConf(LoggerConf):
+    project: str = _help("wandb project", "latentstruct")
+    mode: str = _help("offline (default: never touches the network), online or disabled", "offline")
+
+
+@dataclass
+class PathsConf:
+    data_dir: str = _help("root of the real datasets", "${oc.env:LATENTSTRUCT_DATA,data}")
+    output_dir: str = _help("this run's directory (Hydra's)", "${hydra:runtime.output_dir}")
+    multirun_dir: str = _help("root of the sweeps' deterministic directories", "multirun")
+
+
+@dataclass
+class TrainConf:
+    dataset: Any = MISSING
+    encoder: Any = MISSING
+    scorer: Any = MISSING
+    structure: Any = MISSING
+    estimator: Any = MISSING
+    decoder: Any = MISSING
+    optim: Any = MISSING
+    trainer: TrainerConf = field(default_factory=TrainerConf)
+    logger: Any = MISSING
+    paths: PathsConf = field(default_factory=PathsConf)
+    latent: LatentSource = _help("what the decoder is fed: predicted (estimator), gold (oracle) or none", "predicted")
+    tuned: dict[str, Any] = _help("tuned hyper-parameters an experiment interpolates from (per setting)", {})
+
+
+_SCHEMAS = {
+    ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
+    ("encoder", "base_encoder"): IdentityEncoderConf,
+    ("scorer", "base_scorer"): LinearScorerConf,
+    ("structure", "base_structure"): CategoricalConf,
+    ("decoder", "base_decoder"): DecoderConf,
+    ("estimator", "base_estimator"): EstimatorConf,
+    ("estimator", "base_pulled_back"): PulledBackConf,
+    ("estimator", "base_gumbel"): GumbelConf,
+    ("estimator", "base_sfe"): SfeConf,
+    ("optim", "base_optim"): OptimConf,
+    ("trainer", "base_trainer"): TrainerConf,
+    ("logger", "base_logger"): LoggerConf,
+    ("logger", "base_wandb"): WandbLoggerConf,
+    ("paths", "base_paths"): PathsConf,
+}
+
+
+def register_configs() -> None:
+    # ``${k:${dataset.num_clusters}}`` -> "k10": a string key into a per-setting ``tuned`` table (an interpolated
+    # key segment must be a string, and a bare integer cannot be one).
+    OmegaConf.register_new_resolver("k", lambda value: f"k{value}", replace=True)
+    cs = ConfigStore.instance()
+    cs.store(name="base_train", node=TrainConf)
+    for (group, name), node in _SCHEMAS.items():
+        cs.store(group=group, name=name, node=node)
+
+
+register_configs()

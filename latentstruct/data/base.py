@@ -1,0 +1,47 @@
+"""Datasets as in-memory tensors with a deterministic, resumable batch iterator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["TensorSplits", "iterate_batches", "num_batches"]
+
+
+@dataclass
+class TensorSplits:
+    """``splits[name]`` is a dict of equally long tensors (e.g. ``x``, ``y``, ``z``); the ``dims`` tell the model
+    builder its sizes (``input_dim``, ``num_classes``, ``latent_dim``)."""
+
+    splits: dict[str, dict[str, torch.Tensor]]
+    dims: dict[str, int] = field(default_factory=dict)
+
+    def size(self, split: str) -> int:
+        return len(next(iter(self.splits[split].values())))
+
+
+def num_batches(n: int, batch_size: int | None) -> int:
+    return 1 if not batch_size else -(-n // batch_size)
+
+
+def iterate_batches(
+    data: dict[str, torch.Tensor],
+    batch_size: int | None,
+    shuffle_seed: int | None = None,
+    start: int = 0,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield batches from batch index ``start`` on. ``batch_size=None`` is one full batch; a shuffle order depends
+    only on ``shuffle_seed`` so that a resumed run sees exactly the batches it would have seen."""
+    n = len(next(iter(data.values())))
+    if not batch_size:
+        if start == 0:
+            yield data
+        return
+    order = torch.arange(n)
+    if shuffle_seed is not None:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
+    for i in range(start * batch_size, n, batch_size):
+        idx = order[i : i + batch_size]
+        yield {k: v[idx] for k, v in data.items()}

@@ -1,0 +1,25 @@
+"""Gradient estimators (DESIGN.md §5): how gradients cross the argmax. Each is written once, against the
+structure interface, so that it works unchanged on every structure."""
+
+from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
+from latentstruct.estimators.relaxed import GumbelSoftmax, Marginals, Sparsemap
+from latentstruct.estimators.stochastic import PerturbAndMap, Sfe, StGumbel
+from latentstruct.estimators.surrogate import PulledBack, Spigot, SpigotCe, SpigotEg, SteI, SteS
+
+__all__ = [
+    "Estimator",
+    "PulledBack",
+    "loss_gradient",
+    "surrogate",
+    "Marginals",
+    "Sparsemap",
+    "GumbelSoftmax",
+    "StGumbel",
+    "PerturbAndMap",
+    "Sfe",
+    "SteI",
+    "SteS",
+    "Spigot",
+    "SpigotCe",
+    "SpigotEg",
+]

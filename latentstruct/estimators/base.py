@@ -1,0 +1,94 @@
+"""The estimator interface (DESIGN.md §5, a contract) and the machinery shared by the surrogate-gradient families.
+
+``latent = estimator(scores, structure, lengths=None, downstream=None)``
+
+``downstream(mu)`` returns the per-example loss ``[batch]`` of the decoder fed a candidate μ, with everything
+upstream of the scores detached. The training loss is its batch mean, so γ(μ) = ∇_μ mean(downstream(μ)) is the
+gradient the optimizer would see at μ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from latentstruct.structures.base import Structure
+
+__all__ = ["Estimator", "Downstream", "loss_gradient", "surrogate"]
+
+Downstream = Callable[[torch.Tensor], torch.Tensor]
+EVAL_LATENTS = ("map", "relaxed")
+
+
+def loss_gradient(downstream: Downstream | None, mu: torch.Tensor, who: str = "this estimator") -> torch.Tensor:
+    """γ(μ) = ∇_μ mean(downstream(μ)), computed without touching any parameter's ``.grad``."""
+    if downstream is None:
+        raise ValueError(f"{who} needs the `downstream` closure to evaluate the loss at a pulled-back μ")
+    with torch.enable_grad():
+        mu = mu.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(downstream(mu).mean(), mu)
+    return grad
+
+
+class _Surrogate(torch.autograd.Function):
+    """Identity on the forward value ``z``; the backward replaces ∂z/∂s by ``backward_fn(γ)``."""
+
+    @staticmethod
+    def forward(ctx, scores, z, backward_fn):
+        ctx.backward_fn = backward_fn
+        return z.clone()
+
+    @staticmethod
+    def backward(ctx, grad_z):
+        return ctx.backward_fn(grad_z), None, None
+
+
+def surrogate(scores: torch.Tensor, z: torch.Tensor, backward_fn: Callable[[torch.Tensor], torch.Tensor]):
+    """Return ``z`` in the forward pass, and ``backward_fn(γ(z))`` as the gradient w.r.t. ``scores``.
+
+    ``γ(z)`` is the incoming gradient: since the loss is the batch mean of ``downstream``, it equals
+    ∇_z mean(downstream(z)) — the "free" first inner step of Algorithm 1 (seed 001).
+    """
+    if not scores.requires_grad:
+        return z
+    return _Surrogate.apply(scores, z.detach(), backward_fn)
+
+
+class Estimator(nn.Module):
+    """Base class. ``relaxed`` estimators feed the decoder a continuous relaxation while training; at evaluation
+    ``eval_latent`` decides what the decoder sees: ``"relaxed"`` (the estimator's deterministic relaxation; MAP for
+    the non-relaxed ones) or ``"map"`` (always MAP).
+    """
+
+    relaxed: bool = False
+
+    def __init__(self, eval_latent: str = "relaxed"):
+        super().__init__()
+        if eval_latent not in EVAL_LATENTS:
+            raise ValueError(f"eval_latent must be one of {EVAL_LATENTS}, got {eval_latent!r}")
+        self.eval_latent = eval_latent
+
+    def forward(
+        self,
+        scores: torch.Tensor,
+        structure: Structure,
+        lengths: torch.Tensor | None = None,
+        downstream: Downstream | None = None,
+    ) -> torch.Tensor:
+        if self.training:
+            return self.train_forward(scores, structure, lengths, downstream)
+        if self.relaxed and self.eval_latent == "relaxed":
+            return self.relax(scores, structure, lengths)
+        return structure.map(scores, lengths)
+
+    def train_forward(self, scores, structure, lengths, downstream):
+        raise NotImplementedError
+
+    def relax(self, scores, structure, lengths):
+        """The deterministic relaxation fed to the decoder at evaluation (relaxed estimators only)."""
+        return structure.map(scores, lengths)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "training")

@@ -1,0 +1,159 @@
+"""Run records -> the seed papers' figures (PNG), e.g. seed 001's Figures 2 and 3 on the synthetic clusters.
+
+Runs are selected from their records with :func:`latentstruct.tables.load_runs` (never from file names);
+only completed runs are drawn. Figures are built on the Agg canvas directly: no display, no pyplot state.
+
+    python -m latentstruct.figures learning-curves --runs multirun/ --out results/spigot/learning_curves.png
+    python -m latentstruct.figures inner-steps --runs multirun/ --out results/spigot/inner_steps.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from latentstruct.tables import aggregate, filter_runs, load_runs
+
+__all__ = ["learning_curves", "inner_steps", "main"]
+
+_LABELS = {
+    "synthetic_marginals": "Softmax",
+    "synthetic_sparsemap": "Sparsemax",
+    "synthetic_ste_s": "STE-S",
+    "synthetic_ste_i": "STE-I",
+    "synthetic_spigot": "SPIGOT",
+    "synthetic_spigot_ce": "SPIGOT-CE",
+    "synthetic_spigot_eg": "SPIGOT-EG",
+}
+_PANELS = (("test/acc", "Test accuracy"), ("test/v_measure", "Test V-measure"))
+_INNER = ("synthetic_ste_i", "synthetic_spigot", "synthetic_spigot_ce", "synthetic_spigot_eg")
+
+
+def _completed(runs_root, num_clusters: int, where: dict | None) -> pd.DataFrame:
+    runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
+    if runs.empty:
+        raise ValueError(f"no run records (metrics.json) under {runs_root}")
+    return filter_runs(runs[runs["completed"]], {"dataset.num_clusters": num_clusters, **(where or {})})
+
+
+def _save(fig: Figure, out: str | Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    FigureCanvasAgg(fig).print_png(str(out))
+    return out
+
+
+def learning_curves(runs_root, out, experiments=("synthetic_marginals", "synthetic_ste_i", "synthetic_spigot",
+                                                 "synthetic_spigot_ce"), num_clusters: int = 10,
+                    where: dict | None = None) -> Path:
+    """Test accuracy and V-measure against training step (seed 001, Figure 2).
+
+    One line per experiment (``choices.experiment``): the median over seeds of each run's ``history.csv`` at
+    every evaluation step, with a shaded min–max band. ``runs_root``: a directory or a run frame; ``where``:
+    an extra flat-key match (e.g. ``{"estimator.steps": 1}``) when other sweeps share the directory.
+    """
+    runs = _completed(runs_root, num_clusters, where)
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
+    drawn = 0
+    for exp in experiments:
+        paths = [Path(d) / "history.csv" for d in filter_runs(runs, {"choices.experiment": exp})["run_dir"]]
+        frames = [pd.read_csv(p) for p in paths if p.is_file()]
+        if not frames:
+            continue
+        drawn += 1
+        history = pd.concat(frames)
+        for ax, (metric, _) in zip(axes, _PANELS, strict=True):
+            stats = history.dropna(subset=[metric]).groupby("step")[metric].agg(["median", "min", "max"])
+            label = f"{_LABELS.get(exp, exp)} (n={len(frames)})"
+            (line,) = ax.plot(stats.index, stats["median"], label=label)
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.2)
+    if not drawn:
+        raise ValueError(f"no completed run with a history.csv for {list(experiments)} and K={num_clusters}")
+    for ax, (_, title) in zip(axes, _PANELS, strict=True):
+        ax.set(xlabel="training step", ylabel=title, title=f"{title} (K={num_clusters})")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    return _save(fig, out)
+
+
+def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
+                where: dict | None = None) -> pd.DataFrame:
+    """Test accuracy and V-measure against the number of pull-back steps k (seed 001, Figure 3).
+
+    For each (experiment, ``estimator.steps``) the ``estimator.eta`` with the best median ``valid/acc`` over
+    seeds is chosen (ties: the smallest η); its test metrics are drawn as median ± standard error. Also writes
+    a Markdown companion (``out`` with suffix ``.md``). Returns one line per (method, k): eta, acc, acc_err,
+    v_measure, v_measure_err, n_runs. ``where``: an extra flat-key match, as in :func:`learning_curves`.
+    """
+    runs = _completed(runs_root, num_clusters, where)
+    picked = []
+    for exp in experiments:
+        sel = filter_runs(runs, {"choices.experiment": exp})
+        if sel.empty or "estimator.steps" not in sel or "metric.valid/acc" not in sel:
+            continue
+        for k, at_k in sel.groupby("estimator.steps"):
+            valid = at_k.groupby("estimator.eta")["metric.valid/acc"].median().dropna()
+            if valid.empty:
+                continue
+            chosen = filter_runs(at_k, {"estimator.eta": valid.idxmax()})
+            acc, acc_err = aggregate(chosen["metric.test/acc"])
+            vm, vm_err = aggregate(chosen["metric.test/v_measure"])
+            picked.append({"method": _LABELS.get(exp, exp), "k": k, "eta": valid.idxmax(), "acc": acc,
+                           "acc_err": acc_err, "v_measure": vm, "v_measure_err": vm_err,
+                           "n_runs": len(chosen)})
+    if not picked:
+        raise ValueError(f"no completed run of {list(experiments)} with estimator.steps and estimator.eta "
+                         f"for K={num_clusters}")
+    table = pd.DataFrame(picked)
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
+    panels = (("acc", "Test accuracy"), ("v_measure", "Test V-measure"))
+    for ax, (column, title) in zip(axes, panels, strict=True):
+        for method, lines in table.groupby("method", sort=False):
+            ax.errorbar(lines["k"], lines[column], yerr=lines[f"{column}_err"], marker="o", capsize=3,
+                        label=method)
+            for _, p in lines.iterrows():
+                ax.annotate(f"η={p.eta:g}", (p.k, p[column]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7)
+        ax.set(xlabel="pull-back steps k", ylabel=title, title=f"{title} (K={num_clusters}, best η per k)")
+        ax.set_xticks(sorted(table["k"].unique()))
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    out = _save(fig, out)
+    rows = [f"| {p.method} | {p.k} | {p.eta:g} | {p.acc:.2f} ± {p.acc_err:.2f} | "
+            f"{p.v_measure:.2f} ± {p.v_measure_err:.2f} | {p.n_runs} |" for p in table.itertuples()]
+    out.with_suffix(".md").write_text("\n".join([
+        f"# Pull-back steps k (K={num_clusters}); η chosen by median valid/acc", "",
+        "| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|", *rows]) + "\n")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: draw one figure from the run records under ``--runs``."""
+    parser = argparse.ArgumentParser(prog="python -m latentstruct.figures",
+                                     description="Draw a paper figure (PNG) from run records.")
+    parser.add_argument("figure", choices=["learning-curves", "inner-steps"],
+                        help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table)")
+    parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
+    parser.add_argument("--out", required=True, help="PNG file to write")
+    parser.add_argument("--num-clusters", type=int, default=10,
+                        help="dataset.num_clusters of the runs to draw (default 10)")
+    args = parser.parse_args(argv)
+    draw = learning_curves if args.figure == "learning-curves" else inner_steps
+    try:
+        draw(args.runs, args.out, num_clusters=args.num_clusters)
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Loggers: where training curves go besides the run record (which is always written)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+__all__ = ["NoLogger", "CsvLogger", "WandbLogger"]
+
+
+class NoLogger:
+    """Only the run record (metrics.json, history.csv)."""
+
+    def __init__(self, output_dir: str | None = None, run_config: dict | None = None):
+        pass
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class CsvLogger(NoLogger):
+    """Appends every logged row to ``train_log.csv`` in the run directory (one column set per file)."""
+
+    def __init__(self, output_dir: str, run_config: dict | None = None):
+        self.path = Path(output_dir) / "train_log.csv"
+
+    def log(self, step, metrics):
+        row = {"step": step, **metrics}
+        new = not self.path.exists()
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row), extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class WandbLogger(NoLogger):
+    """Weights & Biases. ``mode="offline"`` (the default) writes under the run directory and never needs the
+    network; ``wandb sync`` uploads later."""
+
+    def __init__(self, output_dir: str, run_config: dict | None = None, project: str = "latentstruct", mode="offline"):
+        import wandb  # imported here: heavy, and only this logger needs it
+
+        self.run = wandb.init(project=project, mode=mode, dir=output_dir, config=run_config, reinit=True)
+
+    def log(self, step, metrics):
+        self.run.log(metrics, step=step)
+
+    def finish(self):
+        self.run.finish()

@@ -1,0 +1,1 @@
+"""Model parts: encoders, scorers, decoders."""

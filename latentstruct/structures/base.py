@@ -1,0 +1,94 @@
+"""The structure interface (DESIGN.md §4, a contract).
+
+A structure is a set of vertices Z ⊂ {0, 1}^parts. Given part scores s it answers the questions every estimator asks:
+the best vertex (``map``), the mean of the Gibbs distribution p(z) ∝ exp <s, z> (``marginals``), the Euclidean
+projection onto M = conv(Z) (``sparsemap``), perturb-and-MAP samples and the log-partition function.
+All methods are batched over the first dimension of ``scores``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Structure", "gumbel_like"]
+
+
+def gumbel_like(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Standard Gumbel noise -log(-log U) shaped like ``scores`` (same dtype and device)."""
+    u = torch.rand(scores.shape, generator=generator, dtype=scores.dtype, device=scores.device)
+    tiny = torch.finfo(scores.dtype).tiny
+    neg_log_u = -torch.log(u.clamp_min(tiny))
+    return -torch.log(neg_log_u.clamp_min(tiny))
+
+
+class Structure:
+    """Base class of every latent structure. Subclasses implement ``map``, ``log_partition`` and ``enumerate``;
+    ``marginals`` defaults to the gradient of the log-partition, ``sample`` to perturb-and-MAP.
+
+    Structures are stateless: they hold only their combinatorial hyper-parameters (e.g. ``multiroot``).
+    """
+
+    def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """argmax_{z in Z} <s, z>: a 0/1 tensor shaped like ``scores``, without gradient."""
+        raise NotImplementedError
+
+    def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """log Σ_z exp <s, z>, shape ``[batch]``, differentiable."""
+        raise NotImplementedError
+
+    def enumerate(self, n: int) -> torch.Tensor:
+        """Every vertex for size ``n``, shape ``[V, *part_shape]`` (small n only: the ground truth for tests)."""
+        raise NotImplementedError
+
+    def marginals(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """E_p[z] for p(z) ∝ exp <s, z>, shaped like ``scores``; the gradient of ``log_partition``.
+
+        Differentiable (twice-differentiable log-partition) when ``scores`` requires grad.
+        """
+        with torch.enable_grad():
+            s = scores if scores.requires_grad else scores.detach().requires_grad_(True)
+            log_z = self.log_partition(s, lengths).sum()
+            (mu,) = torch.autograd.grad(log_z, s, create_graph=scores.requires_grad)
+        return mu
+
+    def sparsemap(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """argmin_{μ in conv(Z)} ||μ - s||²: the Euclidean projection onto the marginal polytope."""
+        raise NotImplementedError(f"{type(self).__name__} has no SparseMAP yet")
+
+    def sample(
+        self,
+        scores: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Perturb-and-MAP: MAP(s + G) with i.i.d. standard Gumbel noise G on every part."""
+        return self.map(scores + gumbel_like(scores, generator), lengths)
+
+    def exact_sample(
+        self,
+        scores: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """z ~ p(z | s) ∝ exp <s, z> exactly (what the score-function estimator needs).
+
+        Part-level perturb-and-MAP is exact only when every vertex has one part (Categorical); structures with an
+        exact sampler override this.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no exact Gibbs sampler; perturb-and-MAP with part-level noise "
+            "(`sample`) is not one"
+        )
+
+    @staticmethod
+    def score(z: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """<s, z> per example, shape ``[batch]``."""
+        return (z * scores).flatten(1).sum(-1)
+
+    def log_prob(self, z: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """log p(z | s) = <s, z> - log Z(s), shape ``[batch]``."""
+        return self.score(z, scores) - self.log_partition(scores, lengths)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"

@@ -1,0 +1,242 @@
+"""Run records -> paper tables, side by side with the paper's numbers (DESIGN.md §7).
+
+A run record is a directory holding ``metrics.json`` and ``.hydra/{config,hydra}.yaml``. Runs are selected by
+what they *are* (their composed config and Hydra choices), never by their file names. A table spec (YAML,
+see ``experiments/spigot/table2.yaml``) says which runs make which row, setting and metric, how to aggregate
+them, the tolerance, and where the paper's numbers are (``reference.csv``).
+
+    python -m latentstruct.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import numbers
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+__all__ = ["load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
+
+_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "best_epoch",
+                  "best_step", "error")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _read_yaml(path: Path) -> dict:
+    # safe_load keeps `${...}` interpolations as plain strings; resolving them could call arbitrary resolvers.
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def load_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run directory under ``root`` (searched recursively for ``metrics.json``).
+
+    Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``), ``choices.<group>`` from
+    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
+    ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, best_epoch,
+    best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
+    same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an unreadable
+    metrics.json counts as failed.
+    """
+    rows = []
+    for metrics_path in sorted(Path(root).rglob("metrics.json")):
+        run_dir = metrics_path.parent
+        try:
+            record = json.loads(metrics_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            record = {"status": "failed", "error": f"unreadable metrics.json: {exc}"}
+        row = _flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
+        choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
+        row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
+        row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
+        row.update({field: record.get(field) for field in _RECORD_FIELDS})
+        row["run_dir"] = str(run_dir)
+        row["completed"] = record.get("status") == "completed"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_spec(path: str | Path) -> dict:
+    """Read a table spec; its ``reference`` is resolved relative to the spec file into ``reference_path``."""
+    path = Path(path)
+    spec = yaml.safe_load(path.read_text())
+    if spec.get("reference"):
+        spec["reference_path"] = str(path.parent / spec["reference"])
+    return spec
+
+
+def _equal(value, target) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return target is None
+    if isinstance(value, numbers.Real) and isinstance(target, numbers.Real) and not isinstance(value, bool):
+        return math.isclose(value, target, rel_tol=1e-9, abs_tol=1e-12)
+    return str(value) == str(target)
+
+
+def filter_runs(runs: pd.DataFrame, match: dict | None) -> pd.DataFrame:
+    """The runs whose flat keys equal every ``key: value`` of ``match`` (a missing key never matches)."""
+    keep = pd.Series(True, index=runs.index)
+    for key, target in (match or {}).items():
+        if key not in runs:
+            return runs.iloc[0:0]
+        keep &= runs[key].map(lambda v, t=target: _equal(v, t))
+    return runs[keep]
+
+
+def aggregate(values, how: str = "median_se") -> tuple[float, float]:
+    """(centre, error) of ``values`` by ``median_se``, ``mean_se`` or ``mean_std``.
+
+    The std is the sample std (ddof=1); the error is 0 for a single value and NaN for none.
+    """
+    s = pd.Series(values, dtype=float).dropna()
+    if s.empty:
+        return math.nan, math.nan
+    std = float(s.std(ddof=1)) if len(s) > 1 else 0.0
+    centres = {"median_se": s.median(), "mean_se": s.mean(), "mean_std": s.mean()}
+    if how not in centres:
+        raise ValueError(f"unknown aggregate {how!r}; choose one of {sorted(centres)}")
+    return float(centres[how]), (std if how == "mean_std" else std / math.sqrt(len(s)))
+
+
+def _reference(spec: dict) -> dict:
+    if not spec.get("reference_path"):
+        return {}
+    ref = pd.read_csv(spec["reference_path"], dtype={"row": str, "setting": str, "metric": str})
+    ref = ref[ref["table"] == spec.get("reference_table", spec["table"])]
+    return {(r.row, r.setting, r.metric): (float(r.value), float(r.error)) for r in ref.itertuples()}
+
+
+def _cells(spec: dict, runs: pd.DataFrame):
+    """Yield (row, setting, matching runs) for every row x setting of the spec."""
+    runs = filter_runs(runs, spec.get("where"))
+    for row in spec["rows"]:
+        in_row = filter_runs(runs, row.get("match"))
+        for setting in spec["settings"]:
+            yield row, setting, filter_runs(in_row, setting.get("match"))
+
+
+def build_table(spec_path, runs_root) -> pd.DataFrame:
+    """Long-format table: one line per (row, setting, metric).
+
+    ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
+    :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err,
+    diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run).
+    """
+    spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
+    runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
+    ref, how = _reference(spec), spec.get("aggregate", "median_se")
+    tol = spec.get("tolerance", {})
+    out = []
+    for row, setting, cell in _cells(spec, runs):
+        done = cell[cell["completed"]] if len(cell) else cell
+        for metric in spec["metrics"]:
+            column = f"metric.{metric['name']}"
+            values = done[column] if column in done else []
+            ours, ours_err = aggregate(values, how)
+            paper, paper_err = ref.get((row["name"], setting["name"], metric["name"]), (math.nan, math.nan))
+            allowed = max(tol.get("abs", 0.0), tol.get("err_factor", 0.0) * math.hypot(ours_err, paper_err))
+            known = not (math.isnan(ours) or math.isnan(paper))
+            out.append({"row": row["name"], "setting": setting["name"], "metric": metric["name"],
+                        "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
+                        "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
+                        "diff": ours - paper, "tol": allowed if known else math.nan,
+                        "agrees": bool(abs(ours - paper) <= allowed) if known else None})
+    return pd.DataFrame(out)
+
+
+def _fmt(x: float) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
+    used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+    used = used.drop_duplicates("run_dir") if len(used) else used
+    done = used[used["completed"]] if len(used) else used
+
+    def values(col):
+        return ", ".join(sorted({str(v) for v in done.get(col, pd.Series(dtype=object)).dropna()})) or "—"
+
+    wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [f"- git commit(s): {values('git_commit')}", f"- hardware: {values('hardware')}",
+            f"- torch: {values('torch')}", f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
+            f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
+            f"- generated: {now}",
+            f"- regenerate with: `{spec.get('command', 'python -m latentstruct.tables')}`"]
+
+
+def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.DataFrame) -> Path:
+    """Write title, provenance, one line per row, cells outside tolerance and notes to ``out_path``."""
+    labels = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
+    cols = [(s["name"], m["name"]) for s in spec["settings"] for m in spec["metrics"]]
+    header = ["Model"] + [f"{s} {labels[m]}: {h}" for s, m in cols for h in ("ours (n)", "paper", "Δ", "ok")]
+    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cell = df.set_index(["row", "setting", "metric"])
+    for row in spec["rows"]:
+        parts = [row.get("label", row["name"])]
+        for s, m in cols:
+            c = cell.loc[(row["name"], s, m)]
+            failed = f", {c.n_failed} failed" if c.n_failed else ""
+            ours = f"{_fmt(c.ours)} ± {_fmt(c.ours_err)} ({c.n_runs}{failed})"
+            ours = ours if c.n_runs else f"— (0{failed})"
+            verdict = {True: "✓", False: "✗"}.get(c.agrees, "—")
+            parts += [ours, f"{_fmt(c.paper)} ± {_fmt(c.paper_err)}", _fmt(c["diff"]), verdict]
+        lines.append("| " + " | ".join(parts) + " |")
+    names = {r["name"]: r.get("label", r["name"]) for r in spec["rows"]}
+    bad = df[df["agrees"].astype(object).eq(False)]
+    lines += ["", "## Cells outside tolerance", ""]
+    lines += [f"- {names[c.row]}, {c.setting}, {c.metric}: ours {_fmt(c.ours)} ± {_fmt(c.ours_err)}"
+              f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
+              f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}"
+              for _, c in bad.iterrows()] or ["- none"]
+    missing = df[df["n_runs"] == 0]
+    if len(missing):
+        lines += ["", "Cells without completed runs: "
+                  + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
+    if spec.get("notes"):
+        lines += ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]]
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("\n".join(lines) + "\n")
+    return out_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: build one table from a spec and a runs directory, write Markdown, print the long table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m latentstruct.tables",
+        description="Aggregate run records (metrics.json + .hydra/) into a paper table with the paper's "
+                    "numbers, the difference and a within-tolerance verdict per cell, written as Markdown.")
+    parser.add_argument("spec", help="table spec YAML, e.g. experiments/spigot/table2.yaml")
+    parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
+    parser.add_argument("--out", help="Markdown file to write (default: the spec's `output`)")
+    args = parser.parse_args(argv)
+    spec, runs = load_spec(args.spec), load_runs(args.runs)
+    df = build_table(spec, runs)
+    if df["n_runs"].sum() == 0:
+        sys.exit(f"error: no completed run under {args.runs} matches any cell of {args.spec} "
+                 f"({len(runs)} run record(s) found)")
+    out = args.out or spec.get("output") or f"results/{spec['paper']}/{spec['table']}.md"
+    print(f"wrote {write_markdown(df, spec, out, runs)}")
+    print(df.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

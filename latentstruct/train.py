@@ -1,0 +1,214 @@
+"""The single entry point: ``python -m latentstruct.train [overrides]``.
+
+``train(cfg) -> metrics`` reads top to bottom: build → loop → evaluate under no_grad → write. ``main`` is the
+``@hydra.main`` wrapper that also records a crashed run as ``status: failed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+
+import latentstruct.config  # noqa: F401  (registers the config schemas)
+from latentstruct.data.base import iterate_batches, num_batches
+from latentstruct.records import (
+    environment,
+    load_checkpoint,
+    read_record,
+    save_checkpoint,
+    write_history,
+    write_json,
+)
+from latentstruct.tasks import LatentClassifier
+
+__all__ = ["train", "main"]
+
+log = logging.getLogger("latentstruct")
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is available (use trainer.device=auto or cpu)")
+    return torch.device(name)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def build_model(cfg: DictConfig, dims: dict[str, int]) -> LatentClassifier:
+    """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates."""
+    encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])
+    return LatentClassifier(
+        encoder=encoder,
+        scorer=instantiate(cfg.scorer, in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
+        structure=instantiate(cfg.structure),
+        estimator=instantiate(cfg.estimator),
+        decoder=instantiate(
+            cfg.decoder,
+            in_features=encoder.output_dim,
+            latent_dim=dims["latent_dim"],
+            num_classes=dims["num_classes"],
+        ),
+        latent=str(cfg.latent.value if hasattr(cfg.latent, "value") else cfg.latent),
+    )
+
+
+def _print_metrics(metrics: dict[str, float], header: str) -> None:
+    width = max(map(len, metrics), default=0)
+    lines = [header, f"{'metric':<{width}}  value", f"{'-' * width}  -------"]
+    lines += [f"{k:<{width}}  {v:7.2f}" for k, v in metrics.items()]
+    print("\n".join(lines), flush=True)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict."""
+    out = Path(cfg.paths.output_dir)
+    record = read_record(out)
+    if record and record.get("status") == "completed" and not cfg.trainer.force:
+        log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
+        return record
+
+    # ---- build
+    tc = cfg.trainer
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    _seed_everything(tc.seed)
+    device = _device(str(tc.device.value if hasattr(tc.device, "value") else tc.device))
+    data = instantiate(cfg.dataset)
+    splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
+    model = build_model(cfg, data.dims).to(device)
+    optimizer = instantiate(cfg.optim)(model.parameters())
+    per_epoch = num_batches(data.size("train"), tc.batch_size)
+    if tc.max_steps is None and tc.max_epochs is None:
+        raise ValueError("set trainer.max_steps or trainer.max_epochs")
+    max_steps = tc.max_steps if tc.max_steps is not None else tc.max_epochs * per_epoch
+    eval_every = tc.eval_every or per_epoch
+    logger = instantiate(
+        cfg.logger, output_dir=str(out), run_config=OmegaConf.to_container(cfg), _recursive_=False, _convert_="all"
+    )
+
+    step, history, elapsed = 0, [], 0.0
+    ckpt_path = out / "checkpoint.pt"
+    if tc.resume and ckpt_path.exists():
+        ckpt = load_checkpoint(ckpt_path, device)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
+        _set_rng_state(ckpt["rng"])
+        log.info("resumed %s at step %d", out, step)
+
+    # ---- loop
+    start = time.perf_counter() - elapsed
+    loss_sum, loss_count = 0.0, 0
+    model.train()
+    bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
+    while step < max_steps:
+        epoch, offset = divmod(step, per_epoch)
+        shuffle = None if tc.batch_size is None else tc.seed * 100_003 + epoch
+        for batch in iterate_batches(splits["train"], tc.batch_size, shuffle, start=offset):
+            loss = model(batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+            bar.update(1)
+            if step % tc.log_every == 0:
+                logger.log(step, {"train/loss": loss.item()})
+            if step % eval_every == 0 or step == max_steps:
+                # ---- evaluate
+                row = {"step": step, "epoch": step / per_epoch, "train/loss": loss_sum / loss_count}
+                for split in ("valid", "test"):
+                    row.update({f"{split}/{k}": v for k, v in model.evaluate(splits[split], tc.batch_size).items()})
+                row["wall_seconds"] = time.perf_counter() - start
+                history.append(row)
+                loss_sum, loss_count = 0.0, 0
+                logger.log(step, row)
+                bar.set_postfix({"loss": f"{row['train/loss']:.3f}", "valid/acc": f"{row['valid/acc']:.2f}"})
+                write_history(out / "history.csv", history)
+                save_checkpoint(
+                    ckpt_path,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "step": step,
+                        "history": history,
+                        "wall_seconds": row["wall_seconds"],
+                        "rng": _rng_state(),
+                        "config": OmegaConf.to_container(cfg),
+                    },
+                )
+            if step >= max_steps:
+                break
+    bar.close()
+    logger.finish()
+
+    # ---- write
+    select = str(tc.select.value if hasattr(tc.select, "value") else tc.select)
+    chosen = max(history, key=lambda r: r["valid/acc"]) if select == "best" else history[-1]
+    metrics = {k: v for k, v in chosen.items() if k.startswith(("valid/", "test/"))}
+    record = {
+        "status": "completed",
+        "metrics": metrics,
+        "best_epoch": int(np.ceil(chosen["epoch"])),
+        "best_step": chosen["step"],
+        "seed": tc.seed,
+        **environment(device),
+        "wall_seconds": time.perf_counter() - start,
+        "steps": step,
+        "selection": select,
+    }
+    write_json(out / "metrics.json", record)
+    _print_metrics(metrics, f"{out}  ({select} evaluation, step {chosen['step']})")
+    return record
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    out = Path(cfg.paths.output_dir)
+    try:
+        record = train(cfg)
+    except BaseException as err:  # record the failure, then let Hydra / the shell see it
+        write_json(
+            out / "metrics.json",
+            {"status": "failed", "error": f"{type(err).__name__}: {err}", "seed": cfg.trainer.seed,
+             **environment(torch.device("cpu"))},
+        )
+        raise
+    # The returned value lets Hydra sweepers optimise validation accuracy.
+    return record["metrics"].get("valid/acc")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""latentstruct.tables and latentstruct.figures on fake run records (DESIGN.md §7 formats)."""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from latentstruct import figures, tables
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(root: Path, name: str, experiment: str, *, k: int = 3, acc: float = 90.0, vm: float = 80.0,
+         valid: float | None = None, seed: int = 1, status: str = "completed", steps: int = 1,
+         eta: float = 1.0, history: bool = False) -> Path:
+    """A run directory as train.py leaves it: .hydra/{config,hydra}.yaml, metrics.json, history.csv."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    config = {"seed": seed, "dataset": {"num_clusters": k, "dim": 2, "data_dir": "${paths.data_dir}"},
+              "estimator": {"_target_": "x.Y", "eta": eta, "steps": steps}, "paths": {"data_dir": "data"}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    choices = {"experiment": experiment, "estimator": "spigot", "hydra/launcher": "basic"}
+    hydra = {"hydra": {"run": {"dir": "outputs"}, "job": {"name": "train"},
+                       "runtime": {"version": "1.3.2", "choices": choices}}}
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    metrics = {} if status != "completed" else {"valid/acc": acc if valid is None else valid,
+                                                "valid/v_measure": vm, "test/acc": acc, "test/v_measure": vm}
+    record = {"status": status, "metrics": metrics, "best_epoch": 0, "best_step": 100, "seed": seed,
+              "git_commit": "abc1234", "hardware": "cpu", "torch": "2.13.0+cpu", "wall_seconds": 10.0 * seed,
+              "error": None if status == "completed" else "RuntimeError: boom"}
+    (run / "metrics.json").write_text(json.dumps(record))
+    if history:
+        steps_ = [0, 50, 100]
+        pd.DataFrame({"step": steps_, "train/loss": [1.0, 0.5, 0.2], "valid/acc": [50, 70, acc],
+                      "valid/v_measure": [0, 40, vm], "test/acc": [50, 70, acc],
+                      "test/v_measure": [0, 40, vm]}).to_csv(run / "history.csv", index=False)
+    return run
+
+
+def _spec(tmp_path: Path, paper_acc: float = 92.0, paper_err: float = 0.0) -> Path:
+    (tmp_path / "reference.csv").write_text(
+        "table,row,setting,metric,value,error,error_kind,n_runs\n"
+        f"t1,spigot,K=3,test/acc,{paper_acc},{paper_err},se,4\n"
+        "t1,spigot,K=3,test/v_measure,20.53,1.85,se,4\n"
+        "t1,other,K=3,test/acc,50.00,0.00,se,4\n")
+    spec = {"paper": "p", "table": "t1", "title": "Fake table", "reference": "reference.csv",
+            "command": "make table-fake", "aggregate": "median_se",
+            "tolerance": {"abs": 3.0, "err_factor": 2.0},
+            "metrics": [{"name": "test/acc", "label": "Accuracy"}, {"name": "test/v_measure", "label": "V"}],
+            "settings": [{"name": "K=3", "match": {"dataset.num_clusters": 3}}],
+            "rows": [{"name": "spigot", "label": "SPIGOT",
+                      "match": {"choices.experiment": "synthetic_spigot"}},
+                     {"name": "other", "label": "Other", "match": {"choices.experiment": "synthetic_other"}}],
+            "notes": ["a protocol deviation"]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec, allow_unicode=True))
+    return path
+
+
+def _four_runs(root: Path, shift: float = 0.0) -> None:
+    for seed, acc in enumerate([90.0, 91.0, 93.0, 96.0], start=1):
+        _run(root, f"r{seed}", "synthetic_spigot", acc=acc + shift, seed=seed)
+    _run(root, "k10", "synthetic_spigot", k=10, acc=10.0)  # another setting: must not leak into K=3
+
+
+def test_load_runs_flattens(tmp_path):
+    _run(tmp_path / "runs", "a/b/0", "synthetic_spigot", acc=91.5, seed=7)
+    runs = tables.load_runs(tmp_path / "runs")
+    assert len(runs) == 1
+    r = runs.iloc[0]
+    assert r["dataset.num_clusters"] == 3 and r["estimator.eta"] == 1.0 and r["estimator._target_"] == "x.Y"
+    assert r["dataset.data_dir"] == "${paths.data_dir}"  # interpolations kept as text
+    assert r["choices.experiment"] == "synthetic_spigot" and r["choices.hydra/launcher"] == "basic"
+    assert r["metric.test/acc"] == 91.5 and r["metric.valid/v_measure"] == 80.0
+    assert r["seed"] == 7 and r["git_commit"] == "abc1234" and r["torch"] == "2.13.0+cpu"
+    assert r["status"] == "completed" and bool(r["completed"]) and r["best_epoch"] == 0
+    assert Path(r["run_dir"]) == tmp_path / "runs" / "a" / "b" / "0"
+
+
+def test_median_and_standard_error(tmp_path):
+    _four_runs(tmp_path / "runs")
+    df = tables.build_table(_spec(tmp_path), tmp_path / "runs")
+    cell = df.set_index(["row", "setting", "metric"]).loc[("spigot", "K=3", "test/acc")]
+    # values 90, 91, 93, 96: median 92; mean 92.5, squared deviations sum 21, var (ddof=1) 7, se = sqrt(7)/2
+    assert cell["ours"] == pytest.approx(92.0)
+    assert cell["ours_err"] == pytest.approx(math.sqrt(7) / 2)
+    assert cell["n_runs"] == 4 and cell["paper"] == 92.0 and cell["diff"] == pytest.approx(0.0)
+    vm = df.set_index(["row", "metric"]).loc[("spigot", "test/v_measure")]
+    assert vm["ours_err"] == 0.0 and vm["agrees"] is False  # 80 vs 20.53
+    other = df.set_index(["row", "metric"]).loc[("other", "test/acc")]
+    assert other["n_runs"] == 0 and other["agrees"] is None
+    assert tables.aggregate([5.0]) == (5.0, 0.0)
+    assert tables.aggregate([1.0, 3.0], "mean_std") == pytest.approx((2.0, math.sqrt(2)))
+
+
+@pytest.mark.parametrize("shift, agrees", [(2.9, True), (-2.9, True), (3.1, False), (-3.1, False)])
+def test_verdict_flips_outside_tolerance(tmp_path, shift, agrees):
+    # median 92 + shift; 2 * se = 2.65 < 3, so the 3-point floor decides
+    _four_runs(tmp_path / "runs", shift=shift)
+    df = tables.build_table(_spec(tmp_path), tmp_path / "runs")
+    assert df.set_index(["row", "metric"]).loc[("spigot", "test/acc"), "agrees"] is agrees
+
+
+def test_tolerance_widens_with_paper_error(tmp_path):
+    _four_runs(tmp_path / "runs", shift=6.0)  # |diff| 6 <= 2 * hypot(1.32, 4) = 8.4
+    df = tables.build_table(_spec(tmp_path, paper_err=4.0), tmp_path / "runs")
+    cell = df.set_index(["row", "metric"]).loc[("spigot", "test/acc")]
+    assert cell["agrees"] is True and cell["tol"] == pytest.approx(2 * math.hypot(math.sqrt(7) / 2, 4.0))
+
+
+def test_failed_runs_excluded_and_counted(tmp_path):
+    _four_runs(tmp_path / "runs")
+    _run(tmp_path / "runs", "crashed", "synthetic_spigot", status="failed", seed=9)
+    runs = tables.load_runs(tmp_path / "runs")
+    assert len(runs) == 6 and (~runs["completed"]).sum() == 1
+    df = tables.build_table(_spec(tmp_path), runs)
+    cell = df.set_index(["row", "metric"]).loc[("spigot", "test/acc")]
+    assert cell["n_runs"] == 4 and cell["n_failed"] == 1 and cell["ours"] == pytest.approx(92.0)
+    out = tables.write_markdown(df, tables.load_spec(_spec(tmp_path)), tmp_path / "out" / "t1.md", runs)
+    assert "4 completed, 1 failed" in out.read_text() and "(4, 1 failed)" in out.read_text()
+
+
+def test_markdown_has_paper_numbers_and_provenance(tmp_path):
+    _four_runs(tmp_path / "runs", shift=10.0)
+    spec_path = _spec(tmp_path)
+    out = tmp_path / "results" / "p" / "t1.md"
+    assert tables.main([str(spec_path), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Fake table")
+    for needle in ("92.00 ± 0.00", "20.53 ± 1.85", "102.00 ± 1.32 (4)", "abc1234", "cpu", "2.13.0+cpu",
+                   "make table-fake", "a protocol deviation", "✗", "SPIGOT, K=3, test/acc",
+                   "100.00 total, 25.00 median"):
+        assert needle in text, needle
+    assert "Other" in text  # a row without runs is still shown
+
+
+def test_cli_fails_without_matching_runs(tmp_path):
+    _run(tmp_path / "runs", "x", "synthetic_unrelated")
+    with pytest.raises(SystemExit) as exc:
+        tables.main([str(_spec(tmp_path)), "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "o.md")])
+    assert exc.value.code not in (0, None) and "no completed run" in str(exc.value.code)
+
+
+def test_spigot_spec_covers_reference():
+    spec = tables.load_spec(REPO / "experiments" / "spigot" / "table2.yaml")
+    ref = pd.read_csv(spec["reference_path"], dtype=str)
+    assert len(ref) == 52 and set(ref["error_kind"]) == {"se"} and set(ref["n_runs"]) == {"4"}
+    cells = {(r["name"], s["name"], m["name"])
+             for r in spec["rows"] for s in spec["settings"] for m in spec["metrics"]}
+    assert cells == set(zip(ref["row"], ref["setting"], ref["metric"], strict=True))
+    df = tables.build_table(spec, pd.DataFrame())  # no runs: every cell known to the paper, none judged
+    assert df["paper"].notna().all() and df["agrees"].isna().all()
+
+
+def test_figures_write_png(tmp_path):
+    root = tmp_path / "runs"
+    for exp in ("synthetic_marginals", "synthetic_ste_i", "synthetic_spigot", "synthetic_spigot_ce"):
+        for seed in (1, 2):
+            _run(root / "curves", f"{exp}_{seed}", exp, k=10, acc=80 + seed, seed=seed, history=True)
+    for exp in ("synthetic_ste_i", "synthetic_spigot"):
+        for steps in (1, 5):
+            for eta in (0.1, 1.0):
+                for seed in (1, 2):
+                    valid = 90.0 if eta == 1.0 else 60.0  # eta = 1 wins on validation accuracy
+                    _run(root / "sweep", f"{exp}_{steps}_{eta}_{seed}", exp, k=10, steps=steps, eta=eta,
+                         acc=70 + steps + seed, valid=valid, seed=seed)
+    png = figures.learning_curves(root / "curves", tmp_path / "fig" / "curves.png")
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    picked = figures.inner_steps(root / "sweep", tmp_path / "fig" / "inner.png")
+    assert (tmp_path / "fig" / "inner.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(picked) == 4 and set(picked["eta"]) == {1.0} and set(picked["n_runs"]) == {2}
+    assert picked.set_index(["method", "k"]).loc[("STE-I", 5), "acc"] == pytest.approx(76.5)
+    assert "| SPIGOT | 5 | 1 |" in (tmp_path / "fig" / "inner.md").read_text()
