@@ -184,8 +184,10 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     """Write title, provenance, one line per row, cells outside tolerance and notes to ``out_path``."""
     labels = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
     cols = [(s["name"], m["name"]) for s in spec["settings"] for m in spec["metrics"]]
-    header = ["Model"] + [f"{s} {labels[m]}: {h}" for s, m in cols for h in ("ours (n)", "paper", "Δ", "ok")]
+    # One column per (setting, metric); a cell reads "ours ± err (n) · paper ± err · Δ ✓/✗".
+    header = ["Model"] + [f"{s} {labels[m]}" for s, m in cols]
     lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "",
+             "Each cell: **ours** median ± s.e. (runs) · paper ± s.e. · Δ = ours − paper · ✓ within tolerance.", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     cell = df.set_index(["row", "setting", "metric"])
     for row in spec["rows"]:
@@ -193,10 +195,10 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         for s, m in cols:
             c = cell.loc[(row["name"], s, m)]
             failed = f", {c.n_failed} failed" if c.n_failed else ""
-            ours = f"{_fmt(c.ours)} ± {_fmt(c.ours_err)} ({c.n_runs}{failed})"
+            ours = f"**{_fmt(c.ours)}** ± {_fmt(c.ours_err)} ({c.n_runs}{failed})"
             ours = ours if c.n_runs else f"— (0{failed})"
             verdict = {True: "✓", False: "✗"}.get(c.agrees, "—")
-            parts += [ours, f"{_fmt(c.paper)} ± {_fmt(c.paper_err)}", _fmt(c["diff"]), verdict]
+            parts.append(f"{ours} · {_fmt(c.paper)} ± {_fmt(c.paper_err)} · {_fmt(c['diff'])} {verdict}")
         lines.append("| " + " | ".join(parts) + " |")
     names = {r["name"]: r.get("label", r["name"]) for r in spec["rows"]}
     bad = df[df["agrees"].astype(object).eq(False)]

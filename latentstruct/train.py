@@ -105,6 +105,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(tc.threads)
     _seed_everything(tc.seed)
     device = _device(str(tc.device.value if hasattr(tc.device, "value") else tc.device))
+    env = environment(device)  # at the start: the code that runs is the code of this commit
     data = instantiate(cfg.dataset)
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
     model = build_model(cfg, data.dims).to(device)
@@ -184,7 +185,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "best_epoch": int(np.ceil(chosen["epoch"])),
         "best_step": chosen["step"],
         "seed": tc.seed,
-        **environment(device),
+        **env,
         "wall_seconds": time.perf_counter() - start,
         "steps": step,
         "selection": select,

@@ -20,7 +20,7 @@ class StGumbel(Estimator):
 
     def __init__(self, tau: float = 1.0, eval_latent: str = "relaxed"):
         super().__init__(eval_latent)
-        if tau <= 0:
+        if not tau > 0:
             raise ValueError(f"tau must be > 0, got {tau}")
         self.tau = float(tau)
 

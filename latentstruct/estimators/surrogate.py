@@ -28,11 +28,18 @@ class PulledBack(Estimator):
 
     def __init__(self, eta: float = 1.0, steps: int = 1, eval_latent: str = "relaxed"):
         super().__init__(eval_latent)
-        if steps < 1:
-            raise ValueError(f"steps must be >= 1, got {steps}")
+        if not eta > 0:
+            raise ValueError(f"eta must be > 0, got {eta}")
+        if steps != int(steps) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps}")
         self.eta, self.steps = float(eta), int(steps)
 
+    # Whether the pull-back evaluates the loss anywhere but at ẑ (whose gradient comes for free).
+    needs_downstream = property(lambda self: self.steps > 1)
+
     def train_forward(self, scores, structure, lengths, downstream):
+        if downstream is None and self.needs_downstream and scores.requires_grad:
+            raise ValueError(f"{type(self).__name__} (steps={self.steps}) needs the `downstream` closure")
         z = structure.map(scores, lengths)
         s = scores.detach()
 
@@ -77,6 +84,8 @@ class Spigot(PulledBack):
 class SpigotCe(PulledBack):
     """SPIGOT-CE: projected gradient from μ0 = Marg(s), with the cross-entropy (CRF) loss (seed 001, Eq. 16-17)."""
 
+    needs_downstream = True
+
     def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
         mu0 = mu = structure.marginals(s, lengths)
         for _ in range(self.steps):
@@ -86,6 +95,8 @@ class SpigotCe(PulledBack):
 
 class SpigotEg(PulledBack):
     """SPIGOT-EG: exponentiated-gradient / mirror-descent steps on the scores (seed 001, Eq. 18-22)."""
+
+    needs_downstream = True
 
     def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
         mu0 = mu = structure.marginals(s, lengths)

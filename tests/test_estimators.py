@@ -1,0 +1,511 @@
+"""The estimator formulas of DESIGN.md §5, asserted exactly on small Categorical cases.
+
+With the linear downstream loss L_b(μ) = <μ_b, c_b> and the training loss its batch mean, γ(μ) = c / B at every μ,
+so each surrogate gradient has a closed form computed here independently of the package.
+"""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from latentstruct.estimators import (
+    GumbelSoftmax,
+    Marginals,
+    PerturbAndMap,
+    Sfe,
+    Sparsemap,
+    Spigot,
+    SpigotCe,
+    SpigotEg,
+    SteI,
+    SteS,
+    StGumbel,
+)
+from latentstruct.structures import Categorical, gumbel_like
+
+CAT = Categorical()
+ATOL = 1e-10
+CASES = [(1, 2, 0), (3, 4, 1), (5, 6, 2), (8, 3, 3)]  # (B, K, seed)
+ETAS = [0.1, 1.0, 7.5]
+STEPS = [1, 2, 5]
+TAUS = [0.5, 1.0, 3.0]
+
+
+def _case(b, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    s = 1.5 * torch.randn(b, k, generator=g, dtype=torch.float64)
+    c = torch.randn(b, k, generator=g, dtype=torch.float64)
+    return s, c
+
+
+def _linear(c):
+    return lambda mu: (mu * c).sum(-1)
+
+
+def _drive(est, s, downstream, structure=CAT):
+    """As the task does: latent = est(s, structure, None, downstream); loss = mean(downstream(latent))."""
+    est.train()
+    s = s.clone().requires_grad_(True)
+    z = est(s, structure, None, downstream)
+    loss = downstream(z).mean()
+    (g,) = torch.autograd.grad(loss, s)
+    return z.detach(), g
+
+
+def _one_hot_argmax(x):
+    return F.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
+
+
+def _project_simplex(v):
+    """Euclidean projection of each row onto the simplex (sort-and-threshold rule), written independently."""
+    u, _ = torch.sort(v, dim=-1, descending=True)
+    css = u.cumsum(-1) - 1
+    ranks = torch.arange(1, v.shape[-1] + 1, dtype=v.dtype)
+    rho = (u - css / ranks > 0).sum(-1, keepdim=True)
+    tau = css.gather(-1, rho - 1) / rho.to(v.dtype)
+    return (v - tau).clamp_min(0)
+
+
+def _softmax_jacobian(x):
+    """The full Jacobian of softmax, diag(p) - p pᵀ, built explicitly: [B, K, K]."""
+    p = torch.softmax(x, -1)
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def _jt_gamma(x, gamma):
+    return (_softmax_jacobian(x).transpose(-1, -2) @ gamma.unsqueeze(-1)).squeeze(-1)
+
+
+def _close(a, b, atol=ATOL):
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------- the pulled-back family
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_ste_i(b, k, seed):
+    s, c = _case(b, k, seed)
+    for eta, steps in itertools.product(ETAS, STEPS):
+        z, g = _drive(SteI(eta, steps=steps), s, _linear(c))
+        assert torch.equal(z, _one_hot_argmax(s))
+        _close(g, steps * eta * c / b)
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_spigot(b, k, seed):
+    s, c = _case(b, k, seed)
+    z_hat, gamma = _one_hot_argmax(s), c / b
+    for eta, steps in itertools.product(ETAS, STEPS):
+        z, g = _drive(Spigot(eta, steps=steps), s, _linear(c))
+        assert torch.equal(z, z_hat)
+        mu = z_hat
+        for _ in range(steps):
+            mu = _project_simplex(mu - eta * gamma)
+        _close(g, z_hat - mu)
+        if steps == 1:
+            _close(g, z_hat - _project_simplex(z_hat - eta * gamma))
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_spigot_ce(b, k, seed):
+    s, c = _case(b, k, seed)
+    gamma = c / b
+    for eta, steps in itertools.product(ETAS, STEPS):
+        z, g = _drive(SpigotCe(eta, steps=steps), s, _linear(c))
+        assert torch.equal(z, _one_hot_argmax(s))
+        mu0 = mu = torch.softmax(s, -1)
+        for _ in range(steps):
+            mu = _project_simplex(mu - eta * gamma)
+        _close(g, mu0 - mu)
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_spigot_eg(b, k, seed):
+    s, c = _case(b, k, seed)
+    gamma = c / b
+    for eta, steps in itertools.product(ETAS, STEPS):
+        z, g = _drive(SpigotEg(eta, steps=steps), s, _linear(c))
+        assert torch.equal(z, _one_hot_argmax(s))
+        s_t = s
+        for _ in range(steps):
+            s_t = s_t - eta * gamma
+        _close(g, torch.softmax(s, -1) - torch.softmax(s_t, -1))
+        _close(g, torch.softmax(s, -1) - torch.softmax(s - steps * eta * gamma, -1))
+
+
+def test_pulled_back_inner_steps_use_the_loss_gradient_at_the_iterate():
+    """With a nonlinear loss γ changes along the path: check the k-step recursions against autograd's γ(μ_t)."""
+    s, c = _case(4, 5, 7)
+    d = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+
+    def downstream(mu):
+        return (mu * c).sum(-1) ** 2 + (mu * d).sum(-1)
+
+    def gamma(mu):
+        mu = mu.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(downstream(mu).mean(), mu)
+        return g
+
+    eta, steps = 0.7, 3
+    z_hat, p = _one_hot_argmax(s), torch.softmax(s, -1)
+    expected = {}
+    mu = z_hat
+    for _ in range(steps):
+        mu = mu - eta * gamma(mu)
+    expected[SteI] = z_hat - mu
+    mu = z_hat
+    for _ in range(steps):
+        mu = _project_simplex(mu - eta * gamma(mu))
+    expected[Spigot] = z_hat - mu
+    mu = p
+    for _ in range(steps):
+        mu = _project_simplex(mu - eta * gamma(mu))
+    expected[SpigotCe] = p - mu
+    s_t, mu = s, p
+    for _ in range(steps):
+        s_t = s_t - eta * gamma(mu)
+        mu = torch.softmax(s_t, -1)
+    expected[SpigotEg] = p - mu
+    for cls, want in expected.items():
+        _, g = _drive(cls(eta, steps=steps), s, downstream)
+        _close(g, want)
+
+
+# ------------------------------------------------------------------------------------------------------------- STE-S
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_ste_s_is_the_full_softmax_jacobian(b, k, seed):
+    s, c = _case(b, k, seed)
+    z, g = _drive(SteS(), s, _linear(c))
+    assert torch.equal(z, _one_hot_argmax(s))
+    _close(g, _jt_gamma(s, c / b))
+
+
+def test_ste_s_is_not_the_diagonal_only_version():
+    s = torch.tensor([[1.0, 0.0, -0.5]], dtype=torch.float64)
+    c = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    _, g = _drive(SteS(), s, _linear(c))
+    p = torch.softmax(s, -1)
+    diagonal_only = p * (1 - p) * c  # the authors' code (seed 001 notes it)
+    assert (g - diagonal_only).abs().max() > 1e-2
+    _close(g, _jt_gamma(s, c))
+
+
+# ------------------------------------------------------------------------------------- straight-through Gumbel
+
+
+@pytest.mark.parametrize("cls", [StGumbel, PerturbAndMap])
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_st_gumbel(b, k, seed, cls):
+    s, c = _case(b, k, seed)
+    for tau in TAUS:
+        torch.manual_seed(100 + seed)
+        noise = gumbel_like(s)
+        torch.manual_seed(100 + seed)
+        z, g = _drive(cls(tau), s, _linear(c))
+        assert torch.equal(z, _one_hot_argmax(s + noise))
+        _close(g, _jt_gamma((s + noise) / tau, c / b) / tau)
+
+
+# -------------------------------------------------------------------------------------------------------- relaxations
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_marginals_estimator(b, k, seed):
+    s, c = _case(b, k, seed)
+    z, g = _drive(Marginals(), s, _linear(c))
+    _close(z, torch.softmax(s, -1))
+    _close(g, _jt_gamma(s, c / b))
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_sparsemap_estimator(b, k, seed):
+    s, c = _case(b, k, seed)
+    z, g = _drive(Sparsemap(), s, _linear(c))
+    _close(z, _project_simplex(s))
+    # the sparsemax Jacobian: on the support S, γ_S - mean(γ_S); zero off it
+    support = (z > 0).double()
+    gamma = c / b
+    mean_on_support = (gamma * support).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+    _close(g, support * (gamma - mean_on_support))
+
+
+@pytest.mark.parametrize("b,k,seed", CASES)
+def test_gumbel_softmax(b, k, seed):
+    s, c = _case(b, k, seed)
+    for tau in TAUS:
+        torch.manual_seed(200 + seed)
+        noise = gumbel_like(s)
+        torch.manual_seed(200 + seed)
+        z, g = _drive(GumbelSoftmax(tau), s, _linear(c))
+        _close(z, torch.softmax((s + noise) / tau, -1))
+        _close(g, _jt_gamma((s + noise) / tau, c / b) / tau)
+
+        est = GumbelSoftmax(tau).eval()
+        state = torch.get_rng_state()
+        _close(est(s, CAT), torch.softmax(s / tau, -1))
+        assert torch.equal(torch.get_rng_state(), state)  # evaluation is noise-free
+
+
+# --------------------------------------------------------------------------------------------------------- eval mode
+
+NON_RELAXED = [
+    lambda e: SteI(1.0, steps=2, eval_latent=e),
+    lambda e: SteS(eval_latent=e),
+    lambda e: Spigot(1.0, steps=2, eval_latent=e),
+    lambda e: SpigotCe(1.0, steps=2, eval_latent=e),
+    lambda e: SpigotEg(1.0, steps=2, eval_latent=e),
+    lambda e: StGumbel(0.5, eval_latent=e),
+    lambda e: PerturbAndMap(0.5, eval_latent=e),
+    lambda e: Sfe("moving_average", eval_latent=e),
+]
+RELAXED = [
+    (lambda e: Marginals(eval_latent=e), lambda s: torch.softmax(s, -1)),
+    (lambda e: Sparsemap(eval_latent=e), _project_simplex),
+    (lambda e: GumbelSoftmax(2.0, eval_latent=e), lambda s: torch.softmax(s / 2.0, -1)),
+]
+
+
+@pytest.mark.parametrize("eval_latent", ["relaxed", "map"])
+@pytest.mark.parametrize("make", NON_RELAXED)
+def test_eval_non_relaxed_returns_map(make, eval_latent):
+    s, _ = _case(5, 4, 9)
+    est = make(eval_latent).eval()
+    assert not est.relaxed
+    z = est(s.clone().requires_grad_(True), CAT)  # no downstream needed at evaluation
+    assert torch.equal(z, _one_hot_argmax(s))
+
+
+@pytest.mark.parametrize("eval_latent", ["relaxed", "map"])
+@pytest.mark.parametrize("make,relaxation", RELAXED)
+def test_eval_relaxed_returns_relaxation_or_map(make, relaxation, eval_latent):
+    s, _ = _case(5, 4, 9)
+    est = make(eval_latent).eval()
+    assert est.relaxed
+    z = est(s, CAT)
+    if eval_latent == "relaxed":
+        _close(z, relaxation(s))
+    else:
+        assert torch.equal(z, _one_hot_argmax(s))
+
+
+# --------------------------------------------------------------------------------------------------------------- SFE
+
+
+def _sfe_exact_gradient(s0, downstream):
+    """∇_s E_{z ~ softmax(s)} L(z) by enumeration of the K vertices and autograd; s0 is [1, K]."""
+    s = s0.clone().requires_grad_(True)
+    vertices = CAT.enumerate(s.shape[-1]).to(s)
+    losses = downstream(vertices)  # [V]
+    (g,) = torch.autograd.grad((torch.softmax(s, -1)[0] * losses).sum(), s)
+    return g
+
+
+def _sfe_run(est, s0, downstream, n, seed):
+    """One call with n copies of s0: returns the gradient w.r.t. s0, the samples and their losses."""
+    est.train()
+    s_leaf = s0.clone().requires_grad_(True)
+    s = s_leaf.expand(n, -1)
+    torch.manual_seed(seed)
+    z = est(s, CAT, None, downstream)
+    loss = downstream(z).mean()
+    (g,) = torch.autograd.grad(loss, s_leaf)
+    return g, z.detach(), downstream(z.detach())
+
+
+def _nonlinear():
+    c = torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64)
+    d = torch.tensor([[0.3, 1.0, -1.5]], dtype=torch.float64)
+    return lambda mu: (mu * c).sum(-1) ** 2 + (mu * d).sum(-1)
+
+
+S0 = torch.tensor([[0.4, -0.3, 1.0]], dtype=torch.float64)
+N_SFE = 20_000
+
+
+def test_sfe_without_baseline_is_unbiased():
+    downstream = _nonlinear()
+    g, z, losses = _sfe_run(Sfe("none"), S0, downstream, N_SFE, seed=0)
+    assert set(z.unique().tolist()) <= {0.0, 1.0}
+    per_sample = losses.unsqueeze(-1) * (z - torch.softmax(S0, -1))  # (L_b - 0) ∇ log p(z_b)
+    _close(g, per_sample.mean(0, keepdim=True))  # the estimator's own formula, exactly
+    se = per_sample.std(0) / math.sqrt(N_SFE)
+    exact = _sfe_exact_gradient(S0, downstream)
+    assert ((g - exact).abs() <= 4 * se + 1e-12).all(), (g, exact, se)
+
+
+def test_sfe_with_moving_average_baseline_is_unbiased_after_warm_up():
+    downstream = _nonlinear()
+    est = Sfe("moving_average", decay=0.9)
+    _sfe_run(est, S0, downstream, 100, seed=1)  # warm-up: sets the running loss
+    baseline = est.running_loss.clone().double()
+    assert torch.isfinite(baseline)
+    g, z, losses = _sfe_run(est, S0, downstream, N_SFE, seed=2)
+    per_sample = (losses - baseline).unsqueeze(-1) * (z - torch.softmax(S0, -1))
+    _close(g, per_sample.mean(0, keepdim=True))
+    se = per_sample.std(0) / math.sqrt(N_SFE)
+    exact = _sfe_exact_gradient(S0, downstream)
+    assert ((g - exact).abs() <= 4 * se + 1e-12).all(), (g, exact, se)
+    # updated after use: b <- decay b + (1 - decay) mean(L)
+    expected = 0.9 * baseline + 0.1 * losses.mean()
+    torch.testing.assert_close(est.running_loss.double(), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_sfe_moving_average_reduces_variance():
+    base = _nonlinear()
+
+    def downstream(mu):
+        return base(mu) + 20.0  # a large constant offset: the no-baseline estimator is very noisy
+
+    est = Sfe("moving_average", decay=0.5)
+    for seed in range(5):
+        _sfe_run(est, S0, downstream, 200, seed=10 + seed)
+    baseline = est.running_loss.clone().double()  # the value the next call uses
+    _, z, losses = _sfe_run(est, S0, downstream, 2000, seed=20)
+    p = torch.softmax(S0, -1)
+    _, z0, losses0 = _sfe_run(Sfe("none"), S0, downstream, 2000, seed=20)
+    var_ma = ((losses - baseline).unsqueeze(-1) * (z - p)).var(0).sum()
+    var_none = (losses0.unsqueeze(-1) * (z0 - p)).var(0).sum()
+    assert var_ma < 0.1 * var_none
+
+
+def test_sfe_gives_the_decoder_its_usual_gradient():
+    torch.manual_seed(0)
+    decoder = torch.nn.Linear(3, 1).double()
+
+    def downstream(mu):
+        return decoder(mu).squeeze(-1) ** 2
+
+    s = S0.expand(7, -1).clone().requires_grad_(True)
+    torch.manual_seed(1)
+    z = Sfe("none")(s, CAT, None, downstream)
+    downstream(z).mean().backward()
+    got = decoder.weight.grad.clone()
+    decoder.zero_grad()
+    downstream(z.detach()).mean().backward()
+    _close(got, decoder.weight.grad)
+
+
+# ------------------------------------------------------------------------------ downstream never touches the decoder
+
+
+PULLED_BACK = [SteI, Spigot, SpigotCe, SpigotEg]
+
+
+def _decoder_downstream(calls):
+    torch.manual_seed(3)
+    decoder = torch.nn.Linear(4, 3).double()
+    y = torch.tensor([0, 2, 1, 1, 0])
+
+    def downstream(mu):
+        calls.append(1)
+        return F.cross_entropy(decoder(mu), y, reduction="none")
+
+    return decoder, downstream
+
+
+@pytest.mark.parametrize("cls", PULLED_BACK)
+def test_pulled_back_calls_leave_no_gradient_on_decoder(cls):
+    s, _ = _case(5, 4, 11)
+
+    # full training step: the decoder's gradient is exactly the one a plain MAP forward gives it
+    calls = []
+    decoder, downstream = _decoder_downstream(calls)
+    s_leaf = s.clone().requires_grad_(True)
+    z = cls(0.5, steps=3).train()(s_leaf, CAT, None, downstream)
+    downstream(z).mean().backward()
+    assert len(calls) == 1 + (2 if cls in (SteI, Spigot) else 3)  # the main call plus the pull-back steps
+    got = decoder.weight.grad.clone(), decoder.bias.grad.clone()
+    decoder.zero_grad()
+    downstream(CAT.map(s)).mean().backward()
+    _close(got[0], decoder.weight.grad)
+    _close(got[1], decoder.bias.grad)
+
+    # a loss that does not involve the decoder: the pull-back steps call it, yet its .grad stays None
+    calls = []
+    decoder, downstream = _decoder_downstream(calls)
+    s_leaf = s.clone().requires_grad_(True)
+    z = cls(0.5, steps=3).train()(s_leaf, CAT, None, downstream)
+    (z * torch.arange(4.0, dtype=z.dtype)).sum().backward()
+    assert len(calls) == (2 if cls in (SteI, Spigot) else 3)
+    assert decoder.weight.grad is None and decoder.bias.grad is None
+    assert s_leaf.grad is not None
+
+
+# ------------------------------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SpigotCe(1.0),
+        lambda: SpigotEg(1.0),
+        lambda: SteI(1.0, steps=2),
+        lambda: Spigot(1.0, steps=2),
+        lambda: Sfe(),
+        lambda: Sfe("moving_average"),
+    ],
+)
+def test_estimators_that_need_downstream_say_so(make):
+    s, _ = _case(3, 4, 12)
+    with pytest.raises(ValueError, match="downstream"):
+        # the error may come from the forward or from the backward, where the pull-back steps run
+        z = make().train()(s.clone().requires_grad_(True), CAT, None, None)
+        z.sum().backward()
+
+
+@pytest.mark.parametrize("make", [lambda: SteI(1.0), lambda: Spigot(1.0), lambda: SteS(), lambda: StGumbel()])
+def test_estimators_that_do_not_need_downstream_work_without_it(make):
+    s, _ = _case(3, 4, 13)
+    s = s.clone().requires_grad_(True)
+    z = make().train()(s, CAT, None, None)
+    z.sum().backward()
+    assert s.grad is not None and torch.isfinite(s.grad).all()
+
+
+@pytest.mark.parametrize("cls", PULLED_BACK)
+@pytest.mark.parametrize("steps", [0, -1, 1.5])
+def test_invalid_steps(cls, steps):
+    with pytest.raises(ValueError, match="steps"):
+        cls(1.0, steps=steps)
+
+
+@pytest.mark.parametrize("cls", PULLED_BACK)
+@pytest.mark.parametrize("eta", [0.0, -1.0, float("nan")])
+def test_invalid_eta(cls, eta):
+    with pytest.raises(ValueError, match="eta"):
+        cls(eta)
+
+
+@pytest.mark.parametrize("cls", [StGumbel, PerturbAndMap, GumbelSoftmax])
+@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan")])
+def test_invalid_tau(cls, tau):
+    with pytest.raises(ValueError, match="tau"):
+        cls(tau)
+
+
+@pytest.mark.parametrize("kwargs", [{"baseline": "mean"}, {"baseline": None}, {"decay": 1.0}, {"decay": -0.1}])
+def test_invalid_sfe_arguments(kwargs):
+    with pytest.raises(ValueError, match="baseline|decay"):
+        Sfe(**kwargs)
+
+
+@pytest.mark.parametrize("make", [lambda e: SteS(eval_latent=e), lambda e: Marginals(eval_latent=e)])
+def test_invalid_eval_latent(make):
+    with pytest.raises(ValueError, match="eval_latent"):
+        make("sample")
+
+
+@pytest.mark.parametrize(
+    "est", [SpigotCe(1.0), SpigotEg(1.0), SteI(1.0, steps=2), Spigot(1.0, steps=3)], ids=lambda e: type(e).__name__
+)
+def test_missing_downstream_fails_in_the_forward_pass(est):
+    est.train()
+    s = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(ValueError, match="downstream"):
+        est(s, Categorical(), None, None)

@@ -1,0 +1,188 @@
+"""Configs compose, every experiment runs, and the run record keeps its contract (DESIGN.md §6, §7, §9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
+from omegaconf.errors import ValidationError
+
+import latentstruct.train as train_module
+from latentstruct.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+TINY = ["dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.progress=false"]
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
+    cfg = _compose(*TINY, f"paths.output_dir={tmp_path / name}", *overrides)
+    return train(cfg)
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "optim"])
+def test_every_group_option_composes_and_instantiates(group):
+    for option in _options(group):
+        cfg = _compose(f"{group}={option}")
+        if group in ("encoder", "scorer", "decoder", "optim"):
+            continue  # need runtime sizes / parameters; built by the experiment runs below
+        assert instantiate(cfg[group]) is not None
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_every_experiment_runs_a_few_steps(tmp_path, experiment):
+    for k in (3, 10):
+        record = _run(
+            tmp_path,
+            f"+experiment={experiment}",
+            f"dataset.num_clusters={k}",
+            "trainer.max_steps=4",
+            "trainer.eval_every=2",
+            name=f"k{k}",
+        )
+        assert record["status"] == "completed"
+        assert set(record["metrics"]) >= {"valid/acc", "test/acc", "valid/v_measure", "test/v_measure"}
+
+
+def test_tuned_hyperparameters_follow_the_number_of_clusters():
+    cfg = _compose("+experiment=synthetic_spigot", "dataset.num_clusters=10")
+    assert (cfg.optim.lr, cfg.estimator.eta) == (1e-4, 0.1)
+    cfg = _compose("+experiment=synthetic_spigot", "dataset.num_clusters=3")
+    assert (cfg.optim.lr, cfg.estimator.eta) == (1e-3, 1.0)
+
+
+def test_run_record_contract(tmp_path):
+    record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10")
+    run = tmp_path / "run"
+    on_disk = json.loads((run / "metrics.json").read_text())
+    assert on_disk == record
+    assert on_disk["status"] == "completed"
+    for key in ("metrics", "best_epoch", "seed", "git_commit", "hardware", "torch", "wall_seconds"):
+        assert key in on_disk
+    assert on_disk["hardware"] == "cpu"
+    history = pd.read_csv(run / "history.csv")
+    assert list(history["step"]) == [10, 20, 30]
+    assert {"train/loss", "valid/acc", "test/acc", "test/v_measure"} <= set(history.columns)
+    assert (run / "checkpoint.pt").exists()
+    assert on_disk["metrics"]["test/acc"] == pytest.approx(history["test/acc"].iloc[-1])
+
+
+def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
+    a = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", name="a")
+    b = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", name="b")
+    c = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", "trainer.seed=7", name="c")
+    assert a["metrics"] == b["metrics"]
+    assert a["metrics"] != c["metrics"]
+
+
+@pytest.mark.parametrize("batch_size", ["null", "64"])
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch, batch_size):
+    # Stochastic estimator and mini-batches: resuming must restore the RNG and the data order too.
+    common = ["trainer.max_steps=40", "trainer.eval_every=10", "estimator=sfe", f"trainer.batch_size={batch_size}"]
+    full = _run(tmp_path, *common, name="full")
+
+    real_write_history, calls = train_module.write_history, {"n": 0}
+
+    def crash_on_third_evaluation(path, history):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed")
+        real_write_history(path, history)
+
+    monkeypatch.setattr(train_module, "write_history", crash_on_third_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path, *common, name="crashed")
+    monkeypatch.setattr(train_module, "write_history", real_write_history)
+    assert not (tmp_path / "crashed" / "metrics.json").exists()
+    resumed = _run(tmp_path, *common, "trainer.resume=true", name="crashed")
+    assert resumed["metrics"] == full["metrics"]
+    h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns="wall_seconds")
+    h_resumed = pd.read_csv(tmp_path / "crashed" / "history.csv").drop(columns="wall_seconds")
+    pd.testing.assert_frame_equal(h_full, h_resumed)
+
+
+def test_completed_runs_are_skipped(tmp_path, monkeypatch):
+    first = _run(tmp_path, "trainer.max_steps=10")
+    monkeypatch.setattr(train_module, "build_model", lambda *a, **k: pytest.fail("a completed run was re-run"))
+    assert _run(tmp_path, "trainer.max_steps=10") == first
+
+
+def test_best_selection_reports_the_best_validation_evaluation(tmp_path):
+    record = _run(tmp_path, "trainer.max_steps=60", "trainer.eval_every=10", "trainer.select=best")
+    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    best = history.loc[history["valid/acc"].idxmax()]
+    assert record["best_step"] == best["step"]
+    assert record["metrics"]["test/acc"] == pytest.approx(best["test/acc"])
+
+
+def test_unknown_option_names_the_valid_choices():
+    with pytest.raises(ConfigCompositionException, match=r"(?s)estimator/nope.*spigot_ce"):
+        _compose("estimator=nope")
+
+
+def test_wrong_type_and_unknown_key_name_the_key():
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose("estimator.eta=fast")
+    assert "estimator.eta" in str(err.value.__cause__ or err.value)
+    with pytest.raises((ConfigCompositionException, ValidationError), match="eval_latent"):
+        _compose("estimator.eval_latent=sometimes")
+    with pytest.raises(ConfigCompositionException, match="etta"):
+        _compose("estimator.etta=1")
+
+
+def test_latent_none_requires_a_latent_free_decoder(tmp_path):
+    with pytest.raises(ValueError, match="latent='none'"):
+        _run(tmp_path, "latent=none", "trainer.max_steps=2")
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+def test_cli_single_run_and_failed_record(tmp_path):
+    ok = _cli(*TINY, "trainer.max_steps=20", f"hydra.run.dir={tmp_path / 'ok'}", cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert "test/acc" in ok.stdout
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "completed"
+    assert (tmp_path / "ok" / ".hydra" / "config.yaml").exists()
+
+    bad = _cli(*TINY, "trainer.device=cuda", f"hydra.run.dir={tmp_path / 'bad'}", cwd=ROOT)
+    if bad.returncode == 0:
+        pytest.skip("a CUDA device is present")
+    record = json.loads((tmp_path / "bad" / "metrics.json").read_text())
+    assert record["status"] == "failed" and "CUDA" in record["error"]
+
+
+def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
+    args = (*TINY, "trainer.max_steps=4", "estimator=ste_i,spigot", f"paths.multirun_dir={tmp_path}")
+    result = _cli("-m", *args, "hydra.sweep.dir=" + str(tmp_path / "sweep"), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
+    assert len(runs) == 2 and all("estimator=" in r for r in runs)
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_slurm"])
+def test_launchers_compose(launcher):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    assert launcher.split("_")[0] in cfg.hydra.launcher._target_.lower()
