@@ -37,6 +37,11 @@ __all__ = ["train", "main"]
 log = logging.getLogger("latentstruct")
 
 
+def _name(option) -> str:
+    """An enum-typed config value (OmegaConf returns the Enum member) as its plain string."""
+    return str(getattr(option, "value", option))
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -80,7 +85,7 @@ def build_model(cfg: DictConfig, dims: dict[str, int]) -> LatentClassifier:
             latent_dim=dims["latent_dim"],
             num_classes=dims["num_classes"],
         ),
-        latent=str(cfg.latent.value if hasattr(cfg.latent, "value") else cfg.latent),
+        latent=_name(cfg.latent),
     )
 
 
@@ -104,7 +109,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     _seed_everything(tc.seed)
-    device = _device(str(tc.device.value if hasattr(tc.device, "value") else tc.device))
+    device = _device(_name(tc.device))
     env = environment(device)  # at the start: the code that runs is the code of this commit
     data = instantiate(cfg.dataset)
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
@@ -131,7 +136,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # ---- loop
     start = time.perf_counter() - elapsed
-    loss_sum, loss_count = 0.0, 0
+    loss_sum, loss_count = 0.0, 0  # summed on the device: no host sync per step
     model.train()
     bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
     while step < max_steps:
@@ -143,13 +148,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
             step += 1
-            loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+            loss_sum, loss_count = loss_sum + loss.detach(), loss_count + 1
             bar.update(1)
             if step % tc.log_every == 0:
                 logger.log(step, {"train/loss": loss.item()})
             if step % eval_every == 0 or step == max_steps:
                 # ---- evaluate
-                row = {"step": step, "epoch": step / per_epoch, "train/loss": loss_sum / loss_count}
+                row = {"step": step, "epoch": step / per_epoch, "train/loss": float(loss_sum) / loss_count}
                 for split in ("valid", "test"):
                     row.update({f"{split}/{k}": v for k, v in model.evaluate(splits[split], tc.batch_size).items()})
                 row["wall_seconds"] = time.perf_counter() - start
@@ -176,7 +181,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     logger.finish()
 
     # ---- write
-    select = str(tc.select.value if hasattr(tc.select, "value") else tc.select)
+    select = _name(tc.select)
     chosen = max(history, key=lambda r: r["valid/acc"]) if select == "best" else history[-1]
     metrics = {k: v for k, v in chosen.items() if k.startswith(("valid/", "test/"))}
     record = {

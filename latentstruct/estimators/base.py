@@ -16,7 +16,7 @@ from torch import nn
 
 from latentstruct.structures.base import Structure
 
-__all__ = ["Estimator", "Downstream", "loss_gradient", "surrogate"]
+__all__ = ["Estimator", "Tempered", "Downstream", "loss_gradient", "surrogate"]
 
 Downstream = Callable[[torch.Tensor], torch.Tensor]
 EVAL_LATENTS = ("map", "relaxed")
@@ -92,3 +92,13 @@ class Estimator(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_") and k != "training")
+
+
+class Tempered(Estimator):
+    """An estimator with a temperature τ > 0 (the Gumbel family)."""
+
+    def __init__(self, tau: float = 1.0, eval_latent: str = "relaxed"):
+        super().__init__(eval_latent)
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        self.tau = float(tau)

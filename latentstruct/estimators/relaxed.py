@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from latentstruct.estimators.base import Estimator
+from latentstruct.estimators.base import Estimator, Tempered
 from latentstruct.structures.base import gumbel_like
 
 __all__ = ["Marginals", "Sparsemap", "GumbelSoftmax"]
@@ -32,19 +32,13 @@ class Sparsemap(Estimator):
         return structure.sparsemap(scores, lengths)
 
 
-class GumbelSoftmax(Estimator):
+class GumbelSoftmax(Tempered):
     """Gumbel-softmax / concrete (Jang et al., 2017; Maddison et al., 2017): Marg((s + G) / τ).
 
     At evaluation the relaxation drops the noise: Marg(s / τ).
     """
 
     relaxed = True
-
-    def __init__(self, tau: float = 1.0, eval_latent: str = "relaxed"):
-        super().__init__(eval_latent)
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = float(tau)
 
     def train_forward(self, scores, structure, lengths, downstream):
         return structure.marginals((scores + gumbel_like(scores)) / self.tau, lengths)

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from latentstruct.estimators.base import Estimator, surrogate
+from latentstruct.estimators.base import Estimator, Tempered, surrogate
 from latentstruct.estimators.surrogate import straight_through
 from latentstruct.structures.base import gumbel_like
 
 __all__ = ["StGumbel", "PerturbAndMap", "Sfe"]
 
 
-class StGumbel(Estimator):
+class StGumbel(Tempered):
     """Straight-through Gumbel / perturb-and-MAP: forward MAP(s + G), backward J_Marg((s + G)/τ)ᵀ γ / τ.
 
     The backward is the exact gradient of the Gumbel-softmax relaxation at the same noise; with τ = 1 (the default)
     the chain-rule factor 1/τ is 1.
     """
-
-    def __init__(self, tau: float = 1.0, eval_latent: str = "relaxed"):
-        super().__init__(eval_latent)
-        if not tau > 0:
-            raise ValueError(f"tau must be > 0, got {tau}")
-        self.tau = float(tau)
 
     def train_forward(self, scores, structure, lengths, downstream):
         noise = gumbel_like(scores)

@@ -24,7 +24,13 @@ __all__ = ["SteI", "SteS", "Spigot", "SpigotCe", "SpigotEg", "PulledBack", "stra
 
 
 class PulledBack(Estimator):
-    """Common base of the pulled-back estimators: ``eta`` (step size η) and ``steps`` (k inner steps)."""
+    """Common base of the pulled-back estimators: ``eta`` (step size η) and ``steps`` (k inner steps).
+
+    The default ``pull_back`` is Algorithm 1's loop μt = project(μ(t-1) - ηγ(μ(t-1))), returning μ0 - μk; a
+    subclass picks μ0 (ẑ, whose γ is the incoming gradient, or Marg(s)) and the projection.
+    """
+
+    starts_at_map = True  # μ0 = ẑ (else Marg(s))
 
     def __init__(self, eta: float = 1.0, steps: int = 1, eval_latent: str = "relaxed"):
         super().__init__(eval_latent)
@@ -34,8 +40,10 @@ class PulledBack(Estimator):
             raise ValueError(f"steps must be an integer >= 1, got {steps}")
         self.eta, self.steps = float(eta), int(steps)
 
-    # Whether the pull-back evaluates the loss anywhere but at ẑ (whose gradient comes for free).
-    needs_downstream = property(lambda self: self.steps > 1)
+    @property
+    def needs_downstream(self) -> bool:
+        """Whether the pull-back evaluates the loss anywhere but at ẑ (whose gradient comes for free)."""
+        return self.steps > 1 or not self.starts_at_map
 
     def train_forward(self, scores, structure, lengths, downstream):
         if downstream is None and self.needs_downstream and scores.requires_grad:
@@ -49,54 +57,42 @@ class PulledBack(Estimator):
 
         return surrogate(scores, z, backward_fn)
 
+    def project(self, x, structure, lengths):
+        return x
+
     def pull_back(self, s, z, gamma_z, structure, lengths, downstream) -> torch.Tensor:
         """The surrogate gradient w.r.t. the scores, given γ(ẑ) = ``gamma_z``."""
-        raise NotImplementedError
+        mu0 = mu = z if self.starts_at_map else structure.marginals(s, lengths)
+        for t in range(self.steps):
+            gamma = gamma_z if t == 0 and self.starts_at_map else self._gamma(downstream, mu)
+            mu = self.project(mu - self.eta * gamma, structure, lengths)
+        return mu0 - mu
 
     def _gamma(self, downstream, mu):
         return loss_gradient(downstream, mu, type(self).__name__)
 
 
 class SteI(PulledBack):
-    """Straight-through with identity (STE-I): a plain gradient step on μ from ẑ (seed 001, Eq. 15)."""
-
-    def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
-        mu, gamma = z, gamma_z
-        for t in range(self.steps):
-            if t:
-                gamma = self._gamma(downstream, mu)
-            mu = mu - self.eta * gamma
-        return z - mu
+    """Straight-through with identity (STE-I): plain gradient steps on μ from ẑ (seed 001, Eq. 15)."""
 
 
 class Spigot(PulledBack):
     """SPIGOT (Peng et al., 2018): projected gradient steps from ẑ onto M = conv(Z) (seed 001, Eq. 9-14)."""
 
-    def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
-        mu, gamma = z, gamma_z
-        for t in range(self.steps):
-            if t:
-                gamma = self._gamma(downstream, mu)
-            mu = structure.sparsemap(mu - self.eta * gamma, lengths)
-        return z - mu
+    def project(self, x, structure, lengths):
+        return structure.sparsemap(x, lengths)
 
 
-class SpigotCe(PulledBack):
+class SpigotCe(Spigot):
     """SPIGOT-CE: projected gradient from μ0 = Marg(s), with the cross-entropy (CRF) loss (seed 001, Eq. 16-17)."""
 
-    needs_downstream = True
-
-    def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
-        mu0 = mu = structure.marginals(s, lengths)
-        for _ in range(self.steps):
-            mu = structure.sparsemap(mu - self.eta * self._gamma(downstream, mu), lengths)
-        return mu0 - mu
+    starts_at_map = False
 
 
 class SpigotEg(PulledBack):
     """SPIGOT-EG: exponentiated-gradient / mirror-descent steps on the scores (seed 001, Eq. 18-22)."""
 
-    needs_downstream = True
+    starts_at_map = False
 
     def pull_back(self, s, z, gamma_z, structure, lengths, downstream):
         mu0 = mu = structure.marginals(s, lengths)
