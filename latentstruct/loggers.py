@@ -22,19 +22,19 @@ class NoLogger:
 
 
 class CsvLogger(NoLogger):
-    """Appends every logged row to ``train_log.csv`` in the run directory (one column set per file)."""
+    """Appends every logged value to ``train_log.csv`` in the run directory, in long format
+    (``step,metric,value``) so that rows with different metrics share one header."""
 
     def __init__(self, output_dir: str, run_config: dict | None = None):
         self.path = Path(output_dir) / "train_log.csv"
 
     def log(self, step, metrics):
-        row = {"step": step, **metrics}
         new = not self.path.exists()
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row), extrasaction="ignore")
+            writer = csv.writer(f)
             if new:
-                writer.writeheader()
-            writer.writerow(row)
+                writer.writerow(["step", "metric", "value"])
+            writer.writerows([step, key, value] for key, value in metrics.items())
 
 
 class WandbLogger(NoLogger):

@@ -105,6 +105,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return record
 
     # ---- build
+    out.mkdir(parents=True, exist_ok=True)
     tc = cfg.trainer
     if tc.threads:
         torch.set_num_threads(tc.threads)

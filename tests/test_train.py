@@ -186,3 +186,17 @@ def test_launchers_compose(launcher):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
     assert launcher.split("_")[0] in cfg.hydra.launcher._target_.lower()
+
+
+def test_csv_logger_keeps_every_metric_under_one_header(tmp_path):
+    _run(tmp_path, "logger=csv", "trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10")
+    log = pd.read_csv(tmp_path / "run" / "train_log.csv")
+    assert list(log.columns) == ["step", "metric", "value"]
+    assert set(log.loc[log.step == 5, "metric"]) == {"train/loss"}
+    assert {"train/loss", "valid/acc", "test/v_measure"} <= set(log.loc[log.step == 20, "metric"])
+
+
+def test_wandb_logger_runs_without_network(tmp_path):
+    record = _run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=4", "trainer.log_every=2")
+    assert record["status"] == "completed"
+    assert _compose("logger=wandb").logger.mode == "offline"  # the default never touches the network
