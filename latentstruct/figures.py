@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from latentstruct.tables import aggregate, filter_runs, load_runs
+from latentstruct.tables import aggregate, filter_runs, load_runs, provenance
 
 __all__ = ["learning_curves", "inner_steps", "main"]
 
@@ -108,6 +108,7 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
             picked.append({"method": _LABELS.get(exp, exp), "k": k, "eta": valid.idxmax(), "acc": acc,
                            "acc_err": acc_err, "v_measure": vm, "v_measure_err": vm_err,
                            "n_runs": len(chosen)})
+    n_seeds = runs["seed"].nunique() if "seed" in runs else 0
     if not picked:
         raise ValueError(f"no completed run of {list(experiments)} with estimator.steps and estimator.eta "
                          f"for K={num_clusters}")
@@ -122,15 +123,19 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
             for _, p in lines.iterrows():
                 ax.annotate(f"η={p.eta:g}", (p.k, p[column]), textcoords="offset points", xytext=(4, 4),
                             fontsize=7)
-        ax.set(xlabel="pull-back steps k", ylabel=title, title=f"{title} (K={num_clusters}, best η per k)")
+        ax.set(xlabel="pull-back steps k", ylabel=title,
+               title=f"{title} (K={num_clusters}, best η per k, {n_seeds} seed{'s' * (n_seeds > 1)})")
         ax.set_xticks(sorted(table["k"].unique()))
         ax.grid(alpha=0.3)
     axes[0].legend()
     out = _save(fig, out)
     rows = [f"| {p.method} | {p.k} | {p.eta:g} | {p.acc:.2f} ± {p.acc_err:.2f} | "
             f"{p.v_measure:.2f} ± {p.v_measure_err:.2f} | {p.n_runs} |" for p in table.itertuples()]
+    used = pd.concat([filter_runs(runs, {"choices.experiment": e}) for e in experiments])
     out.with_suffix(".md").write_text("\n".join([
         f"# Pull-back steps k (K={num_clusters}); η chosen by median valid/acc", "",
+        *provenance(used, "make spigot-inner-steps"), "",
+        "Test metrics of the chosen η: median ± standard error over n seeds.", "",
         "| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|", *rows]) + "\n")
     return table
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-__all__ = ["load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
+__all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "best_epoch",
                   "best_step", "error")
@@ -165,6 +165,11 @@ def _fmt(x: float) -> str:
 
 def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
     used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+    return provenance(used, spec.get("command", "python -m latentstruct.tables"))
+
+
+def provenance(used: pd.DataFrame, command: str) -> list[str]:
+    """Markdown bullet lines: commits, hardware, torch, seeds, run counts and wall time of the runs ``used``."""
     used = used.drop_duplicates("run_dir") if len(used) else used
     done = used[used["completed"]] if len(used) else used
 
@@ -174,10 +179,11 @@ def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- git commit(s): {values('git_commit')}", f"- hardware: {values('hardware')}",
-            f"- torch: {values('torch')}", f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
+            f"- torch: {values('torch')}", f"- seeds: {values('seed')}",
+            f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
             f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
             f"- generated: {now}",
-            f"- regenerate with: `{spec.get('command', 'python -m latentstruct.tables')}`"]
+            f"- regenerate with: `{command}`"]
 
 
 def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.DataFrame) -> Path:
