@@ -81,6 +81,12 @@ class CategoricalConf:
 
 
 @dataclass
+class ProjectiveDepTreeConf:
+    _target_: str = "latentstruct.structures.ProjectiveDepTree"
+    multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
+
+
+@dataclass
 class DecoderConf:
     _target_: str = MISSING
 
@@ -173,6 +179,7 @@ _SCHEMAS = {
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,
+    ("structure", "base_projective_dep_tree"): ProjectiveDepTreeConf,
     ("decoder", "base_decoder"): DecoderConf,
     ("estimator", "base_estimator"): EstimatorConf,
     ("estimator", "base_pulled_back"): PulledBackConf,

@@ -2,5 +2,6 @@
 
 from latentstruct.structures.base import Structure, gumbel_like
 from latentstruct.structures.categorical import Categorical
+from latentstruct.structures.dependency import ProjectiveDepTree
 
-__all__ = ["Structure", "Categorical", "gumbel_like"]
+__all__ = ["Structure", "Categorical", "ProjectiveDepTree", "gumbel_like"]

@@ -52,8 +52,14 @@ class Structure:
         return mu
 
     def sparsemap(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """argmin_{μ in conv(Z)} ||μ - s||²: the Euclidean projection onto the marginal polytope."""
-        raise NotImplementedError(f"{type(self).__name__} has no SparseMAP yet")
+        """argmin_{μ in conv(Z)} ||μ - s||²: the Euclidean projection onto the marginal polytope.
+
+        The generic active-set solver (``latentstruct.structures.sparsemap``), which calls only ``map``; structures
+        with a closed form override this.
+        """
+        from latentstruct.structures.sparsemap import sparsemap  # the solver module imports nothing from here
+
+        return sparsemap(self, scores, lengths)
 
     def sample(
         self,

@@ -1,0 +1,266 @@
+"""latentstruct.structures.ProjectiveDepTree against brute-force enumeration (DESIGN.md §4 contract, §9).
+
+The ground truth is ``enumerate(n)``, itself checked against an independent brute force written here (a different
+characterisation of projectivity: every word between a head and its modifier descends from the head) and against
+the known counts. MAP, the log-partition and the marginals are compared with it for every small size, both root
+constraints, with and without lengths.
+"""
+
+import functools
+import itertools
+import math
+
+import pytest
+import torch
+
+from latentstruct.structures import ProjectiveDepTree
+
+SIZES = list(range(1, 6))
+ROOTS = [True, False]
+DTYPES = [torch.float32, torch.float64]
+
+
+def _tol(dtype):
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
+
+
+def _scores(batch, n, dtype=torch.float64, seed=0, scale=2.0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)).to(dtype)
+
+
+@functools.cache
+def _vertices(multiroot, n):
+    return ProjectiveDepTree(multiroot).enumerate(n).to(torch.float64)
+
+
+def _vertex_scores(scores, multiroot):
+    """Vertices [V, n+1, n+1] and <s, v> for every example and vertex, [B, V]."""
+    vertices = _vertices(multiroot, scores.shape[-1] - 1).to(scores)
+    return vertices, torch.einsum("bhm,vhm->bv", scores, vertices)
+
+
+def _independent_trees(n, multiroot):
+    """Projective trees as head tuples, by a brute force that shares no code with the module under test."""
+    trees = set()
+    for heads in itertools.product(range(n + 1), repeat=n):
+        head = dict(zip(range(1, n + 1), heads, strict=True))
+        if any(head[m] == m for m in head):
+            continue
+
+        def ancestors(m, head=head):
+            seen = []
+            while m != 0 and m not in seen and len(seen) <= n:
+                seen.append(m)
+                m = head[m]
+            return seen if m == 0 else None
+
+        chains = {m: ancestors(m) for m in head}
+        if any(c is None for c in chains.values()):
+            continue  # a cycle: not a tree
+        # Projective: every word strictly between h and m is a descendant of h (h is on its ancestor chain or is 0).
+        if not all(
+            head[m] == 0 or head[m] in chains[k] for m in head for k in range(min(head[m], m) + 1, max(head[m], m))
+        ):
+            continue
+        if not multiroot and sum(h == 0 for h in heads) != 1:
+            continue
+        trees.add(heads)
+    return trees
+
+
+def _heads(z):
+    """Head tuple of a 0/1 tree [n+1, n+1] (each column 1..n has exactly one 1)."""
+    assert torch.all(z.sum(0)[1:] == 1)
+    return tuple(int(z[:, m].argmax()) for m in range(1, z.shape[-1]))
+
+
+def _assert_valid_tree(z, multiroot, length=None):
+    """z [n+1, n+1] is a projective tree over its first ``length`` words and 0 elsewhere."""
+    n = z.shape[-1] - 1
+    length = n if length is None else length
+    assert set(z.unique().tolist()) <= {0.0, 1.0}
+    assert torch.all(z[:, length + 1 :] == 0) and torch.all(z[length + 1 :, :] == 0)
+    block = z[: length + 1, : length + 1]
+    assert _heads(block) in _independent_trees(length, multiroot)
+
+
+# --------------------------------------------------------------------------------------------------------- enumerate
+
+
+def test_number_of_projective_trees_matches_the_known_counts():
+    counts = [len(_independent_trees(n, True)) for n in SIZES]
+    assert counts == [1, 3, 12, 55, 273]
+    assert counts == [math.comb(3 * n, n) // (2 * n + 1) for n in SIZES]
+    assert [len(ProjectiveDepTree(True).enumerate(n)) for n in SIZES] == counts
+    # Single root: the root's one child j splits the words into two multi-rooted halves, hence
+    # Σ_j T(j-1) T(n-j) with T the multiroot counts (T(0) = 1).
+    t = [1, *counts]
+    single = [len(_independent_trees(n, False)) for n in SIZES]
+    assert single == [sum(t[j - 1] * t[n - j] for j in range(1, n + 1)) for n in SIZES] == [1, 2, 7, 30, 143]
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize("n", SIZES)
+def test_enumerate_is_every_projective_tree_once(n, multiroot):
+    vertices = ProjectiveDepTree(multiroot).enumerate(n)
+    assert vertices.shape[1:] == (n + 1, n + 1)
+    heads = [_heads(v) for v in vertices]
+    assert len(set(heads)) == len(heads)
+    assert set(heads) == _independent_trees(n, multiroot)
+    assert torch.all(vertices[:, :, 0] == 0)
+    assert torch.all(vertices.diagonal(dim1=1, dim2=2) == 0)
+
+
+# ------------------------------------------------------------------------------------ map, log-partition, marginals
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize("n", SIZES)
+def test_map_is_the_best_enumerated_tree(n, multiroot, dtype):
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(6, n, dtype, seed=10 * n + multiroot).requires_grad_(True)
+    z = struct.map(scores)
+    assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
+    vertices, vs = _vertex_scores(scores.detach(), multiroot)
+    torch.testing.assert_close(struct.score(z, scores.detach()), vs.max(-1).values, **_tol(dtype))
+    for zb in z:
+        assert (vertices == zb).all(-1).all(-1).any(), "MAP is not a vertex"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize("n", SIZES)
+def test_log_partition_is_logsumexp_over_trees(n, multiroot, dtype):
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(6, n, dtype, seed=n)
+    _, vs = _vertex_scores(scores, multiroot)
+    log_z = struct.log_partition(scores)
+    assert log_z.shape == (6,) and log_z.dtype == dtype
+    torch.testing.assert_close(log_z, torch.logsumexp(vs, -1), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize("n", SIZES)
+def test_marginals_are_the_expected_tree(n, multiroot, dtype):
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(6, n, dtype, seed=n + 100)
+    vertices, vs = _vertex_scores(scores, multiroot)
+    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
+    mu = struct.marginals(scores)
+    torch.testing.assert_close(mu, expected, **_tol(dtype))
+    assert torch.all(mu[:, :, 0] == 0) and torch.all(mu.diagonal(dim1=1, dim2=2) == 0)
+    # Every word has one head in expectation; the single root has one child.
+    torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **_tol(dtype))
+    if not multiroot:
+        torch.testing.assert_close(mu[:, 0].sum(-1), torch.ones_like(mu[:, 0, 0]), **_tol(dtype))
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_column_zero_and_diagonal_are_ignored(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(3, 4, seed=7)
+    junk = scores.clone()
+    junk[:, :, 0] = float("nan")
+    junk.diagonal(dim1=1, dim2=2).fill_(float("inf"))
+    torch.testing.assert_close(struct.log_partition(junk), struct.log_partition(scores))
+    torch.testing.assert_close(struct.marginals(junk), struct.marginals(scores))
+    assert torch.equal(struct.map(junk), struct.map(scores))
+
+
+# ------------------------------------------------------------------------------------------------------------ lengths
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_lengths_equal_the_cropped_problems(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    n, lengths = 5, torch.tensor([5, 3, 1, 4, 2])
+    scores = _scores(len(lengths), n, seed=3)
+    for b, length in enumerate(lengths.tolist()):  # padding may hold anything, even the −inf of a masked scorer
+        scores[b, length + 1 :, :] = float("-inf")
+        scores[b, :, length + 1 :] = float("nan")
+    z = struct.map(scores, lengths)
+    log_z = struct.log_partition(scores, lengths)
+    mu = struct.marginals(scores, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        block = scores[b : b + 1, : length + 1, : length + 1]
+        for got, want in ((z[b], struct.map(block)[0]), (mu[b], struct.marginals(block)[0])):
+            torch.testing.assert_close(got[: length + 1, : length + 1], want)
+            assert torch.all(got[length + 1 :, :] == 0) and torch.all(got[:, length + 1 :] == 0)
+        torch.testing.assert_close(log_z[b], struct.log_partition(block)[0])
+        _assert_valid_tree(z[b], multiroot, length)
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_lengths_gradients_stay_off_padding(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    lengths = torch.tensor([4, 2])
+    scores = _scores(2, 4, seed=5).requires_grad_(True)
+    struct.log_partition(scores, lengths).sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    assert torch.all(scores.grad[1, 3:, :] == 0) and torch.all(scores.grad[1, :, 3:] == 0)
+
+
+# ---------------------------------------------------------------------------------------------- second derivatives
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_marginals_gradcheck(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(2, 3, seed=11).requires_grad_(True)
+    lengths = torch.tensor([3, 2])
+    assert torch.autograd.gradcheck(lambda s: struct.marginals(s), (scores,))
+    assert torch.autograd.gradcheck(lambda s: struct.marginals(s, lengths), (scores,))
+
+
+# ----------------------------------------------------------------------------------------------------------- sample
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_perturb_and_map_samples_are_trees(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    lengths = torch.tensor([4] * 32 + [2] * 32)
+    scores = _scores(64, 4, seed=2, scale=0.5)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        z = struct.sample(scores, lengths, generator=g)
+        assert z.shape == scores.shape
+        for zb, length in zip(z, lengths.tolist(), strict=True):
+            _assert_valid_tree(zb, multiroot, length)
+
+
+# ---------------------------------------------------------------------------------------------------- larger inputs
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_batch_of_sentences_of_thirty_words(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    lengths = torch.randint(1, 31, (32,), generator=torch.Generator().manual_seed(0))
+    lengths[0] = 30
+    scores = _scores(32, 30, torch.float32, seed=1).requires_grad_(True)
+    z = struct.map(scores, lengths)
+    mu = struct.marginals(scores, lengths)
+    (mu * torch.randn_like(mu)).sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    # Every word has one head; the MAP tree scores no more than the log-partition.
+    words = torch.arange(31) <= lengths.view(-1, 1)
+    words[:, 0] = False
+    assert torch.equal(z.sum(1), words.float())
+    torch.testing.assert_close(mu.detach().sum(1), words.float())
+    assert torch.all(struct.score(z, scores.detach()) <= struct.log_partition(scores.detach(), lengths) + 1e-4)
+    if not multiroot:
+        assert torch.all(z[:, 0].sum(-1) == 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_cuda_matches_cpu(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    lengths = torch.tensor([5, 3, 1])
+    scores = _scores(3, 5, seed=4)
+    for method in (struct.map, struct.log_partition, struct.marginals):
+        on_gpu = method(scores.cuda(), lengths.cuda())
+        assert on_gpu.is_cuda
+        torch.testing.assert_close(on_gpu.cpu(), method(scores, lengths))

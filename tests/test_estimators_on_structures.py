@@ -1,0 +1,70 @@
+"""Every estimator runs unchanged on every structure (DESIGN.md §2): a smoke test with exact checks where cheap."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latentstruct.estimators import (
+    GumbelSoftmax,
+    Marginals,
+    Sfe,
+    Sparsemap,
+    Spigot,
+    SpigotCe,
+    SpigotEg,
+    SteI,
+    SteS,
+    StGumbel,
+)
+from latentstruct.structures import Categorical, ProjectiveDepTree
+
+STRUCTURES = {
+    "categorical": (Categorical(), (4, 6)),
+    "projective": (ProjectiveDepTree(), (3, 5, 5)),
+    "projective_single_root": (ProjectiveDepTree(multiroot=False), (3, 5, 5)),
+}
+ESTIMATORS = [
+    SteI(0.5, steps=2), SteS(), Spigot(0.5, steps=2), SpigotCe(0.5, steps=2), SpigotEg(0.5, steps=2),
+    Marginals(), Sparsemap(), GumbelSoftmax(), StGumbel(),
+]
+
+
+@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("est", ESTIMATORS, ids=lambda e: type(e).__name__)
+def test_estimator_runs_on_structure(name, est):
+    structure, shape = STRUCTURES[name]
+    torch.manual_seed(0)
+    s = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(*shape, dtype=torch.float64)
+
+    def downstream(mu):
+        return (mu * c).flatten(1).sum(-1) ** 2
+
+    est.train()
+    z = est(s, structure, None, downstream)
+    assert z.shape == s.shape
+    (grad,) = torch.autograd.grad(downstream(z).mean(), s)
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    est.eval()
+    out = est(s, structure, None, downstream)
+    if not est.relaxed:
+        assert torch.equal(out, structure.map(s))
+
+
+def test_spigot_k1_on_trees_is_map_minus_sparsemap():
+    structure = ProjectiveDepTree()
+    torch.manual_seed(1)
+    s = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(2, 4, 4, dtype=torch.float64)
+    z = Spigot(1.0)(s, structure, None, lambda mu: (mu * c).flatten(1).sum(-1))
+    (grad,) = torch.autograd.grad((z * c).flatten(1).sum(-1).mean(), s)
+    z_hat = structure.map(s)
+    expected = z_hat - structure.sparsemap(z_hat - c / 2)
+    torch.testing.assert_close(grad, expected)
+
+
+def test_sfe_on_trees_refuses_inexact_sampling():
+    s = torch.randn(2, 4, 4, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="exact Gibbs"):
+        Sfe()(s, ProjectiveDepTree(), None, lambda mu: mu.flatten(1).sum(-1))
