@@ -135,7 +135,8 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
 
     ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
     :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err,
-    diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run).
+    diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run), per_seed
+    (the run values in seed order, formatted).
     """
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
@@ -146,7 +147,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
         done = cell[cell["completed"]] if len(cell) else cell
         for metric in spec["metrics"]:
             column = f"metric.{metric['name']}"
-            values = done[column] if column in done else []
+            values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
             ours, ours_err = aggregate(values, how)
             paper, paper_err = ref.get((row["name"], setting["name"], metric["name"]), (math.nan, math.nan))
             allowed = max(tol.get("abs", 0.0), tol.get("err_factor", 0.0) * math.hypot(ours_err, paper_err))
@@ -155,7 +156,8 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
                         "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
                         "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
                         "diff": ours - paper, "tol": allowed if known else math.nan,
-                        "agrees": bool(abs(ours - paper) <= allowed) if known else None})
+                        "agrees": bool(abs(ours - paper) <= allowed) if known else None,
+                        "per_seed": ", ".join(_fmt(v) for v in values.dropna())})
     return pd.DataFrame(out)
 
 
@@ -211,7 +213,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     lines += ["", "## Cells outside tolerance", ""]
     lines += [f"- {names[c.row]}, {c.setting}, {c.metric}: ours {_fmt(c.ours)} ± {_fmt(c.ours_err)}"
               f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
-              f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}"
+              f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}; per seed: {c.per_seed}"
               for _, c in bad.iterrows()] or ["- none"]
     missing = df[df["n_runs"] == 0]
     if len(missing):

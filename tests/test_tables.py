@@ -131,7 +131,7 @@ def test_markdown_has_paper_numbers_and_provenance(tmp_path):
     text = out.read_text()
     assert text.startswith("# Fake table")
     for needle in ("92.00 ± 0.00", "20.53 ± 1.85", "**102.00** ± 1.32 (4)", "abc1234", "cpu", "2.13.0+cpu",
-                   "make table-fake", "a protocol deviation", "✗", "SPIGOT, K=3, test/acc",
+                   "make table-fake", "a protocol deviation", "✗", "SPIGOT, K=3, test/acc", "per seed:",
                    "100.00 total, 25.00 median"):
         assert needle in text, needle
     assert "Other" in text  # a row without runs is still shown
