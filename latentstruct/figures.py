@@ -93,14 +93,21 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     v_measure, v_measure_err, n_runs. ``where``: an extra flat-key match, as in :func:`learning_curves`.
     """
     runs = _completed(runs_root, num_clusters, where)
-    picked = []
+    # A point is drawn only when every η of the sweep's grid completed: a partial search would flatter it.
+    grid = sorted(runs["estimator.eta"].dropna().astype(float).unique()) if "estimator.eta" in runs else []
+    all_k = sorted(runs["estimator.steps"].dropna().unique()) if "estimator.steps" in runs else []
+    picked, missing = [], []
     for exp in experiments:
         sel = filter_runs(runs, {"choices.experiment": exp})
         if sel.empty or "estimator.steps" not in sel or "metric.valid/acc" not in sel:
+            missing.append(f"{_LABELS.get(exp, exp)}: no completed run")
             continue
+        missing += [f"{_LABELS.get(exp, exp)}, k={k}: no completed run"
+                    for k in all_k if k not in set(sel["estimator.steps"])]
         for k, at_k in sel.groupby("estimator.steps"):
             valid = at_k.groupby("estimator.eta")["metric.valid/acc"].median().dropna()
-            if valid.empty:
+            if sorted(valid.index.astype(float)) != grid:
+                missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {sorted(valid.index)} of {grid}")
                 continue
             chosen = filter_runs(at_k, {"estimator.eta": valid.idxmax()})
             acc, acc_err = aggregate(chosen["metric.test/acc"])
@@ -136,7 +143,9 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
         f"# Pull-back steps k (K={num_clusters}); η chosen by median valid/acc", "",
         *provenance(used, "make spigot-inner-steps"), "",
         "Test metrics of the chosen η: median ± standard error over n seeds.", "",
-        "| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|", *rows]) + "\n")
+        "| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|", *rows,
+        *(["", "Not drawn (η grid incomplete; rerun the target to finish them):", "",
+           *[f"- {m}" for m in missing]] if missing else [])]) + "\n")
     return table
 
 

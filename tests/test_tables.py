@@ -174,3 +174,15 @@ def test_figures_write_png(tmp_path):
     assert len(picked) == 4 and set(picked["eta"]) == {1.0} and set(picked["n_runs"]) == {2}
     assert picked.set_index(["method", "k"]).loc[("STE-I", 5), "acc"] == pytest.approx(76.5)
     assert "| SPIGOT | 5 | 1 |" in (tmp_path / "fig" / "inner.md").read_text()
+
+
+def test_inner_steps_skips_points_whose_eta_grid_is_incomplete(tmp_path):
+    for steps in (1, 5):
+        for eta in (0.1, 1.0):
+            if (steps, eta) == (5, 1.0):
+                continue  # the run that would have won k = 5 has not finished
+            _run(tmp_path / "sweep", f"r_{steps}_{eta}", "synthetic_ste_i", k=10, steps=steps, eta=eta)
+    picked = figures.inner_steps(tmp_path / "sweep", tmp_path / "inner.png")
+    assert list(picked["k"]) == [1]
+    text = (tmp_path / "inner.md").read_text()
+    assert "STE-I, k=5: η completed [0.1] of [0.1, 1.0]" in text and "SPIGOT: no completed run" in text
