@@ -107,7 +107,8 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
         for k, at_k in sel.groupby("estimator.steps"):
             valid = at_k.groupby("estimator.eta")["metric.valid/acc"].median().dropna()
             if sorted(valid.index.astype(float)) != grid:
-                missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {sorted(valid.index)} of {grid}")
+                done = [float(e) for e in sorted(valid.index)]
+                missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {done} of {[float(e) for e in grid]}")
                 continue
             chosen = filter_runs(at_k, {"estimator.eta": valid.idxmax()})
             acc, acc_err = aggregate(chosen["metric.test/acc"])
