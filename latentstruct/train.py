@@ -71,6 +71,29 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
+# What may change between a run and its resumption: how it runs, not what it computes.
+_RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
+              "trainer.device", "trainer.max_steps", "trainer.max_epochs")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(_flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return flat
+
+
+def _check_same_run(saved: dict, current: dict, where: Path) -> None:
+    """Refuse to resume a checkpoint written under a different configuration."""
+    old, new = _flatten(saved), _flatten(current)
+    differ = sorted(k for k in old.keys() | new.keys()
+                    if old.get(k) != new.get(k) and not k.startswith(_RESUMABLE))
+    if differ:
+        raise ValueError(f"{where} was written with a different configuration ({', '.join(differ)}); "
+                         "use another run directory, or trainer.resume=false to start over")
+
+
 def build_model(cfg: DictConfig, dims: dict[str, int]) -> LatentClassifier:
     """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates."""
     encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])
@@ -129,6 +152,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt_path = out / "checkpoint.pt"
     if tc.resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, device)
+        _check_same_run(ckpt["config"], OmegaConf.to_container(cfg), ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]

@@ -200,3 +200,13 @@ def test_wandb_logger_runs_without_network(tmp_path):
     record = _run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=4", "trainer.log_every=2")
     assert record["status"] == "completed"
     assert _compose("logger=wandb").logger.mode == "offline"  # the default never touches the network
+
+
+def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, monkeypatch):
+    _run(tmp_path, "trainer.max_steps=20", "trainer.eval_every=10")
+    (tmp_path / "run" / "metrics.json").unlink()  # as if killed after the last checkpoint
+    with pytest.raises(ValueError, match="optim.lr"):
+        _run(tmp_path, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.resume=true", "optim.lr=0.5")
+    # Extending the run is a resumption of the same run.
+    record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10", "trainer.resume=true")
+    assert record["steps"] == 30
