@@ -94,7 +94,7 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     """
     runs = _completed(runs_root, num_clusters, where)
     # A point is drawn only when every η of the sweep's grid completed: a partial search would flatter it.
-    grid = sorted(runs["estimator.eta"].dropna().astype(float).unique()) if "estimator.eta" in runs else []
+    grid = sorted(float(e) for e in runs["estimator.eta"].dropna().unique()) if "estimator.eta" in runs else []
     all_k = sorted(runs["estimator.steps"].dropna().unique()) if "estimator.steps" in runs else []
     picked, missing = [], []
     for exp in experiments:
@@ -106,14 +106,15 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
                     for k in all_k if k not in set(sel["estimator.steps"])]
         for k, at_k in sel.groupby("estimator.steps"):
             valid = at_k.groupby("estimator.eta")["metric.valid/acc"].median().dropna()
-            if sorted(valid.index.astype(float)) != grid:
-                done = [float(e) for e in sorted(valid.index)]
-                missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {done} of {[float(e) for e in grid]}")
+            done = sorted(float(e) for e in valid.index)
+            if done != grid:
+                missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {done} of {grid}")
                 continue
-            chosen = filter_runs(at_k, {"estimator.eta": valid.idxmax()})
+            best = valid.idxmax()
+            chosen = filter_runs(at_k, {"estimator.eta": best})
             acc, acc_err = aggregate(chosen["metric.test/acc"])
             vm, vm_err = aggregate(chosen["metric.test/v_measure"])
-            picked.append({"method": _LABELS.get(exp, exp), "k": k, "eta": valid.idxmax(), "acc": acc,
+            picked.append({"method": _LABELS.get(exp, exp), "k": k, "eta": best, "acc": acc,
                            "acc_err": acc_err, "v_measure": vm, "v_measure_err": vm_err,
                            "n_runs": len(chosen)})
     n_seeds = runs["seed"].nunique() if "seed" in runs else 0

@@ -144,15 +144,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         raise ValueError("set trainer.max_steps or trainer.max_epochs")
     max_steps = tc.max_steps if tc.max_steps is not None else tc.max_epochs * per_epoch
     eval_every = tc.eval_every or per_epoch
-    logger = instantiate(
-        cfg.logger, output_dir=str(out), run_config=OmegaConf.to_container(cfg), _recursive_=False, _convert_="all"
-    )
+    config = OmegaConf.to_container(cfg)  # the run's identity: logged, checkpointed, compared on resume
+    logger = instantiate(cfg.logger, output_dir=str(out), run_config=config, _recursive_=False, _convert_="all")
 
     step, history, elapsed = 0, [], 0.0
     ckpt_path = out / "checkpoint.pt"
     if tc.resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, device)
-        _check_same_run(ckpt["config"], OmegaConf.to_container(cfg), ckpt_path)
+        _check_same_run(ckpt["config"], config, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
@@ -197,7 +196,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "history": history,
                         "wall_seconds": row["wall_seconds"],
                         "rng": _rng_state(),
-                        "config": OmegaConf.to_container(cfg),
+                        "config": config,
                     },
                 )
             if step >= max_steps:
