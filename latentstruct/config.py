@@ -87,6 +87,34 @@ class ProjectiveDepTreeConf:
 
 
 @dataclass
+class NonProjectiveDepTreeConf:
+    _target_: str = "latentstruct.structures.NonProjectiveDepTree"
+    multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
+
+
+@dataclass
+class SequenceTaggingConf:
+    _target_: str = "latentstruct.structures.SequenceTagging"
+    num_tags: int = _help("number of tags T (scores [batch, n, T, T])")
+
+
+@dataclass
+class BinaryTreeConf:
+    _target_: str = "latentstruct.structures.BinaryTree"
+
+
+@dataclass
+class MatchingConf:
+    _target_: str = "latentstruct.structures.Matching"
+
+
+@dataclass
+class TopKConf:
+    _target_: str = "latentstruct.structures.TopK"
+    k: int = _help("size of the selected subset (scores [batch, n], vertices k-hot)")
+
+
+@dataclass
 class DecoderConf:
     _target_: str = MISSING
 
@@ -180,6 +208,11 @@ _SCHEMAS = {
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,
     ("structure", "base_projective_dep_tree"): ProjectiveDepTreeConf,
+    ("structure", "base_nonprojective_dep_tree"): NonProjectiveDepTreeConf,
+    ("structure", "base_sequence_tagging"): SequenceTaggingConf,
+    ("structure", "base_binary_tree"): BinaryTreeConf,
+    ("structure", "base_matching"): MatchingConf,
+    ("structure", "base_topk"): TopKConf,
     ("decoder", "base_decoder"): DecoderConf,
     ("estimator", "base_estimator"): EstimatorConf,
     ("estimator", "base_pulled_back"): PulledBackConf,

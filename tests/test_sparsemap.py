@@ -7,11 +7,10 @@ vertices (enumeration, a direct QP solve over the simplex of weights).
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
 from entmax import sparsemax
-from scipy.optimize import minimize
+from reference import capped_simplex_projection, qp_over_vertices
 
 from latentstruct.structures import Categorical, Structure
 from latentstruct.structures.sparsemap import (
@@ -78,34 +77,6 @@ def _scores(shape, scale=1.0, seed=0, dtype=torch.float64):
     return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
-def _capped_simplex_projection(s, k, n_bisect=200):
-    """argmin ||μ - s||² s.t. 0 ≤ μ ≤ 1, Σμ = k: μ = clip(s - τ, 0, 1) with τ found by bisection, rows of s."""
-    lo = s.min(-1, keepdim=True).values - 1.0
-    hi = s.max(-1, keepdim=True).values
-    for _ in range(n_bisect):
-        mid = (lo + hi) / 2
-        too_big = (s - mid).clamp(0, 1).sum(-1, keepdim=True) > k
-        lo, hi = torch.where(too_big, mid, lo), torch.where(too_big, hi, mid)
-    return (s - (lo + hi) / 2).clamp(0, 1)
-
-
-def _qp_over_vertices(vertices, s):
-    """min_{α ∈ simplex} ½ ||Vᵀα - s||² by SLSQP (one example, numpy): an independent solve of the projection."""
-    v, s = vertices.numpy(), s.numpy()
-    n = v.shape[0]
-    res = minimize(
-        lambda a: 0.5 * float(((a @ v - s) ** 2).sum()),
-        np.full(n, 1.0 / n),
-        jac=lambda a: v @ (a @ v - s),
-        bounds=[(0.0, None)] * n,
-        constraints=[{"type": "eq", "fun": lambda a: a.sum() - 1.0, "jac": lambda a: np.ones_like(a)}],
-        method="SLSQP",
-        options={"ftol": 1e-12, "maxiter": 1000},
-    )
-    assert res.success, res.message
-    return torch.from_numpy(res.x @ v)
-
-
 def _vjp(fn, s, g):
     s = s.detach().clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(fn(s), s, g)
@@ -165,7 +136,7 @@ def test_topk_matches_capped_simplex(n, k, scale):
     topk = TopKToy(k)
     s = _scores((8, n), scale, seed=n * k)
     mu = sparsemap(topk, s, tol=TIGHT)
-    torch.testing.assert_close(mu, _capped_simplex_projection(s, k), atol=1e-9, rtol=0)
+    torch.testing.assert_close(mu, capped_simplex_projection(s, k), atol=1e-9, rtol=0)
     # J = I - 11ᵀ/|F| on the free coordinates F = {0 < μ < 1}, zero elsewhere.
     for b in range(2):
         jac = torch.autograd.functional.jacobian(lambda x: sparsemap(topk, x[None], tol=TIGHT)[0], s[b])
@@ -185,7 +156,7 @@ def test_topk_padding():
     lengths = torch.tensor([8, 5, 3])
     mu = sparsemap(topk, s.clone().requires_grad_(), lengths, tol=TIGHT)
     for b, n in enumerate(lengths.tolist()):
-        torch.testing.assert_close(mu[b, :n], _capped_simplex_projection(s[b : b + 1, :n], 2)[0], atol=1e-9, rtol=0)
+        torch.testing.assert_close(mu[b, :n], capped_simplex_projection(s[b : b + 1, :n], 2)[0], atol=1e-9, rtol=0)
         assert (mu[b, n:] == 0).all()
     grad = _vjp(lambda x: sparsemap(topk, x, lengths), s, _scores((3, 8), seed=6))
     for b, n in enumerate(lengths.tolist()):
@@ -194,7 +165,7 @@ def test_topk_padding():
 
 def test_base_class_uses_generic_solver():
     s = _scores((4, 6), 1.0, seed=7)
-    torch.testing.assert_close(TopKToy(2).sparsemap(s), _capped_simplex_projection(s, 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(TopKToy(2).sparsemap(s), capped_simplex_projection(s, 2), atol=1e-6, rtol=0)
 
 
 # --- Hypercube: a vertex at the origin ------------------------------------------------------------------------------
@@ -231,7 +202,7 @@ def test_optimality_and_direct_qp(seed):
     gaps = torch.einsum("bd,vbd->bv", s - sol.mu, verts[:, None, :] - sol.mu[None])
     assert gaps.max() <= tol * max(1.0, s.abs().max().item() * verts.sum(-1).max().item())
     for b in range(5):
-        torch.testing.assert_close(sol.mu[b], _qp_over_vertices(verts, s[b]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(sol.mu[b], qp_over_vertices(verts, s[b]), atol=1e-5, rtol=0)
 
 
 def test_gradcheck_vertex_list():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 import latentstruct.train as train_module
@@ -43,7 +45,13 @@ def test_every_group_option_composes_and_instantiates(group):
         cfg = _compose(f"{group}={option}")
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
-        assert instantiate(cfg[group]) is not None
+        node = cfg[group]
+        # Sizes a task fills in (e.g. num_tags) are required, not defaulted.
+        missing = [k.rsplit(".", 1)[-1] for k in OmegaConf.missing_keys(node)]
+        with pytest.raises(Exception, match="Missing mandatory value") if missing else contextlib.nullcontext():
+            instantiate(node)
+        node = OmegaConf.merge(node, dict.fromkeys(missing, 2))
+        assert instantiate(node) is not None
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))
