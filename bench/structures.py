@@ -106,7 +106,8 @@ def _dependency_reference(cls_name: str, structure):
 
     def dist(s):
         lens = torch.full((s.shape[0],), s.shape[-1] - 1, dtype=torch.long, device=s.device)
-        return cls(s.transpose(1, 2), lens, multiroot=True)
+        # A copy: SuPar's MatrixTree.argmax edits its scores in place (it would corrupt the shared inputs).
+        return cls(s.transpose(1, 2).clone(), lens, multiroot=True)
 
     def check(scores):
         theirs = dist(scores.double()).marginals.transpose(1, 2)

@@ -249,6 +249,14 @@ def test_non_convergence_raises():
     assert sparsemap_active_set(CAT, s, max_iter=10).iterations == 10
 
 
+def test_default_iteration_cap_grows_with_the_number_of_parts():
+    """A support of ~300 vertices needs ~300 iterations: a fixed cap of 100 would fail; the default scales with d."""
+    s = _scores((2, 300), 1e-3, seed=42)
+    sol = sparsemap_active_set(CAT, s, tol=TIGHT)
+    assert sol.iterations > 100 and (sol.weights > 0).sum(-1).min() > 100
+    torch.testing.assert_close(sol.mu, sparsemax(s, dim=-1), atol=1e-9, rtol=0)
+
+
 def test_batch_equals_one_by_one():
     # Rows converge after 1 (a vertex), a few, and all-K iterations: finished rows must leave the batch untouched.
     k = 12
