@@ -11,11 +11,14 @@ RUNS := multirun
 INNER_SEEDS ?= 301,302,303,304
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
+# Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
+BENCH_DEPS := .bench
+BENCH_DEVICE ?= cpu
 SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 trainer.progress=false \
 	trainer.resume=true paths.multirun_dir=$(RUNS)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps clean
+.PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps bench-structures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -50,6 +53,15 @@ spigot-inner-steps: install ## Figure 3: k in {1,5,10} inner steps x eta grid, b
 	$(BIN)/python -m latentstruct.train +sweep=spigot_inner_steps trainer.seed=$(INNER_SEEDS) $(SWEEP)
 	$(BIN)/python -m latentstruct.figures inner-steps --runs $(RUNS)/spigot_inner_steps \
 		--out results/spigot/figure3_inner_steps.png
+
+$(BENCH_DEPS)/.installed:
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \
+		supar==1.1.4 torch-struct==0.5 nltk dill regex
+	touch $@
+
+bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs SuPar / torch-struct -> results/bench/ (BENCH_DEVICE=cuda on a GPU)
+	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python -W ignore::UserWarning bench/structures.py --device $(BENCH_DEVICE) \
+		--out results/bench/structures$(if $(filter-out cpu,$(BENCH_DEVICE)),_$(BENCH_DEVICE)).md
 
 clean: ## remove caches and single-run outputs (keeps .venv and multirun/)
 	rm -rf outputs .pytest_cache .ruff_cache
