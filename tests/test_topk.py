@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from reference import capped_simplex_projection
 
 from latentstruct.structures.base import Structure
 from latentstruct.structures.sparsemap import sparsemap
@@ -40,17 +41,6 @@ def _gibbs(scores, k):
     vertices = TopK(k).enumerate(scores.shape[-1]).to(scores)
     vs = scores @ vertices.T
     return vertices, vs, torch.softmax(vs, dim=-1)
-
-
-def _capped_simplex_bisection(s, k, n_bisect=200):
-    """argmin ||μ - s||² s.t. 0 ≤ μ ≤ 1, Σμ = k, rows of s: μ = clip(s - τ, 0, 1), τ by bisection (float64)."""
-    lo = s.min(-1, keepdim=True).values - 1.0
-    hi = s.max(-1, keepdim=True).values
-    for _ in range(n_bisect):
-        mid = (lo + hi) / 2
-        too_big = (s - mid).clamp(0, 1).sum(-1, keepdim=True) > k
-        lo, hi = torch.where(too_big, mid, lo), torch.where(too_big, hi, mid)
-    return (s - (lo + hi) / 2).clamp(0, 1)
 
 
 def _jacobian(fn, s):
@@ -229,7 +219,7 @@ def test_sparsemap_matches_generic_solver_and_bisection(n, k, scale):
     mu = topk.sparsemap(s)
     assert topk.sparsemap is not Structure.sparsemap
     torch.testing.assert_close(mu, sparsemap(topk, s, tol=TIGHT), atol=1e-9, rtol=0)  # the generic active set
-    torch.testing.assert_close(mu, _capped_simplex_bisection(s, k), atol=1e-9, rtol=0)
+    torch.testing.assert_close(mu, capped_simplex_projection(s, k), atol=1e-9, rtol=0)
     assert torch.all(mu >= 0) and torch.all(mu <= 1)
     torch.testing.assert_close(mu.sum(-1), torch.full((8,), float(k), dtype=torch.float64))
 
@@ -255,7 +245,7 @@ def test_sparsemap_degenerate_scores(row):
     s = torch.tensor([row], dtype=torch.float64)
     for k in (1, 2, 3):
         mu = TopK(k).sparsemap(s)
-        torch.testing.assert_close(mu, _capped_simplex_bisection(s, k), atol=1e-12, rtol=0)
+        torch.testing.assert_close(mu, capped_simplex_projection(s, k), atol=1e-12, rtol=0)
         torch.testing.assert_close(mu.sum(-1), torch.tensor([float(k)], dtype=torch.float64))
 
 
@@ -265,7 +255,7 @@ def test_sparsemap_dtype(dtype):
     s = _scores(16, 10, dtype, seed=9).requires_grad_(True)
     mu = topk.sparsemap(s)
     assert mu.dtype == dtype and mu.requires_grad
-    torch.testing.assert_close(mu.double(), _capped_simplex_bisection(s.detach().double(), 3), **_tol(dtype))
+    torch.testing.assert_close(mu.double(), capped_simplex_projection(s.detach().double(), 3), **_tol(dtype))
     (grad,) = torch.autograd.grad(mu, s, torch.randn_like(mu))
     assert grad.dtype == dtype
 

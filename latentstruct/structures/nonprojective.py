@@ -97,6 +97,7 @@ import numpy as np
 import torch
 
 from latentstruct.structures.base import Structure
+from latentstruct.structures.dependency import _is_tree
 
 __all__ = ["NonProjectiveDepTree"]
 
@@ -411,15 +412,3 @@ def _find_cycle(heads: np.ndarray) -> np.ndarray | None:
         for p in path:
             state[p] = 2
     return None
-
-
-def _is_tree(heads: tuple[int, ...]) -> bool:
-    """Every word reaches the root 0 by following heads (no cycles, no self-loops)."""
-    n = len(heads) - 1
-    for m in range(1, n + 1):
-        node, steps = m, 0
-        while node != 0:
-            if heads[node] == node or steps > n:
-                return False
-            node, steps = heads[node], steps + 1
-    return True
