@@ -143,6 +143,15 @@ class SfeConf(EstimatorConf):
     decay: float = _help("decay of the moving-average baseline", 0.9)
 
 
+@dataclass
+class DirectConf(EstimatorConf):
+    epsilon: float = _help("loss perturbation ε (< 0: towards-best, as in seed 002; |ε| = 12 for matchings)", -12.0)
+    sigma: float = _help("noise scale σ: 0 (Hazan et al. 2010), 1 (Lorberbom et al. 2018); a task may learn it", 1.0)
+    samples: int = _help("noise perturbations per example (gradients averaged)", 1)
+    grow: float = _help("factor on |ε| when an example's update is zero while its loss is not", 1.1)
+    max_retries: int = _help("cap on those ε growths per example", 100)
+
+
 # ---------------------------------------------------------------------------------------------- optim etc.
 @dataclass
 class OptimConf:
@@ -218,6 +227,7 @@ _SCHEMAS = {
     ("estimator", "base_pulled_back"): PulledBackConf,
     ("estimator", "base_gumbel"): GumbelConf,
     ("estimator", "base_sfe"): SfeConf,
+    ("estimator", "base_direct"): DirectConf,
     ("optim", "base_optim"): OptimConf,
     ("trainer", "base_trainer"): TrainerConf,
     ("logger", "base_logger"): LoggerConf,

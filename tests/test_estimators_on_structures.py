@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from latentstruct.estimators import (
+    Direct,
     GumbelSoftmax,
     Marginals,
     Sfe,
@@ -51,6 +52,8 @@ ESTIMATORS = [
     StGumbel(),
     Sfe(),
     Sfe(baseline="moving_average"),
+    Direct(),
+    Direct(epsilon=0.5, sigma=0.0),
 ]
 # Estimators that need the marginals (or, for SFE, exact Gibbs samples), which not every structure has.
 NEEDS_MARGINALS = (SteS, SpigotCe, SpigotEg, Marginals, GumbelSoftmax, StGumbel)
