@@ -13,7 +13,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-__all__ = ["register_configs"]
+__all__ = ["register_configs", "option_name"]
+
+
+def option_name(option: Any) -> str:
+    """An enum-typed config value (OmegaConf returns the Enum member) as its plain string."""
+    return str(getattr(option, "value", option))
 
 
 def _help(text: str, default: Any = MISSING, **kw) -> Any:
@@ -49,6 +54,11 @@ class Baseline(str, Enum):
     moving_average = "moving_average"
 
 
+class SortingBaseline(str, Enum):
+    none = "none"
+    gumbel_sinkhorn = "gumbel_sinkhorn"
+
+
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SyntheticClustersConf:
@@ -61,6 +71,42 @@ class SyntheticClustersConf:
     noise: float = _help("σ of the isotropic noise around each centre", 0.1)
     seed: int = _help("data seed: centres, cluster models and samples", 42)
     data_dir: str | None = _help("unused (generated data)", None)
+
+
+@dataclass
+class SortingNumbersConf:
+    _target_: str = "latentstruct.data.sorting.sorting_numbers"
+    num_items: int = _help("d, the length of each sequence (the matching is d × d)", 10)
+    n_train: int = _help("training sequences (seed 002's released code: 10, one full batch)", 10)
+    n_valid: int = _help("validation sequences (best-validation selection stands in for early stopping)", 200)
+    n_test: int = _help("test sequences (the paper: a single one per repetition; we report means over many)", 1000)
+    seed: int = _help("data seed: every split's numbers", 42)
+    data_dir: str | None = _help("unused (generated data)", None)
+
+
+# ------------------------------------------------------------------------------------------------------ task
+@dataclass
+class TaskConf:
+    _target_: str = _help("the task class; train.py builds it with <class>.from_config(cfg, dims)")
+
+
+@dataclass
+class ClassificationConf(TaskConf):
+    _target_: str = "latentstruct.tasks.LatentClassifier"
+
+
+@dataclass
+class SortingConf(TaskConf):
+    _target_: str = "latentstruct.tasks.Sorting"
+    hidden: int = _help("units of the μ-network's hidden layer (seed 002 App. C.1, Mena et al. 2018: 32)", 32)
+    learn_sigma: bool = _help("learn σ per sequence with a σ-network Linear(d → 1) → softplus (needs estimator=direct)",
+                              False)
+    baseline: SortingBaseline = _help(
+        "none: train through the configured estimator; gumbel_sinkhorn: Mena et al. (2018) instead", "none"
+    )
+    tau: float = _help("gumbel_sinkhorn: Sinkhorn temperature τ", 1.0)
+    sinkhorn_iters: int = _help("gumbel_sinkhorn: Sinkhorn normalisation rounds", 10)
+    samples: int = _help("gumbel_sinkhorn: Gumbel noise samples per sequence", 5)
 
 
 # ------------------------------------------------------------------------------------------- model parts
@@ -207,12 +253,20 @@ class TrainConf:
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
     paths: PathsConf = field(default_factory=PathsConf)
+    task: Any = MISSING
+    optim_groups: dict[str, OptimConf] = _help(
+        "optimizers for the task's named parameter groups (e.g. sigma), overriding `optim` for those parameters", {}
+    )
     latent: LatentSource = _help("what the decoder is fed: predicted (estimator), gold (oracle) or none", "predicted")
     tuned: dict[str, Any] = _help("tuned hyper-parameters an experiment interpolates from (per setting)", {})
 
 
 _SCHEMAS = {
     ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
+    ("dataset", "base_sorting_numbers"): SortingNumbersConf,
+    ("task", "base_task"): TaskConf,
+    ("task", "base_classification"): ClassificationConf,
+    ("task", "base_sorting"): SortingConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

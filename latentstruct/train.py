@@ -16,11 +16,12 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-import latentstruct.config  # noqa: F401  (registers the config schemas)
+import latentstruct.optim
+from latentstruct.config import option_name  # importing latentstruct.config registers the config schemas
 from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.records import (
     environment,
@@ -30,16 +31,11 @@ from latentstruct.records import (
     write_history,
     write_json,
 )
-from latentstruct.tasks import LatentClassifier
+from latentstruct.tasks import Task
 
 __all__ = ["train", "main"]
 
 log = logging.getLogger("latentstruct")
-
-
-def _name(option) -> str:
-    """An enum-typed config value (OmegaConf returns the Enum member) as its plain string."""
-    return str(getattr(option, "value", option))
 
 
 def _device(name: str) -> torch.device:
@@ -74,6 +70,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 # What may change between a run and its resumption: how it runs, not what it computes.
 _RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
               "trainer.device", "trainer.max_steps", "trainer.max_epochs")
+# Keys added after run records existed, with the value every configuration written before them implied.
+_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier"}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -86,7 +84,7 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 def _check_same_run(saved: dict, current: dict, where: Path) -> None:
     """Refuse to resume a checkpoint written under a different configuration."""
-    old, new = _flatten(saved), _flatten(current)
+    old, new = {**_ADDED, **_flatten(saved)}, _flatten(current)
     differ = sorted(k for k in old.keys() | new.keys()
                     if old.get(k) != new.get(k) and not k.startswith(_RESUMABLE))
     if differ:
@@ -94,22 +92,10 @@ def _check_same_run(saved: dict, current: dict, where: Path) -> None:
                          "use another run directory, or trainer.resume=false to start over")
 
 
-def build_model(cfg: DictConfig, dims: dict[str, int]) -> LatentClassifier:
-    """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates."""
-    encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])
-    return LatentClassifier(
-        encoder=encoder,
-        scorer=instantiate(cfg.scorer, in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
-        structure=instantiate(cfg.structure),
-        estimator=instantiate(cfg.estimator),
-        decoder=instantiate(
-            cfg.decoder,
-            in_features=encoder.output_dim,
-            latent_dim=dims["latent_dim"],
-            num_classes=dims["num_classes"],
-        ),
-        latent=_name(cfg.latent),
-    )
+def build_model(cfg: DictConfig, dims: dict[str, int]) -> Task:
+    """The task ``cfg.task`` names (classification: encoder → scorer → structure, estimator → decoder), built by its
+    class from the config and the sizes the data dictates (``latentstruct/tasks/base.py``: the interface)."""
+    return get_class(cfg.task._target_).from_config(cfg, dims)
 
 
 def _print_metrics(metrics: dict[str, float], header: str) -> None:
@@ -133,12 +119,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     _seed_everything(tc.seed)
-    device = _device(_name(tc.device))
+    device = _device(option_name(tc.device))
     env = environment(device)  # at the start: the code that runs is the code of this commit
     data = instantiate(cfg.dataset)
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
     model = build_model(cfg, data.dims).to(device)
-    optimizer = instantiate(cfg.optim)(model.parameters())
+    optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
     per_epoch = num_batches(data.size("train"), tc.batch_size)
     if tc.max_steps is None and tc.max_epochs is None:
         raise ValueError("set trainer.max_steps or trainer.max_epochs")
@@ -161,8 +147,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     # ---- loop
     start = time.perf_counter() - elapsed
     loss_sum, loss_count = 0.0, 0  # summed on the device: no host sync per step
+    first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
     model.train()
     bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
+    tick = time.perf_counter()
     while step < max_steps:
         epoch, offset = divmod(step, per_epoch)
         shuffle = None if tc.batch_size is None else tc.seed * 100_003 + epoch
@@ -178,7 +166,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 logger.log(step, {"train/loss": loss.item()})
             if step % eval_every == 0 or step == max_steps:
                 # ---- evaluate
+                # float() waits for the device, so the clock then includes every queued training step.
                 row = {"step": step, "epoch": step / per_epoch, "train/loss": float(loss_sum) / loss_count}
+                train_seconds += time.perf_counter() - tick
                 for split in ("valid", "test"):
                     row.update({f"{split}/{k}": v for k, v in model.evaluate(splits[split], tc.batch_size).items()})
                 row["wall_seconds"] = time.perf_counter() - start
@@ -199,13 +189,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "config": config,
                     },
                 )
+                tick = time.perf_counter()
             if step >= max_steps:
                 break
     bar.close()
     logger.finish()
 
     # ---- write
-    select = _name(tc.select)
+    select = option_name(tc.select)
     chosen = max(history, key=lambda r: r["valid/acc"]) if select == "best" else history[-1]
     metrics = {k: v for k, v in chosen.items() if k.startswith(("valid/", "test/"))}
     record = {
@@ -216,6 +207,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "seed": tc.seed,
         **env,
         "wall_seconds": time.perf_counter() - start,
+        "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
         "steps": step,
         "selection": select,
     }

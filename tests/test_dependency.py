@@ -129,6 +129,66 @@ def test_map_is_the_best_enumerated_tree(n, multiroot, dtype):
         assert (vertices == zb).all(-1).all(-1).any(), "MAP is not a vertex"
 
 
+def _eisner_reference(s, length, multiroot):
+    """Scalar Eisner over the nested list ``s`` (a tree over words 1..length), ties to the smallest split and the
+    smallest root child → the head tuple. Shares no code with the module under test."""
+    size = length + 1
+    best = {}  # (kind, i, j) -> (value, split point k)
+
+    def first_max(pairs):  # pairs of (value, k) in increasing k; the first maximum wins
+        top = max(v for v, _ in pairs)
+        return next((v, k) for v, k in pairs if v == top)
+
+    for i in range(size):
+        best["CR", i, i] = best["CL", i, i] = (0.0, None)
+    for w in range(1, size):
+        for i in range(size - w):
+            j = i + w
+            v, k = first_max([(best["CR", i, k][0] + best["CL", k + 1, j][0], k) for k in range(i, j)])
+            best["IR", i, j], best["IL", i, j] = (v + s[i][j], k), (v + s[j][i], k)
+            best["CR", i, j] = first_max([(best["IR", i, k][0] + best["CR", k, j][0], k) for k in range(i + 1, j + 1)])
+            best["CL", i, j] = first_max([(best["CL", i, k][0] + best["IL", k, j][0], k) for k in range(i, j)])
+    heads = [None] * size
+
+    def follow(kind, i, j):
+        if i == j:
+            return
+        k = best[kind, i, j][1]
+        if kind == "CR":
+            follow("IR", i, k), follow("CR", k, j)
+        elif kind == "CL":
+            follow("CL", i, k), follow("IL", k, j)
+        else:
+            heads[j if kind == "IR" else i] = i if kind == "IR" else j
+            follow("CR", i, k), follow("CL", k + 1, j)
+
+    if multiroot:
+        follow("CR", 0, length)
+    else:
+        _, child = first_max([(best["CL", 1, j][0] + s[0][j] + best["CR", j, length][0], j) for j in range(1, size)])
+        heads[child] = 0
+        follow("CL", 1, child), follow("CR", child, length)
+    return tuple(heads[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_breaks_ties_like_a_scalar_reference(multiroot, dtype):
+    """Small integer scores make many trees tie: the batched MAP takes the smallest split everywhere."""
+    struct = ProjectiveDepTree(multiroot)
+    g = torch.Generator().manual_seed(3)
+    n, batch = 9, 12
+    scores = torch.randint(-1, 2, (batch, n + 1, n + 1), generator=g).to(dtype)
+    scores[:3] = 0.0  # every tree ties
+    lengths = torch.randint(1, n + 1, (batch,), generator=g)
+    lengths[0] = lengths[3] = n
+    z = struct.map(scores, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        want = _eisner_reference(scores[b].tolist(), length, multiroot)
+        assert _heads(z[b, : length + 1, : length + 1]) == want
+        assert torch.all(z[b, length + 1 :] == 0) and torch.all(z[b, :, length + 1 :] == 0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multiroot", ROOTS)
 @pytest.mark.parametrize("n", SIZES)

@@ -1,5 +1,7 @@
-"""Tasks: how a batch flows through the model, its loss and its metrics."""
+"""Tasks: how a batch flows through the model, its loss and its metrics (the interface: ``tasks/base.py``)."""
 
+from latentstruct.tasks.base import Task
 from latentstruct.tasks.classification import LatentClassifier
+from latentstruct.tasks.sorting import Sorting
 
-__all__ = ["LatentClassifier"]
+__all__ = ["Task", "LatentClassifier", "Sorting"]

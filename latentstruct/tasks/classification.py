@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import instantiate
 from sklearn.metrics import v_measure_score
-from torch import nn
 
+from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
+from latentstruct.tasks.base import Task
 
 __all__ = ["LatentClassifier", "Output"]
 
@@ -27,9 +29,28 @@ class Output:
     clusters: torch.Tensor | None  # [batch] MAP latent (categorical) for recovery metrics; None while training
 
 
-class LatentClassifier(nn.Module):
+class LatentClassifier(Task):
     """``latent`` = ``predicted`` (the estimator's z), ``gold`` (the oracle: the true z, one-hot) or ``none``
     (a decoder that ignores z, e.g. the linear baseline)."""
+
+    @classmethod
+    def from_config(cls, cfg, dims: dict[str, int]) -> LatentClassifier:
+        """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates
+        (``input_dim``, ``latent_dim``, ``num_classes``); ``latent`` is the top-level config key."""
+        encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])
+        return cls(
+            encoder=encoder,
+            scorer=instantiate(cfg.scorer, in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
+            structure=instantiate(cfg.structure),
+            estimator=instantiate(cfg.estimator),
+            decoder=instantiate(
+                cfg.decoder,
+                in_features=encoder.output_dim,
+                latent_dim=dims["latent_dim"],
+                num_classes=dims["num_classes"],
+            ),
+            latent=option_name(cfg.latent),
+        )
 
     def __init__(self, encoder, scorer, structure, estimator, decoder, latent: str = "predicted"):
         super().__init__()

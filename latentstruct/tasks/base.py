@@ -1,0 +1,39 @@
+"""The task interface: everything ``train.py`` asks of a model, whatever the task.
+
+A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. ``train.py``
+builds it with ``<class>.from_config(cfg, dims)`` — the task knows which config groups it reads (the classifier:
+encoder, scorer, structure, estimator, decoder; sorting: structure and estimator) — and then only uses:
+
+* ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
+* ``evaluate(data, batch_size)`` → ``{metric: value}`` under no_grad, restoring the train/eval mode; it must hold
+  ``acc`` (×100, higher is better): the progress bar shows it and ``trainer.select=best`` maximises ``valid/acc``;
+* ``param_groups()`` → ``{name: [parameters]}``: the ``default`` group is optimised by ``optim``, any other group by
+  ``optim_groups.<name>`` when the config gives one, else by ``optim`` too (see :func:`latentstruct.optim.build`);
+* ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Task"]
+
+
+class Task(nn.Module):
+    """Base class of the tasks (module docstring: the interface ``train.py`` relies on)."""
+
+    @classmethod
+    def from_config(cls, cfg: Any, dims: dict[str, int]) -> Task:
+        """Build the task from the composed config ``cfg`` and the sizes the data dictates (``TensorSplits.dims``)."""
+        raise NotImplementedError
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Named parameter groups for the optimizers; by default one group, ``default``, in ``parameters()`` order."""
+        return {"default": list(self.parameters())}
+
+    @torch.no_grad()
+    def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
+        raise NotImplementedError

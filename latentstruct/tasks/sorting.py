@@ -1,0 +1,213 @@
+r"""Sorting numbers as a latent bipartite matching (Mena et al. 2018; seed 002 §5.1 and App. C.1).
+
+A sequence x ``[batch, d]`` of numbers in [0, 1] is to be matched with the sorted positions: z*[i, j] = 1 iff x_i is
+the j-th smallest (``latentstruct.data.sorting``).
+
+**Model.** The μ-network scores each number on its own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and
+row i of the scores ``[batch, d, d]`` is f(x_i): the score of placing x_i at sorted position j (Mena et al.'s
+architecture, hidden = 32). With ``learn_sigma`` the σ-network ``Linear(d → 1) → softplus`` maps the whole sequence
+to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002, Corollary 2, App. C.1);
+otherwise σ is the estimator's own (``estimator.sigma``). The latent structure is :class:`Matching` (MAP =
+Hungarian).
+
+**Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:
+
+    L(z) = ||z − z*||²_F / 2 = d − <z, z*>        (for permutation matrices: ||z||² = ||z*||² = d)
+
+i.e. the *number of misplaced elements*. It is linear in z, with slope ∇_z L = −z*, so the loss-perturbed MAP of
+``direct`` is exact: MAP(s + σγ + ε ℓ) = MAP(s + σγ − ε z*), which for ε < 0 adds |ε| to the ground-truth parts
+(seed 002 §5.1). We halve instead of dividing by 2d so that the loss-perturbation per part, |ε| = 12 (App. C.1), does
+not shrink with d (the authors' code likewise perturbs each part by an O(1) amount, independent of d). The training
+loss is the batch mean of L(z) over the estimator's z, with whatever estimator is configured (for ``direct``, z is
+the first noise sample's perturbed MAP).
+
+**Gumbel-Sinkhorn baseline** (``baseline=gumbel_sinkhorn``, Mena et al. 2018; the estimator is then unused while
+training). For each sequence, ``samples`` soft permutations P̃ = Sinkhorn((s + G) / τ) with ``sinkhorn_iters``
+rounds of row-then-column normalisation (G i.i.d. standard Gumbel), and the squared reconstruction error of the
+sorted sequence, averaged over samples, sequences and positions:
+
+    loss = mean_{k, b, j} ((P̃_{k,b}ᵀ x_b)_j − sort(x_b)_j)²,        (P̃ᵀ x)_j = Σ_i P̃[i, j] x_i
+
+as in Mena et al.'s sorting code (which reconstructs the ordered sequence from the shuffled one with the transposed
+soft permutation; defaults τ = 1, 10 rounds, 5 samples).
+
+**Evaluation** (every method): the hard matching ẑ = Hungarian(s) on the noise-free scores (seed 002: "at test time,
+random noise is not added"). Metrics over the split's sequences:
+
+* ``acc`` = 100 × the fraction of sequences sorted perfectly (ẑ = z*; 100 − Mena et al.'s "Prop. Any Wrong");
+* ``prop_wrong`` = 100 × the fraction of elements placed at a wrong position (Mena et al.'s "Prop. Wrong");
+* ``kendall_tau`` = the mean over sequences of Kendall's τ in [−1, 1] between the predicted positions of the elements
+  and their true ranks (1 = perfectly sorted);
+* ``loss`` = the mean number of misplaced elements (L(ẑ) above); ``sigma`` = the mean learned σ (``learn_sigma``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from torch import nn
+
+from latentstruct.config import option_name
+from latentstruct.data.base import iterate_batches
+from latentstruct.estimators.direct import Direct
+from latentstruct.structures.matching import Matching, gumbel_sinkhorn
+from latentstruct.tasks.base import Task
+
+__all__ = ["Sorting", "SortingOutput", "sorting_loss", "kendall_tau", "BASELINES"]
+
+BASELINES = ("none", "gumbel_sinkhorn")
+
+
+@dataclass
+class SortingOutput:
+    loss: torch.Tensor  # scalar, batch mean
+    z: torch.Tensor | None  # [batch, d, d] the matching the loss was computed on; None for the Gumbel-Sinkhorn loss
+
+
+def sorting_loss(z: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """L(z) = d − <z, z*> ``[batch]`` for z, z* ``[batch, d, d]``: ||z − z*||²_F / 2 (the number of misplaced
+    elements) when z is a permutation matrix; its linear extension to any other z."""
+    return target.shape[-1] - (z * target).flatten(1).sum(-1)
+
+
+def kendall_tau(pred: torch.Tensor, gold: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """Kendall's τ ``[batch]`` between two rankings without ties, ``[batch, d]`` each: (concordant − discordant)
+    pairs / (d(d−1)/2), in [−1, 1]; 1 for d = 1. Computed in chunks of sequences to bound the ``[chunk, d, d]``
+    memory."""
+    d = pred.shape[-1]
+    if d < 2:
+        return torch.ones(pred.shape[0], device=pred.device)
+    out = []
+    for a, b in zip(pred.split(chunk), gold.split(chunk), strict=True):
+        sa = torch.sign(a.unsqueeze(2) - a.unsqueeze(1)).to(torch.float32)
+        sb = torch.sign(b.unsqueeze(2) - b.unsqueeze(1)).to(torch.float32)
+        out.append((sa * sb).sum((1, 2)) / (d * (d - 1)))  # each unordered pair counted twice
+    return torch.cat(out)
+
+
+class Sorting(Task):
+    """Learn to sort d numbers through a latent matching (module docstring: model, loss, baseline, metrics).
+
+    Args:
+        structure: a :class:`Matching`.
+        estimator: how gradients cross the Hungarian argmax (``direct`` in seed 002; any estimator that needs only
+            ``map`` / ``sparsemap`` of a matching works); unused while training with ``baseline=gumbel_sinkhorn``.
+        num_items: d.
+        hidden: units of the μ-network's hidden layer.
+        learn_sigma: learn σ with the σ-network (needs the ``direct`` estimator).
+        baseline: ``none`` (train through ``estimator``) or ``gumbel_sinkhorn``.
+        tau, sinkhorn_iters, samples: the Gumbel-Sinkhorn baseline's temperature, rounds and noise samples.
+
+    Batches hold ``x`` ``[batch, d]`` and the ranks ``y`` ``[batch, d]`` (z* = one_hot(y)).
+    """
+
+    def __init__(
+        self,
+        structure: Matching,
+        estimator: nn.Module,
+        num_items: int,
+        hidden: int = 32,
+        learn_sigma: bool = False,
+        baseline: str = "none",
+        tau: float = 1.0,
+        sinkhorn_iters: int = 10,
+        samples: int = 5,
+    ):
+        super().__init__()
+        if not isinstance(structure, Matching):
+            raise ValueError(f"the sorting task needs structure=matching, got {type(structure).__name__}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
+        if learn_sigma and (baseline != "none" or not isinstance(estimator, Direct)):
+            raise ValueError("task.learn_sigma=true needs estimator=direct and task.baseline=none")
+        if not tau > 0 or sinkhorn_iters < 1 or samples < 1:
+            raise ValueError(f"need tau > 0, sinkhorn_iters >= 1, samples >= 1; got {tau}, {sinkhorn_iters}, {samples}")
+        self.structure, self.estimator, self.num_items = structure, estimator, num_items
+        self.baseline, self.tau, self.sinkhorn_iters, self.samples = baseline, float(tau), sinkhorn_iters, samples
+        self.mu = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_items))
+        self.sigma = nn.Sequential(nn.Linear(num_items, 1), nn.Softplus()) if learn_sigma else None
+
+    @classmethod
+    def from_config(cls, cfg, dims: dict[str, int]) -> Sorting:
+        """Reads ``task``, ``structure`` and ``estimator``; d comes from the data (``dataset=sorting``)."""
+        if "num_items" not in dims:
+            raise ValueError("task=sorting needs a dataset of sequences to sort (dataset=sorting)")
+        task = cfg.task
+        return cls(
+            structure=instantiate(cfg.structure),
+            estimator=instantiate(cfg.estimator),
+            num_items=dims["num_items"],
+            hidden=task.hidden,
+            learn_sigma=task.learn_sigma,
+            baseline=option_name(task.baseline),
+            tau=task.tau,
+            sinkhorn_iters=task.sinkhorn_iters,
+            samples=task.samples,
+        )
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """``default``: the μ-network; ``sigma``: the σ-network (with ``learn_sigma``; App. C.1 trains it by SGD)."""
+        groups = {"default": list(self.mu.parameters())}
+        if self.sigma is not None:
+            groups["sigma"] = list(self.sigma.parameters())
+        return groups
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``[batch, d]`` → ``[batch, d, d]``: row i is f(x_i), one number at a time."""
+        return self.mu(x.unsqueeze(-1))
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> SortingOutput:
+        x = batch["x"]
+        target = F.one_hot(batch["y"], self.num_items).to(x.dtype)
+        scores = self.scores(x)
+        if not self.training:
+            z = self.structure.map(scores)
+            return SortingOutput(sorting_loss(z, target).mean(), z)
+        if self.baseline == "gumbel_sinkhorn":
+            return SortingOutput(self._reconstruction_loss(scores, x), None)
+
+        def downstream(mu):
+            return sorting_loss(mu, target)
+
+        sigma = {} if self.sigma is None else {"sigma": self.sigma(x)}  # [batch, 1], one σ per sequence
+        z = self.estimator(scores, self.structure, None, downstream, **sigma)
+        return SortingOutput(downstream(z).mean(), z)
+
+    def _reconstruction_loss(self, scores: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Mena et al.'s loss: mean squared error of P̃ᵀx against sort(x) over ``samples`` Gumbel-Sinkhorn draws."""
+        reps = (self.samples, 1, 1)  # sample-major: row k·B + b is draw k of sequence b
+        soft = gumbel_sinkhorn(scores.repeat(reps), self.tau, self.sinkhorn_iters)
+        rebuilt = torch.einsum("bij,bi->bj", soft, x.repeat(self.samples, 1))
+        return (rebuilt - x.sort(-1).values.repeat(self.samples, 1)).pow(2).mean()
+
+    @torch.no_grad()
+    def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
+        """``acc``, ``prop_wrong`` (×100), ``kendall_tau``, ``loss`` and, with ``learn_sigma``, ``sigma``: means over
+        the split's sequences of the hard, noise-free matching (module docstring)."""
+        was_training = self.training
+        self.eval()
+        perfect, wrong, tau, losses, sigmas = [], [], [], [], []
+        for batch in iterate_batches(data, batch_size):
+            out = self(batch)
+            position = out.z.argmax(-1)  # [B, d]: where each element was put
+            correct = position == batch["y"]
+            perfect.append(correct.all(-1))
+            wrong.append((~correct).float().mean(-1))
+            tau.append(kendall_tau(position, batch["y"]))
+            losses.append(out.loss * len(position))
+            if self.sigma is not None:
+                sigmas.append(self.sigma(batch["x"]).reshape(-1))
+        self.train(was_training)
+        n = sum(len(p) for p in perfect)
+        metrics = {
+            "loss": float(torch.stack(losses).sum() / n),
+            "acc": 100 * float(torch.cat(perfect).float().mean()),
+            "prop_wrong": 100 * float(torch.cat(wrong).mean()),
+            "kendall_tau": float(torch.cat(tau).mean()),
+        }
+        if sigmas:
+            metrics["sigma"] = float(torch.cat(sigmas).mean())
+        return metrics
