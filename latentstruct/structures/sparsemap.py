@@ -246,7 +246,9 @@ def sparsemap_active_set(
         alpha[idx] = ah / ah.sum(-1, keepdim=True)
 
         # Most violated vertex: argmax_z <s - μ, z>; μ is optimal iff its gap is ≤ 0.
-        mu = torch.bmm(alpha[idx].unsqueeze(1), vertices[idx]).squeeze(1)
+        # (While every example works, use the stored vertices as they are: gathering [batch, A, d] is not free.)
+        active_vertices = vertices if idx.numel() == batch else vertices[idx]
+        mu = torch.bmm(alpha[idx].unsqueeze(1), active_vertices).squeeze(1)
         resid = s[idx] - mu
         z_new = _map_flat(structure, resid, part_shape, _take(lengths, idx))
         g = (resid * (z_new - mu)).sum(-1)
@@ -257,12 +259,17 @@ def sparsemap_active_set(
         grow = ~converged
         if not grow.any():
             continue
-        idx, z_new = idx[grow], z_new[grow]
+        inner = torch.bmm(active_vertices, z_new.unsqueeze(-1)).squeeze(-1)  # <z_i, z_new> for every slot i
+        idx, z_new, inner = idx[grow], z_new[grow], inner[grow]
         # In exact arithmetic a vertex with positive gap is never already active (every active vertex has gap 0 at
         # the face optimum); if round-off says otherwise the method cannot progress: report it, do not loop.
-        duplicate = ((vertices[idx] == z_new[:, None, :]).all(-1) & mask[idx]).any(-1)
+        # 0/1 vectors are equal iff <z_i, z> = |z_i|² = |z|² (integers, exact in float64).
+        size = z_new.sum(-1, keepdim=True)
+        same = (inner == size) & (torch.diagonal(gram[idx], dim1=-2, dim2=-1) == size)
+        duplicate = (same & mask[idx]).any(-1)
         stalled[idx[duplicate]] = True
-        idx, z_new = idx[~duplicate], z_new[~duplicate]
+        keep = ~duplicate
+        idx, z_new, inner, size = idx[keep], z_new[keep], inner[keep], size[keep]
         if idx.numel() == 0:
             continue
         free = ~mask[idx]
@@ -274,12 +281,13 @@ def sparsemap_active_set(
             alpha = torch.cat([alpha, alpha.new_zeros(batch, extra)], 1)
             zs = torch.cat([zs, zs.new_zeros(batch, extra)], 1)
             gram = torch.nn.functional.pad(gram, (0, extra, 0, extra))
+            inner = torch.nn.functional.pad(inner, (0, extra))  # the new slots hold zero vectors
             free = ~mask[idx]
         slot = free.to(torch.int8).argmax(-1)  # the first free slot
         vertices[idx, slot] = z_new
         mask[idx, slot] = True
         alpha[idx, slot] = 0.0
-        inner = torch.bmm(vertices[idx], z_new.unsqueeze(-1)).squeeze(-1)  # <z_i, z_new> for every slot i
+        inner[torch.arange(idx.numel(), device=device), slot] = size.squeeze(-1)  # the slot now holds z_new
         gram[idx, slot, :] = inner
         gram[idx, :, slot] = inner
         zs[idx, slot] = (z_new * s[idx]).sum(-1)
