@@ -118,24 +118,39 @@ class ProjectiveDepTree(Structure):
 
 
 def _prepare(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check shapes; replace every non-part (column 0, diagonal, padding) by 0.
+    """Check shapes; replace every non-part (column 0, diagonal, padding) by 0 (see :func:`arc_parts`)."""
+    s, lengths, _ = arc_parts(scores, lengths, "ProjectiveDepTree")
+    return s, lengths
 
-    Zeroing rather than leaving them means junk there (−inf from a masked scorer, NaN) can reach neither the value
-    nor the gradient: the backward of a log-sum-exp over a NaN or all −inf slice is NaN even when multiplied by 0.
+
+def arc_parts(
+    scores: torch.Tensor, lengths: torch.Tensor | None, name: str, check_lengths: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The arc layout shared by both dependency structures: check the shapes (and, with ``check_lengths``, that
+    ``lengths`` is ``[B]`` within 1..n, which costs a device sync); return (scores with every non-part replaced by 0,
+    lengths, part mask ``[B, N, N]``).
+
+    Non-parts are column 0, the diagonal and every arc touching a padded position. Zeroing rather than leaving them
+    means junk there (−inf from a masked scorer, NaN) can reach neither the value nor the gradient: the backward of a
+    log-sum-exp over a NaN or all −inf slice is NaN even when multiplied by 0.
     """
     if scores.dim() != 3 or scores.shape[1] != scores.shape[2]:
-        raise ValueError(f"ProjectiveDepTree expects scores [batch, n+1, n+1], got {tuple(scores.shape)}")
+        raise ValueError(f"{name} expects scores [batch, n+1, n+1], got {tuple(scores.shape)}")
     batch, size, _ = scores.shape
     if size < 2:
-        raise ValueError("ProjectiveDepTree needs at least one word (scores [batch, n+1, n+1] with n >= 1)")
+        raise ValueError(f"{name} needs at least one word (scores [batch, n+1, n+1] with n >= 1)")
     if lengths is None:
         lengths = torch.full((batch,), size - 1, dtype=torch.long, device=scores.device)
     else:
         lengths = torch.as_tensor(lengths, device=scores.device).long()
+        if check_lengths and lengths.shape != (batch,):
+            raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+        if check_lengths and bool(((lengths < 1) | (lengths > size - 1)).any()):
+            raise ValueError(f"lengths must lie in 1..{size - 1}, got {lengths.tolist()}")
     pos = torch.arange(size, device=scores.device)
     inside = pos.view(1, -1) <= lengths.view(-1, 1)  # [B, n+1]
     part = inside.unsqueeze(2) & inside.unsqueeze(1) & (pos.view(-1, 1) != pos.view(1, -1)) & (pos.view(1, -1) > 0)
-    return scores.masked_fill(~part, 0.0), lengths
+    return scores.masked_fill(~part, 0.0), lengths, part
 
 
 def _append(layout: torch.Tensor, values: torch.Tensor, width: int, by_end: bool) -> torch.Tensor:

@@ -97,7 +97,7 @@ import numpy as np
 import torch
 
 from latentstruct.structures.base import Structure
-from latentstruct.structures.dependency import _is_tree
+from latentstruct.structures.dependency import _is_tree, arc_parts
 
 __all__ = ["NonProjectiveDepTree"]
 
@@ -209,28 +209,9 @@ class NonProjectiveDepTree(Structure):
 
 
 def _prepare(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check shapes and lengths; return (scores with every non-part replaced by 0, lengths, part mask ``[B, N, N]``).
-
-    Non-parts are column 0, the diagonal and every arc touching a padded position. Zeroing them (a ``masked_fill``,
-    whose gradient there is 0) keeps junk (±inf, NaN) out of both the value and the gradient.
-    """
-    if scores.dim() != 3 or scores.shape[1] != scores.shape[2]:
-        raise ValueError(f"NonProjectiveDepTree expects scores [batch, n+1, n+1], got {tuple(scores.shape)}")
-    batch, size, _ = scores.shape
-    if size < 2:
-        raise ValueError("NonProjectiveDepTree needs at least one word (scores [batch, n+1, n+1] with n >= 1)")
-    if lengths is None:
-        lengths = torch.full((batch,), size - 1, dtype=torch.long, device=scores.device)
-    else:
-        lengths = torch.as_tensor(lengths, device=scores.device).long()
-        if lengths.shape != (batch,):
-            raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-        if bool(((lengths < 1) | (lengths > size - 1)).any()):
-            raise ValueError(f"lengths must lie in 1..{size - 1}, got {lengths.tolist()}")
-    pos = torch.arange(size, device=scores.device)
-    inside = pos.view(1, -1) <= lengths.view(-1, 1)  # [B, N]
-    part = inside.unsqueeze(2) & inside.unsqueeze(1) & (pos.view(-1, 1) != pos.view(1, -1)) & (pos.view(1, -1) > 0)
-    return scores.masked_fill(~part, 0.0), lengths, part
+    """Check shapes and lengths; return (scores with every non-part replaced by 0, lengths, part mask ``[B, N, N]``),
+    the arc layout shared with ProjectiveDepTree (:func:`latentstruct.structures.dependency.arc_parts`)."""
+    return arc_parts(scores, lengths, "NonProjectiveDepTree", check_lengths=True)
 
 
 def _padded(lengths: torch.Tensor, n: int) -> torch.Tensor:
