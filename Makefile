@@ -9,6 +9,8 @@ JOBS ?= $(shell nproc)
 RUNS := multirun
 # Seeds of the Figure 3 grid (the sweep's own default is 301-304; fewer make a labelled, reduced figure).
 INNER_SEEDS ?= 301,302,303,304
+# Repetitions of the sorting table (the sweep's own default is 10 seeds; the paper repeats 200 times).
+SORT_SEEDS ?= range(301,311)
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -18,7 +20,8 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 	trainer.resume=true paths.multirun_dir=$(RUNS)
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps bench-structures clean
+.PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
+	table-direct-sorting direct-sorting direct-sorting-time bench-structures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -53,6 +56,19 @@ spigot-inner-steps: install ## Figure 3: k in {1,5,10} inner steps x eta grid, b
 	$(BIN)/python -m latentstruct.train +sweep=spigot_inner_steps trainer.seed=$(INNER_SEEDS) $(SWEEP)
 	$(BIN)/python -m latentstruct.figures inner-steps --runs $(RUNS)/spigot_inner_steps \
 		--out results/spigot/figure3_inner_steps.png
+
+table-direct-sorting: direct-sorting direct-sorting-time ## seed 002 sorting numbers: accuracy by d and time per step -> results/direct/
+
+direct-sorting: install ## 4 methods x d in {5,...,100} x SORT_SEEDS repetitions -> results/direct/sorting.md
+	$(BIN)/python -m latentstruct.train +sweep=direct_sorting 'trainer.seed=$(SORT_SEEDS)' $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/direct/sorting.yaml --runs $(RUNS)/direct_sorting
+	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/sorting.yaml --runs $(RUNS)/direct_sorting \
+		--metric test/acc --out results/direct/sorting.png
+
+direct-sorting-time: install ## 200 timed steps per method at d in {10,40,100}, one run at a time -> results/direct/sorting_time.md
+	$(BIN)/python -m latentstruct.train +sweep=direct_sorting_time hydra/launcher=joblib hydra.launcher.n_jobs=1 \
+		trainer.threads=1 trainer.progress=false trainer.resume=true paths.multirun_dir=$(RUNS)
+	$(BIN)/python -m latentstruct.tables experiments/direct/sorting_time.yaml --runs $(RUNS)/direct_sorting_time
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

@@ -5,6 +5,8 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
 
     python -m latentstruct.figures learning-curves --runs multirun/ --out results/spigot/learning_curves.png
     python -m latentstruct.figures inner-steps --runs multirun/ --out results/spigot/inner_steps.png
+    python -m latentstruct.figures setting-curves --spec experiments/direct/sorting.yaml --metric test/acc \
+        --runs multirun/direct_sorting --out results/direct/sorting.png
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from latentstruct.tables import aggregate, filter_runs, load_runs, provenance
+from latentstruct.tables import CENTRE_LABELS, aggregate, build_table, filter_runs, load_runs, load_spec, provenance
 
-__all__ = ["learning_curves", "inner_steps", "main"]
+__all__ = ["learning_curves", "inner_steps", "setting_curves", "main"]
 
 _LABELS = {
     "synthetic_marginals": "Softmax",
@@ -151,20 +153,60 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     return table
 
 
+def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
+    """One line per row of a table spec: ``metric`` (centre ± error, the spec's ``aggregate``) against its settings
+    in the spec's order (e.g. the sorting table's d), with the paper's numbers dashed where the spec has them."""
+    spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
+    names = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
+    if metric not in names:
+        raise ValueError(f"{metric!r} is not a metric of the spec {spec['table']} ({', '.join(names)})")
+    df = build_table(spec, runs_root)
+    df = df[(df["metric"] == metric) & (df["n_runs"] > 0)]
+    if df.empty:
+        raise ValueError(f"no completed run for {metric} in any cell of {spec['table']}")
+    order = [s["name"] for s in spec["settings"]]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    for row in spec["rows"]:
+        cells = df[df["row"] == row["name"]]
+        if cells.empty:
+            continue
+        x = [order.index(s) for s in cells["setting"]]
+        n = f"n={cells['n_runs'].min()}" + (f"-{cells['n_runs'].max()}" if cells["n_runs"].nunique() > 1 else "")
+        line = ax.errorbar(x, cells["ours"], yerr=cells["ours_err"], marker="o", capsize=3,
+                           label=f"{row.get('label', row['name'])} ({n})")
+        if cells["paper"].notna().any():
+            ax.plot(x, cells["paper"], linestyle="--", marker="x", color=line.lines[0].get_color())
+    ax.set_xticks(range(len(order)), order)
+    ax.set(ylabel=f"{names[metric]} ({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", title=spec.get("title", ""))
+    ax.title.set_fontsize(9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw one figure from the run records under ``--runs``."""
     parser = argparse.ArgumentParser(prog="python -m latentstruct.figures",
                                      description="Draw a paper figure (PNG) from run records.")
-    parser.add_argument("figure", choices=["learning-curves", "inner-steps"],
-                        help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table)")
+    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves"],
+                        help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table); "
+                             "setting-curves: a table spec's --metric against its settings, a line per row")
     parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--num-clusters", type=int, default=10,
                         help="dataset.num_clusters of the runs to draw (default 10)")
+    parser.add_argument("--spec", help="setting-curves: the table spec (e.g. experiments/direct/sorting.yaml)")
+    parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc)")
     args = parser.parse_args(argv)
-    draw = learning_curves if args.figure == "learning-curves" else inner_steps
+    if args.figure == "setting-curves" and not (args.spec and args.metric):
+        parser.error("setting-curves needs --spec and --metric")
     try:
-        draw(args.runs, args.out, num_clusters=args.num_clusters)
+        if args.figure == "setting-curves":
+            setting_curves(args.spec, args.runs, args.metric, args.out)
+        else:
+            draw = learning_curves if args.figure == "learning-curves" else inner_steps
+            draw(args.runs, args.out, num_clusters=args.num_clusters)
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     print(f"wrote {args.out}")

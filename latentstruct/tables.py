@@ -23,8 +23,8 @@ import yaml
 
 __all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
 
-_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "best_epoch",
-                  "best_step", "error")
+_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
+                  "best_epoch", "best_step", "error")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -48,8 +48,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
 
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``), ``choices.<group>`` from
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
-    ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, best_epoch,
-    best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
+    ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
+    best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
     same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an unreadable
     metrics.json counts as failed.
     """
@@ -146,12 +146,12 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     for row, setting, cell in _cells(spec, runs):
         done = cell[cell["completed"]] if len(cell) else cell
         for metric in spec["metrics"]:
-            column = f"metric.{metric['name']}"
+            column = _metric_column(metric["name"])
             values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
             ours, ours_err = aggregate(values, how)
             paper, paper_err = ref.get((row["name"], setting["name"], metric["name"]), (math.nan, math.nan))
             allowed = max(tol.get("abs", 0.0), tol.get("err_factor", 0.0) * math.hypot(ours_err, paper_err))
-            known = not (math.isnan(ours) or math.isnan(paper))
+            known = spec.get("verdict", True) and not (math.isnan(ours) or math.isnan(paper))
             out.append({"row": row["name"], "setting": setting["name"], "metric": metric["name"],
                         "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
                         "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
@@ -159,6 +159,15 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
                         "agrees": bool(abs(ours - paper) <= allowed) if known else None,
                         "per_seed": ", ".join(_fmt(v) for v in values.dropna())})
     return pd.DataFrame(out)
+
+
+CENTRE_LABELS = {"median_se": "median ± s.e.", "mean_se": "mean ± s.e.", "mean_std": "mean ± std"}
+
+
+def _metric_column(name: str) -> str:
+    """A spec's metric ``name`` is a key of metrics.json's ``metrics`` (``test/acc``), or ``record.<field>`` for a
+    record field (``record.seconds_per_step``)."""
+    return name.removeprefix("record.") if name.startswith("record.") else f"metric.{name}"
 
 
 def _fmt(x: float) -> str:
@@ -194,8 +203,12 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     cols = [(s["name"], m["name"]) for s in spec["settings"] for m in spec["metrics"]]
     # One column per (setting, metric); a cell reads "ours ± err (n) · paper ± err · Δ ✓/✗".
     header = ["Model"] + [f"{s} {labels[m]}" for s, m in cols]
-    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "",
-             "Each cell: **ours** median ± s.e. (runs) · paper ± s.e. · Δ = ours − paper · ✓ within tolerance.", "",
+    centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
+    paper = bool(spec.get("reference"))
+    legend = (f"Each cell: **ours** {centre} (runs) · paper · Δ = ours − paper · "
+              + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
+              if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
+    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "", legend, "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     cell = df.set_index(["row", "setting", "metric"])
     for row in spec["rows"]:
@@ -205,16 +218,18 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
             failed = f", {c.n_failed} failed" if c.n_failed else ""
             ours = f"**{_fmt(c.ours)}** ± {_fmt(c.ours_err)} ({c.n_runs}{failed})"
             ours = ours if c.n_runs else f"— (0{failed})"
-            verdict = {True: "✓", False: "✗"}.get(c.agrees, "—")
-            parts.append(f"{ours} · {_fmt(c.paper)} ± {_fmt(c.paper_err)} · {_fmt(c['diff'])} {verdict}")
+            verdict = {True: " ✓", False: " ✗"}.get(c.agrees, "")
+            parts.append(f"{ours} · {_fmt(c.paper)} ± {_fmt(c.paper_err)} · {_fmt(c['diff'])}{verdict}"
+                         if paper else ours)
         lines.append("| " + " | ".join(parts) + " |")
     names = {r["name"]: r.get("label", r["name"]) for r in spec["rows"]}
     bad = df[df["agrees"].astype(object).eq(False)]
-    lines += ["", "## Cells outside tolerance", ""]
-    lines += [f"- {names[c.row]}, {c.setting}, {c.metric}: ours {_fmt(c.ours)} ± {_fmt(c.ours_err)}"
-              f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
-              f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}; per seed: {c.per_seed}"
-              for _, c in bad.iterrows()] or ["- none"]
+    if paper and spec.get("verdict", True):
+        lines += ["", "## Cells outside tolerance", ""]
+        lines += [f"- {names[c.row]}, {c.setting}, {c.metric}: ours {_fmt(c.ours)} ± {_fmt(c.ours_err)}"
+                  f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
+                  f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}; per seed: {c.per_seed}"
+                  for _, c in bad.iterrows()] or ["- none"]
     missing = df[df["n_runs"] == 0]
     if len(missing):
         lines += ["", "Cells without completed runs: "

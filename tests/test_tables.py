@@ -186,3 +186,49 @@ def test_inner_steps_skips_points_whose_eta_grid_is_incomplete(tmp_path):
     assert list(picked["k"]) == [1]
     text = (tmp_path / "inner.md").read_text()
     assert "STE-I, k=5: η completed [0.1] of [0.1, 1.0]" in text and "SPIGOT: no completed run" in text
+
+
+def test_record_fields_as_metrics_without_reference_or_verdict(tmp_path):
+    """``record.<field>`` reads a record field; a spec without a reference prints ours only; ``verdict: false``
+    compares with the paper but gives no ✓/✗ (e.g. timings on other hardware)."""
+    for seed in (1, 2, 3):
+        run = _run(tmp_path / "runs", f"r{seed}", "synthetic_spigot", acc=90.0 + seed, seed=seed)
+        record = json.loads((run / "metrics.json").read_text())
+        (run / "metrics.json").write_text(json.dumps({**record, "seconds_per_step": 0.1 * seed}))
+    spec = tables.load_spec(_spec(tmp_path))
+    spec["metrics"] = [{"name": "record.seconds_per_step", "label": "s/step"}, {"name": "test/acc"}]
+    spec["aggregate"] = "mean_std"
+    df = tables.build_table(spec, tmp_path / "runs").set_index(["row", "metric"])
+    assert df.loc[("spigot", "record.seconds_per_step"), "ours"] == pytest.approx(0.2)
+    assert df.loc[("spigot", "record.seconds_per_step"), "ours_err"] == pytest.approx(0.1)
+    assert df.loc[("spigot", "test/acc"), "agrees"] is not None
+
+    text = tables.write_markdown(df.reset_index(), spec, tmp_path / "a.md", tables.load_runs(tmp_path / "runs"))
+    assert "mean ± std" in text.read_text() and "Cells outside tolerance" in text.read_text()
+
+    no_verdict = {**spec, "verdict": False}
+    df = tables.build_table(no_verdict, tmp_path / "runs")
+    assert df["agrees"].isna().all() and df["paper"].notna().any()
+    md = tables.write_markdown(df, no_verdict, tmp_path / "b.md", tables.load_runs(tmp_path / "runs")).read_text()
+    assert "✓" not in md and "✗" not in md and "Cells outside tolerance" not in md and "92.00" in md
+
+    ours_only = {k: v for k, v in spec.items() if k not in ("reference", "reference_path")}
+    df = tables.build_table(ours_only, tmp_path / "runs")
+    md = tables.write_markdown(df, ours_only, tmp_path / "c.md", tables.load_runs(tmp_path / "runs")).read_text()
+    assert "not available" in md and "**92.00** ± 1.00 (3)" in md and " · " not in md.split("| SPIGOT")[1]
+
+
+def test_setting_curves_and_the_direct_specs(tmp_path):
+    _four_runs(tmp_path / "runs")
+    png = figures.setting_curves(_spec(tmp_path), tmp_path / "runs", "test/acc", tmp_path / "s.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="not a metric"):
+        figures.setting_curves(_spec(tmp_path), tmp_path / "runs", "test/nope", tmp_path / "s.png")
+    with pytest.raises(ValueError, match="no completed run"):
+        figures.setting_curves(_spec(tmp_path), tmp_path / "none", "test/acc", tmp_path / "s.png")
+    # The paper's running times are all cells of the timing spec, and no reference row is left unused.
+    spec = tables.load_spec(REPO / "experiments" / "direct" / "sorting_time.yaml")
+    df = tables.build_table(spec, pd.DataFrame())
+    ref = pd.read_csv(spec["reference_path"])
+    assert df["paper"].notna().sum() == (ref["table"] == "sorting_time").sum() == 6
+    assert df["agrees"].isna().all()
