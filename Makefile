@@ -11,6 +11,10 @@ RUNS := multirun
 INNER_SEEDS ?= 301,302,303,304
 # Repetitions of the sorting table (the sweep's own default is 10 seeds; the paper repeats 200 times).
 SORT_SEEDS ?= range(301,311)
+# The k-NN table's dataset (mnist, fashion_mnist, cifar10) and extra overrides, e.g. a reduced run:
+# KNN_ARGS='trainer.max_steps=150 trainer.eval_every=150' (the table's provenance lists the steps that ran).
+KNN_DATASET ?= mnist
+KNN_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -21,7 +25,7 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
-	table-direct-sorting direct-sorting direct-sorting-time bench-structures clean
+	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn bench-structures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -69,6 +73,11 @@ direct-sorting-time: install ## 200 timed steps per method at d in {10,40,100}, 
 	$(BIN)/python -m latentstruct.train +sweep=direct_sorting_time hydra/launcher=joblib hydra.launcher.n_jobs=1 \
 		trainer.threads=1 trainer.progress=false trainer.resume=true paths.multirun_dir=$(RUNS)
 	$(BIN)/python -m latentstruct.tables experiments/direct/sorting_time.yaml --runs $(RUNS)/direct_sorting_time
+
+table-direct-knn: install ## seed 002 k-NN: 5 methods x k in {1,3,5,9} on KNN_DATASET -> results/direct/knn.md, knn_time.md
+	$(BIN)/python -m latentstruct.train +sweep=direct_knn dataset=$(KNN_DATASET) $(KNN_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/direct/knn.yaml --runs $(RUNS)/direct_knn
+	$(BIN)/python -m latentstruct.tables experiments/direct/knn_time.yaml --runs $(RUNS)/direct_knn
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

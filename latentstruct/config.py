@@ -59,6 +59,12 @@ class SortingBaseline(str, Enum):
     gumbel_sinkhorn = "gumbel_sinkhorn"
 
 
+class KNNBaseline(str, Enum):
+    none = "none"
+    neuralsort = "neuralsort"
+    neuralsort_stochastic = "neuralsort_stochastic"
+
+
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SyntheticClustersConf:
@@ -84,6 +90,17 @@ class SortingNumbersConf:
     data_dir: str | None = _help("unused (generated data)", None)
 
 
+@dataclass
+class ImageClassificationConf:
+    _target_: str = "latentstruct.data.images.image_classification"
+    name: str = _help("mnist, fashion_mnist or cifar10 (read from <data_dir>/<name>/, see latentstruct/data/images.py)",
+                      MISSING)
+    n_valid: int = _help("training images held out for validation", 5000)
+    seed: int = _help("seed of the validation hold-out", 0)
+    subset: int | None = _help("keep only this many training images (reduced runs); null = all", None)
+    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
+
+
 # ------------------------------------------------------------------------------------------------------ task
 @dataclass
 class TaskConf:
@@ -107,6 +124,22 @@ class SortingConf(TaskConf):
     tau: float = _help("gumbel_sinkhorn: Sinkhorn temperature τ", 1.0)
     sinkhorn_iters: int = _help("gumbel_sinkhorn: Sinkhorn normalisation rounds", 10)
     samples: int = _help("gumbel_sinkhorn: Gumbel noise samples per sequence", 5)
+
+
+@dataclass
+class KNNConf(TaskConf):
+    _target_: str = "latentstruct.tasks.KNN"
+    k: int = _help("neighbours (seed 002 Table 3: 1, 3, 5, 9)", MISSING)
+    num_queries: int = _help("queries per batch; the rest of trainer.batch_size are the candidates", 100)
+    embedding: str = _help("embedding network: mnist_convnet or resnet18 (latentstruct/models/vision.py)",
+                           "mnist_convnet")
+    learn_sigma: bool = _help("learn σ per query with the σ-network (needs estimator=direct)", False)
+    sigma_net: str = _help("σ-network: mnist_convnet or cifar_convnet", "mnist_convnet")
+    baseline: KNNBaseline = _help(
+        "none: train through the configured estimator; neuralsort / neuralsort_stochastic: Grover et al. (2019)",
+        "none")
+    tau: float = _help("NeuralSort temperature τ", 16.0)
+    samples: int = _help("neuralsort_stochastic: Plackett-Luce samples per query", 5)
 
 
 # ------------------------------------------------------------------------------------------- model parts
@@ -264,9 +297,11 @@ class TrainConf:
 _SCHEMAS = {
     ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
     ("dataset", "base_sorting_numbers"): SortingNumbersConf,
+    ("dataset", "base_image_classification"): ImageClassificationConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
+    ("task", "base_knn"): KNNConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

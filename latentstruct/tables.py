@@ -24,7 +24,7 @@ import yaml
 __all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
-                  "best_epoch", "best_step", "error")
+                  "steps", "best_epoch", "best_step", "error")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -49,7 +49,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``), ``choices.<group>`` from
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
     ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
-    best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
+    steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
     same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an unreadable
     metrics.json counts as failed.
     """
@@ -185,13 +185,16 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     done = used[used["completed"]] if len(used) else used
 
     def values(col):
-        return ", ".join(sorted({str(v) for v in done.get(col, pd.Series(dtype=object)).dropna()})) or "—"
+        found = {int(v) if isinstance(v, float) and v.is_integer() else v
+                 for v in done.get(col, pd.Series(dtype=object)).dropna()}
+        return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v))) or "—"
 
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- git commit(s): {values('git_commit')}", f"- hardware: {values('hardware')}",
             f"- torch: {values('torch')}", f"- seeds: {values('seed')}",
             f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
+            f"- training steps per run: {values('steps')}",
             f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
             f"- generated: {now}",
             f"- regenerate with: `{command}`"]

@@ -124,6 +124,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     data = instantiate(cfg.dataset)
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
     model = build_model(cfg, data.dims).to(device)
+    model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
     per_epoch = num_batches(data.size("train"), tc.batch_size)
     if tc.max_steps is None and tc.max_epochs is None:

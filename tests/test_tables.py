@@ -232,3 +232,11 @@ def test_setting_curves_and_the_direct_specs(tmp_path):
     ref = pd.read_csv(spec["reference_path"])
     assert df["paper"].notna().sum() == (ref["table"] == "sorting_time").sum() == 6
     assert df["agrees"].isna().all()
+
+
+def test_knn_spec_covers_the_papers_table_3():
+    spec = tables.load_spec(REPO / "experiments" / "direct" / "knn.yaml")
+    df = tables.build_table(spec, pd.DataFrame())
+    ref = pd.read_csv(spec["reference_path"])
+    assert df["paper"].notna().sum() == (ref["table"] == "knn").sum() == 5 * 3 * 4
+    assert df.set_index(["row", "setting"]).loc[("direct_sigma1", "mnist k=5"), "paper"] == 14.25

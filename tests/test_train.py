@@ -16,8 +16,10 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
+from test_images import write_cifar, write_mnist
 
 import latentstruct.train as train_module
+from latentstruct.data.images import DATASETS
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,9 +42,14 @@ def _options(group: str) -> list[str]:
 
 
 @pytest.mark.parametrize("group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "optim"])
-def test_every_group_option_composes_and_instantiates(group):
+def test_every_group_option_composes_and_instantiates(group, tmp_path):
+    # The real image datasets are read from tiny generated files in their formats.
+    write_mnist(tmp_path / "mnist", n_train=12, n_test=4)
+    write_mnist(tmp_path / "fashion_mnist", n_train=12, n_test=4)
+    write_cifar(tmp_path / "cifar10" / "cifar-10-batches-py", n_per_batch=3)
     for option in _options(group):
-        cfg = _compose(f"{group}={option}")
+        tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
+        cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
         node = cfg[group]

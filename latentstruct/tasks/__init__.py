@@ -2,6 +2,7 @@
 
 from latentstruct.tasks.base import Task
 from latentstruct.tasks.classification import LatentClassifier
+from latentstruct.tasks.knn import KNN
 from latentstruct.tasks.sorting import Sorting
 
-__all__ = ["Task", "LatentClassifier", "Sorting"]
+__all__ = ["Task", "LatentClassifier", "Sorting", "KNN"]

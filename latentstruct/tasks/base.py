@@ -7,6 +7,8 @@ encoder, scorer, structure, estimator, decoder; sorting: structure and estimator
 * ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
 * ``evaluate(data, batch_size)`` → ``{metric: value}`` under no_grad, restoring the train/eval mode; it must hold
   ``acc`` (×100, higher is better): the progress bar shows it and ``trainer.select=best`` maximises ``valid/acc``;
+* ``use_training_data(train)``: called once after building with the training split (on the device); tasks that
+  predict from the training examples themselves (the kNN classifier) keep it, the others ignore it;
 * ``param_groups()`` → ``{name: [parameters]}``: the ``default`` group is optimised by ``optim``, any other group by
   ``optim_groups.<name>`` when the config gives one, else by ``optim`` too (see :func:`latentstruct.optim.build`);
 * ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
@@ -33,6 +35,9 @@ class Task(nn.Module):
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named parameter groups for the optimizers; by default one group, ``default``, in ``parameters()`` order."""
         return {"default": list(self.parameters())}
+
+    def use_training_data(self, train: dict[str, torch.Tensor]) -> None:
+        """Receive the training split (for tasks whose predictions use it, e.g. kNN); ignored by default."""
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:

@@ -1,0 +1,175 @@
+"""k-NN image classification through a latent top-k set (seed 002 §5.2): loss, prediction, task and experiments."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from test_images import write_mnist
+from torch import nn
+
+import latentstruct.optim
+from latentstruct.estimators import Direct, Spigot
+from latentstruct.models.vision import MnistConvNet
+from latentstruct.structures import TopK
+from latentstruct.tasks import KNN
+from latentstruct.tasks.knn import knn_loss, knn_predict
+from latentstruct.train import build_model, train
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "knn").glob("*.yaml") if p.stem != "common")
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+class Flat(nn.Module):
+    """A tiny embedding for fast tests: flatten, then linear."""
+
+    def __init__(self, dim: int = 6):
+        super().__init__()
+        self.lin = nn.Linear(4 * 4, dim)
+
+    def forward(self, x):
+        return self.lin(x.flatten(1))
+
+
+def _batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"x": torch.randn(n, 1, 4, 4, generator=g), "y": torch.randint(0, 3, (n,), generator=g)}
+
+
+def test_loss_is_the_fraction_of_wrong_neighbours_and_linear():
+    z = torch.tensor([[1.0, 1, 0, 1, 0], [0, 1, 1, 1, 0]])
+    same = torch.tensor([[1.0, 0, 0, 1, 1], [0, 0, 0, 0, 1]])
+    torch.testing.assert_close(knn_loss(z, same, 3), torch.tensor([1 / 3, 1.0]))
+    w = torch.rand(2, 5)
+    torch.testing.assert_close(knn_loss(0.3 * z + 0.7 * w, same, 3), 0.3 * knn_loss(z, same, 3)
+                               + 0.7 * knn_loss(w, same, 3))
+
+
+def test_predict_is_the_majority_vote_by_brute_force():
+    torch.manual_seed(0)
+    ref, labels, queries = torch.randn(50, 3), torch.randint(0, 4, (50,)), torch.randn(30, 3)
+    for k in (1, 3, 4, 7):
+        pred = knn_predict(queries, ref, labels, k, num_classes=4, chunk=7)
+        for q, p in zip(queries, pred, strict=True):
+            order = ((ref - q) ** 2).sum(-1).argsort()[:k]
+            votes = Counter(labels[order].tolist())
+            best = max(votes.values())
+            tied = [lab for lab in labels[order].tolist() if votes[lab] == best]  # in order of distance
+            assert int(p) == tied[0]
+
+
+def test_direct_step_builds_the_topk_problem_of_the_batch():
+    torch.manual_seed(1)
+    task = KNN(Flat(), Direct(epsilon=-1.0, sigma=0.0), k=2, num_classes=3, num_queries=3)
+    batch = _batch(10)
+    out = task(batch)
+    e = task.embedding(batch["x"])
+    scores = -torch.cdist(e[:3], e[3:]) ** 2
+    torch.testing.assert_close(out.z, TopK(2).map(scores))  # σ = 0: the k nearest candidates
+    same = (batch["y"][:3, None] == batch["y"][None, 3:]).float()
+    torch.testing.assert_close(out.loss, knn_loss(out.z, same, 2).mean())
+    out.loss.backward()
+    assert all(p.grad is not None for p in task.parameters())
+
+
+@pytest.mark.parametrize("baseline", ["neuralsort", "neuralsort_stochastic"])
+def test_neuralsort_baselines_train_on_a_relaxed_topk(baseline):
+    torch.manual_seed(2)
+    task = KNN(Flat(), Spigot(), k=2, num_classes=3, num_queries=3, baseline=baseline, tau=0.5, samples=4)
+    out = task(_batch(10))
+    assert out.z.shape == (3, 7) and bool(((out.z >= 0) & (out.z <= 1 + 1e-6)).all())
+    torch.testing.assert_close(out.z.sum(-1), torch.full((3,), 2.0))
+    out.loss.backward()
+    assert task.embedding.lin.weight.grad.abs().sum() > 0
+    task.eval()  # at evaluation the baselines predict like every method: the hard top-k
+    assert set(task(_batch(10)).z.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_learned_sigma_is_per_query_and_gets_a_gradient():
+    sigma_net = nn.Sequential(nn.Flatten(), nn.Linear(16, 1), nn.Softplus())
+    task = KNN(Flat(), Direct(epsilon=-1.0), k=2, num_classes=3, num_queries=3, sigma=sigma_net)
+    assert set(task.param_groups()) == {"default", "sigma"}
+    torch.manual_seed(3)
+    task(_batch(12)).loss.backward()
+    assert sigma_net[1].weight.grad is not None and bool(torch.isfinite(sigma_net[1].weight.grad).all())
+    with pytest.raises(ValueError, match="learn_sigma"):
+        KNN(Flat(), Spigot(), k=2, num_classes=3, sigma=sigma_net)
+
+
+def test_evaluate_needs_the_training_data_and_reuses_its_embeddings():
+    task = KNN(Flat(), Direct(), k=3, num_classes=3, num_queries=3)
+    with pytest.raises(RuntimeError, match="use_training_data"):
+        task.evaluate(_batch(5))
+    train_split, test = _batch(40, seed=1), _batch(20, seed=2)
+    task.use_training_data(train_split)
+    metrics = task.evaluate(test, batch_size=16)
+    with torch.no_grad():
+        expected = knn_predict(task.embedding(test["x"]), task.embedding(train_split["x"]), train_split["y"], 3, 3)
+    assert metrics["acc"] == pytest.approx(100 * float((expected == test["y"]).float().mean()))
+    cached = task._cache[1]
+    task.evaluate(test)
+    assert task._cache[1] is cached  # no training step in between: the same reference embeddings
+    task.train()
+    task(_batch(10)).loss.backward()
+    task.evaluate(test)
+    assert task._cache[1] is not cached and task.training  # mode restored
+
+
+def test_batches_too_small_for_queries_and_k_are_refused():
+    task = KNN(Flat(), Direct(), k=3, num_classes=3, num_queries=5)
+    with pytest.raises(ValueError, match="batch_size"):
+        task(_batch(7))
+    with pytest.raises(ValueError, match="baseline"):
+        KNN(Flat(), Direct(), k=3, num_classes=3, baseline="nope")
+
+
+def test_protocol_hyper_parameters():
+    for name, embedding, batch in (("mnist", "mnist_convnet", 900), ("fashion_mnist", "resnet18", 900),
+                                   ("cifar10", "resnet18", 700)):
+        cfg = _compose("+experiment=knn/direct_learned", f"dataset={name}", "task.k=1")
+        assert (cfg.task.embedding, cfg.trainer.batch_size, cfg.task.num_queries) == (embedding, batch, 100)
+        assert cfg.trainer.max_epochs == 220 * (batch // 100)
+        assert (cfg.optim._target_, cfg.optim.lr, cfg.optim_groups.sigma._target_) == ("torch.optim.Adam", 1e-3,
+                                                                                         "torch.optim.SGD")
+    assert _compose("+experiment=knn/direct_learned", "task.k=1").estimator.samples == 5
+    assert _compose("+experiment=knn/direct_learned", "task.k=9").estimator.samples == 1
+    assert _compose("+experiment=knn/direct_sigma0", "task.k=3").estimator.sigma == 0.0
+    assert _compose("+experiment=knn/direct_sigma1", "task.k=3").estimator.sigma == 1.0
+    assert _compose("+experiment=knn/neuralsort_stochastic", "task.k=3").task.baseline.value == "neuralsort_stochastic"
+
+
+def test_sweep_composes_the_paper_grid():
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=["+sweep=direct_knn"], return_hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params["task.k"] == "1,3,5,9" and len(params["+experiment"].split(",")) == len(EXPERIMENTS) == 5
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_knn_experiment_runs_on_mnist_files(tmp_path, experiment):
+    """Two steps of each method on tiny generated MNIST files (real IDX format), with the real conv nets."""
+    write_mnist(tmp_path / "data" / "mnist", n_train=60, n_test=10)
+    record = train(_compose(f"+experiment=knn/{experiment}", "task.k=3", "task.num_queries=4",
+                            "trainer.batch_size=20", "trainer.max_steps=2", "trainer.eval_every=2",
+                            "dataset.n_valid=10", "trainer.progress=false", f"paths.data_dir={tmp_path / 'data'}",
+                            f"paths.output_dir={tmp_path / 'run'}"))
+    assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
+    assert list(pd.read_csv(tmp_path / "run" / "history.csv")["step"]) == [2]
+
+
+def test_the_mnist_conv_net_is_built_with_its_sigma_network():
+    cfg = _compose("+experiment=knn/direct_learned", "task.k=3")
+    task = build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
+    assert isinstance(task.embedding, MnistConvNet) and task.sigma is not None
+    optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, task.param_groups())
+    assert {k: type(v).__name__ for k, v in optimizer.optimizers.items()} == {"default": "Adam", "sigma": "SGD"}
