@@ -246,6 +246,7 @@ class TrainerConf:
     max_steps: int | None = _help("optimizer steps; null = max_epochs × batches per epoch", None)
     max_epochs: int | None = _help("epochs, used when max_steps is null", None)
     batch_size: int | None = _help("examples per step; null = the full training set", None)
+    drop_last: bool = _help("skip the smaller last batch of each epoch (for tasks needing full batches: knn)", False)
     eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None)
     select: Select = _help("report the last evaluation or the best by valid/acc", "last")
     seed: int = _help("model seed (initialisation, noise, shuffling)", 301)

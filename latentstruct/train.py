@@ -71,7 +71,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 _RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
               "trainer.device", "trainer.max_steps", "trainer.max_epochs")
 # Keys added after run records existed, with the value every configuration written before them implied.
-_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier"}
+_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier", "trainer.drop_last": False}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -126,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model = build_model(cfg, data.dims).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
-    per_epoch = num_batches(data.size("train"), tc.batch_size)
+    per_epoch = num_batches(data.size("train"), tc.batch_size, tc.drop_last)
     if tc.max_steps is None and tc.max_epochs is None:
         raise ValueError("set trainer.max_steps or trainer.max_epochs")
     max_steps = tc.max_steps if tc.max_steps is not None else tc.max_epochs * per_epoch
@@ -155,7 +155,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     while step < max_steps:
         epoch, offset = divmod(step, per_epoch)
         shuffle = None if tc.batch_size is None else tc.seed * 100_003 + epoch
-        for batch in iterate_batches(splits["train"], tc.batch_size, shuffle, start=offset):
+        for batch in iterate_batches(splits["train"], tc.batch_size, shuffle, start=offset, drop_last=tc.drop_last):
             loss = model(batch).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

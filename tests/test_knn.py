@@ -173,3 +173,26 @@ def test_the_mnist_conv_net_is_built_with_its_sigma_network():
     assert isinstance(task.embedding, MnistConvNet) and task.sigma is not None
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, task.param_groups())
     assert {k: type(v).__name__ for k, v in optimizer.optimizers.items()} == {"default": "Adam", "sigma": "SGD"}
+
+
+def test_drop_last_yields_only_full_batches_and_counts_them():
+    from latentstruct.data.base import iterate_batches, num_batches
+
+    data = {"x": torch.arange(23)}
+    sizes = [len(b["x"]) for b in iterate_batches(data, 5, shuffle_seed=1, drop_last=True)]
+    assert sizes == [5, 5, 5, 5] and num_batches(23, 5, drop_last=True) == 4
+    assert [len(b["x"]) for b in iterate_batches(data, 5, start=3, drop_last=True)] == [5]
+    assert [len(b["x"]) for b in iterate_batches(data, 5)][-1] == 3 and num_batches(23, 5) == 5
+    with pytest.raises(ValueError, match="drop_last"):
+        num_batches(3, 5, drop_last=True)
+    assert _compose("+experiment=knn/neuralsort", "task.k=1").trainer.drop_last is True
+
+
+def test_a_knn_run_crosses_an_epoch_boundary(tmp_path):
+    """54 training images in batches of 20: two full batches per epoch, the 14 left over are skipped."""
+    write_mnist(tmp_path / "data" / "mnist", n_train=64, n_test=10)
+    record = train(_compose("+experiment=knn/direct_sigma0", "task.k=3", "task.num_queries=4", "trainer.batch_size=20",
+                            "trainer.max_steps=5", "trainer.eval_every=5", "dataset.n_valid=10",
+                            "trainer.progress=false", f"paths.data_dir={tmp_path / 'data'}",
+                            f"paths.output_dir={tmp_path / 'run'}"))
+    assert record["status"] == "completed" and record["steps"] == 5 and record["best_epoch"] == 3

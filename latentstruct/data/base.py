@@ -22,8 +22,13 @@ class TensorSplits:
         return len(next(iter(self.splits[split].values())))
 
 
-def num_batches(n: int, batch_size: int | None) -> int:
-    return 1 if not batch_size else -(-n // batch_size)
+def num_batches(n: int, batch_size: int | None, drop_last: bool = False) -> int:
+    """Batches per epoch; with ``drop_last`` the last, smaller batch is not counted (nor yielded)."""
+    if not batch_size:
+        return 1
+    if drop_last and n < batch_size:
+        raise ValueError(f"drop_last with batch size {batch_size} leaves no batch of {n} examples")
+    return n // batch_size if drop_last else -(-n // batch_size)
 
 
 def iterate_batches(
@@ -31,9 +36,11 @@ def iterate_batches(
     batch_size: int | None,
     shuffle_seed: int | None = None,
     start: int = 0,
+    drop_last: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """Yield batches from batch index ``start`` on. ``batch_size=None`` is one full batch; a shuffle order depends
-    only on ``shuffle_seed`` so that a resumed run sees exactly the batches it would have seen."""
+    only on ``shuffle_seed`` so that a resumed run sees exactly the batches it would have seen; ``drop_last`` skips
+    a last batch smaller than ``batch_size``."""
     n = len(next(iter(data.values())))
     if not batch_size:
         if start == 0:
@@ -42,6 +49,6 @@ def iterate_batches(
     order = torch.arange(n)
     if shuffle_seed is not None:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed))
-    for i in range(start * batch_size, n, batch_size):
+    for i in range(start * batch_size, n - batch_size + 1 if drop_last else n, batch_size):
         idx = order[i : i + batch_size]
         yield {k: v[idx] for k, v in data.items()}

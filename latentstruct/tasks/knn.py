@@ -156,8 +156,8 @@ class KNN(Task):
         queries = self.num_queries
         if len(x) < queries + self.k:
             raise ValueError(f"a batch of {len(x)} images cannot hold {queries} queries and at least k = {self.k} "
-                             f"candidates; make trainer.batch_size larger than task.num_queries + k and check that "
-                             f"the last batch of an epoch (train size mod batch size) is not smaller")
+                             f"candidates; make trainer.batch_size larger than task.num_queries + k (and keep "
+                             f"trainer.drop_last=true, which skips each epoch's smaller last batch)")
         if self.training:
             self._updates += 1
         emb = self.embedding(x)
