@@ -78,6 +78,8 @@ table-direct-knn: install ## seed 002 k-NN: 5 methods x k in {1,3,5,9} on KNN_DA
 	$(BIN)/python -m latentstruct.train +sweep=direct_knn dataset=$(KNN_DATASET) $(KNN_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/direct/knn.yaml --runs $(RUNS)/direct_knn
 	$(BIN)/python -m latentstruct.tables experiments/direct/knn_time.yaml --runs $(RUNS)/direct_knn
+	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/knn.yaml --runs $(RUNS)/direct_knn \
+		--metric test/acc --out results/direct/knn.png
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \
