@@ -1,0 +1,552 @@
+"""Readers for the text datasets (SST, SNLI 1.0), a vocabulary, GloVe vectors and padded id batches.
+
+Compression
+-----------
+Every reader opens its file through one helper that looks at the magic bytes, not at the suffix: ``1f 8b`` gzip,
+``fd 37 7a 58 5a 00`` xz, ``BZh`` bzip2, ``PK 03 04`` zip (the archive must hold exactly one file that is not a
+directory, as the official GloVe zips do), anything else plain text. Text is decoded as UTF-8; undecodable bytes
+become U+FFFD instead of stopping a multi-GB read.
+
+SST (Stanford Sentiment Treebank)
+---------------------------------
+* **Format:** one binarised PTB s-expression per line, e.g. ``(3 (2 It) (4 (2 's) (3 good)))``. Every node is
+  ``(label child...)`` with an integer label (0-4 in SST); a pre-terminal holds exactly one token, an inner node
+  one or more subtrees (SST is binary, but any arity is accepted). Tokens are returned exactly as written: case
+  and PTB escapes (``-LRB-``, ``\\/``, the quote tokens of two backquotes / two apostrophes) are kept. Only ASCII
+  whitespace separates tokens: the real files contain tokens with a non-breaking space (``8\\xa01\\/2``, train
+  line 4342), each kept as one token. Blank lines are skipped.
+* :func:`parse_ptb_tree` raises ``ValueError`` (quoting the start of the line) on unbalanced brackets, a missing or
+  non-integer label, an empty node, a node mixing a token with subtrees or holding two tokens, and text outside
+  the root tree.
+* **Tasks:** only whole sentences (the root label) are used, not the labelled phrases. Binary (SST-2): root labels
+  0, 1 → 0 (negative), 3, 4 → 1 (positive), 2 (neutral) dropped; fine-grained (SST-5): the label itself, 0-4.
+* **Folder** (:func:`load_sst`): ``train.txt``, ``dev.txt``, ``test.txt``, each optionally ``.gz`` (the plain file is
+  preferred when both exist) → splits ``train`` / ``valid`` / ``test``. The official release
+  (``trainDevTestTrees_PTB.zip``, folder ``trees/``) has 8544 / 1101 / 2210 sentences, i.e. 6920 / 872 / 1821 for
+  the binary task; with ``check_sizes`` the binary sizes are enforced.
+
+SNLI 1.0
+--------
+* **Labels** (:data:`SNLI_LABELS`): entailment 0, neutral 1, contradiction 2. Pairs with gold label ``-`` (no
+  annotator majority) are dropped, and so are pairs where either sentence has more than ``max_tokens`` (100)
+  tokens or no token at all (deviation: empty sentences are dropped too, since they cannot be encoded).
+* **JSONL** (:func:`read_snli_jsonl`), the official ``snli_1.0_{train,dev,test}.jsonl``: one JSON object per line;
+  only ``gold_label``, ``sentence1`` and ``sentence2`` are used, and the raw sentences are split by :func:`tokenize`.
+* **TSV** (:func:`read_snli_tsv`): ``gold_label<TAB>sentence1<TAB>sentence2`` with sentences already tokenised
+  (split on whitespace). A header line is optional: when the first field of the first line is ``gold_label`` the
+  columns are found by name (so the official ``snli_1.0_*.txt``, whose columns include these three, is readable
+  with ``tokenized=False``); otherwise the first three columns are used. The compact files in the shared data
+  folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2`` files) have
+  **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
+* **Folder** (:func:`load_snli`): for each official split ``train`` / ``dev`` / ``test`` (returned as ``train`` /
+  ``valid`` / ``test``) the first existing file among these is read, in ``root`` and then in ``root/snli_1.0`` (the
+  folder the official zip unpacks into): ``snli_1.0_{split}.jsonl``, ``snli_1.0_{split}.jsonl.gz``,
+  ``{split}.tsv``, ``{split}.tsv.gz``. Splits with no file are left out. Caveat: mixing formats across splits
+  mixes tokenisers (the regex below vs. the TSV's own), which slightly changes the vocabulary of each split.
+
+Tokenizer
+---------
+:func:`tokenize` is a regular-expression approximation of Penn Treebank tokenisation (spaCy is not available). At
+each position the first matching rule wins:
+
+1. the stem of a negated contraction, and the clitic ``n't`` itself: ``don't`` → ``do n't``, ``can't`` → ``ca n't``;
+   ``cannot`` → ``can not``;
+2. the clitics ``'s 're 'll 've 'm 'd`` (any case; ``'`` or ``’``) when they end a word: ``it's`` → ``it 's``;
+3. abbreviations kept with their period: runs of single letters with periods (``U.S.``, ``J.R.R.``) and the
+   titles ``Mr. Mrs. Ms. Dr. Prof. Jr. Sr. St. vs.``;
+4. numbers with decimal points or thousands separators: ``3.5``, ``1,000.25``;
+5. words: letters/digits, joined by inner hyphens (``t-shirt``) or apostrophes that do not start a clitic
+   (``o'clock``);
+6. ``...`` (any run of two or more periods) and ``--`` (two or more hyphens) as one token;
+7. any other non-space character as its own token. A straight double quote becomes two backquotes when it opens
+   (at the start, or after a space or an opening bracket) and two apostrophes otherwise, and the curly double
+   quotes ``“`` / ``”`` become the same two tokens, as in PTB and the SNLI TSV files. Everything else is kept as
+   written: brackets stay ``(`` / ``)`` (as in the SNLI TSV; SST writes ``-LRB-``), curly apostrophes stay ``’``
+   (``it’s`` → ``it ’s``), dashes are not rewritten.
+
+Case is kept. Known differences from PTB: a sentence-final title or initialism keeps its period and no extra ``.``
+token is added (``... on Main St.``), ``2,3`` without a space stays one number, ``gonna`` is not split, and
+URLs/e-mails are split at punctuation.
+
+Vocabulary and GloVe
+--------------------
+* :class:`Vocab`: ``<pad>`` = 0, ``<unk>`` = 1, then the tokens with count ≥ ``min_freq`` sorted by count
+  (descending) and then alphabetically (code-point order), so the ids do not depend on the input order of equal
+  counts or on hash seeds. Unknown tokens encode to 1. Tokens are case-sensitive; lower-case them before building
+  the vocabulary for an uncased embedding (GloVe 6B is lower-case, 840B is cased).
+* **GloVe text format:** one word per line, ``word v1 ... vD``, fields separated by single spaces, no header.
+  Some words of 840B contain spaces (and non-breaking spaces, which are part of the word), so a line is split
+  from the right: the last ``D`` fields are the vector, the rest is the word. ``D`` is inferred from the first line
+  (whose word must not contain a space — true of the official files, which start with ``the`` or ``,``) unless
+  given. A first line of exactly two integers (a word2vec-style ``count dim`` header) is skipped. Trailing spaces
+  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``. A word listed twice keeps its
+  first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors (never read from the file); vocabulary
+  words absent from the file get zeros too, and the count returned is of the non-special words found.
+* :func:`glove_cache` stores ``{"matrix", "found"}`` in ``cache_dir/glove-<file stem>-<key>.pt``, where the key is a
+  SHA-256 of the resolved file path, its size and ``st_mtime_ns``, ``dim`` and the full ``itos`` list; it is written
+  atomically (temporary file + rename) and read back with ``weights_only=True``.
+
+Batches
+-------
+:func:`pad_batch` pads id lists on the right with ``pad`` into int64 ``[B, max_len]`` plus int64 ``lengths`` ``[B]``;
+empty sequences are allowed (length 0) and an empty batch gives shapes ``[0, 0]`` and ``[0]``.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import gzip
+import hashlib
+import io
+import json
+import lzma
+import os
+import re
+import tempfile
+import zipfile
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import torch
+
+__all__ = [
+    "SNLI_LABELS",
+    "SST_BINARY_SIZES",
+    "Vocab",
+    "glove_cache",
+    "load_snli",
+    "load_sst",
+    "pad_batch",
+    "parse_ptb_tree",
+    "read_glove",
+    "read_snli_jsonl",
+    "read_snli_tsv",
+    "read_sst",
+    "tokenize",
+]
+
+SNLI_LABELS: dict[str, int] = {"entailment": 0, "neutral": 1, "contradiction": 2}
+
+#: binary-task sentence counts of the official SST train / dev / test files
+SST_BINARY_SIZES: dict[str, int] = {"train": 6920, "valid": 872, "test": 1821}
+
+_SPLIT_NAMES = {"train": "train", "dev": "valid", "test": "test"}
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_XZ_MAGIC = b"\xfd7zXZ\x00"
+_BZ2_MAGIC = b"BZh"
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _open_text(path: str | Path) -> Iterator[IO[str]]:
+    """Open ``path`` as UTF-8 text, decompressing by magic bytes (gzip, xz, bzip2, single-member zip)."""
+    path = Path(path)
+    with open(path, "rb") as probe:
+        magic = probe.read(6)
+    with contextlib.ExitStack() as stack:
+        if magic.startswith(_GZIP_MAGIC):
+            raw: IO[bytes] = stack.enter_context(gzip.open(path, "rb"))
+        elif magic.startswith(_XZ_MAGIC):
+            raw = stack.enter_context(lzma.open(path, "rb"))
+        elif magic.startswith(_BZ2_MAGIC):
+            raw = stack.enter_context(bz2.open(path, "rb"))
+        elif magic.startswith(_ZIP_MAGIC):
+            archive = stack.enter_context(zipfile.ZipFile(path))
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            if len(members) != 1:
+                names = ", ".join(m.filename for m in members)
+                raise ValueError(f"{path}: a zip must hold exactly one file to be read as text, found: {names}")
+            raw = stack.enter_context(archive.open(members[0]))
+        else:
+            raw = stack.enter_context(open(path, "rb"))
+        yield stack.enter_context(io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n"))
+
+
+def _first_existing(candidates: Iterable[Path]) -> Path | None:
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+# --- SST -----------------------------------------------------------------------------------------------------------
+
+_PTB_TOKEN = re.compile(r"\(|\)|[^ \t\r\n\f\v()]+")
+
+
+def _tree_error(reason: str, line: str) -> ValueError:
+    prefix = line if len(line) <= 80 else line[:80] + "..."
+    return ValueError(f"{reason} in tree {prefix!r}")
+
+
+def parse_ptb_tree(line: str) -> tuple[int, list[str]]:
+    """Parse one labelled PTB s-expression; return the root label and the leaves (tokens as written)."""
+    tokens = _PTB_TOKEN.findall(line)
+    if not tokens or tokens[0] != "(":
+        raise _tree_error("a tree must start with '('", line)
+    root_label: int | None = None
+    leaves: list[str] = []
+    stack: list[str | None] = []  # per open node: None (no child yet), "leaf" or "tree"
+    closed = False
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if closed:
+            raise _tree_error(f"text {tok!r} after the root tree closed", line)
+        if tok == "(":
+            if stack and stack[-1] == "leaf":
+                raise _tree_error("a node mixes a token with subtrees", line)
+            i += 1
+            if i == len(tokens) or tokens[i] in "()":
+                raise _tree_error("missing label after '('", line)
+            try:
+                label = int(tokens[i])
+            except ValueError:
+                raise _tree_error(f"non-integer label {tokens[i]!r}", line) from None
+            if stack:
+                stack[-1] = "tree"
+            else:
+                root_label = label
+            stack.append(None)
+        elif tok == ")":
+            if not stack:
+                raise _tree_error("unbalanced brackets (too many ')')", line)
+            if stack.pop() is None:
+                raise _tree_error("empty node", line)
+            closed = not stack
+        else:
+            if stack[-1] == "tree":
+                raise _tree_error(f"a node mixes subtrees with the token {tok!r}", line)
+            if stack[-1] == "leaf":
+                raise _tree_error(f"a pre-terminal holds more than one token ({tok!r})", line)
+            stack[-1] = "leaf"
+            leaves.append(tok)
+        i += 1
+    if stack:
+        raise _tree_error(f"unbalanced brackets ({len(stack)} unclosed '(')", line)
+    assert root_label is not None
+    return root_label, leaves
+
+
+def read_sst(path: str | Path, binary: bool = True) -> list[tuple[list[str], int]]:
+    """Read an SST tree file (plain or compressed): ``[(tokens, label)]`` for every sentence, binary (0/1, neutral
+    dropped) or fine-grained (0-4)."""
+    out: list[tuple[list[str], int]] = []
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                label, tokens = parse_ptb_tree(line)
+            except ValueError as err:
+                raise ValueError(f"{path}:{lineno}: {err}") from None
+            if not 0 <= label <= 4:
+                raise ValueError(f"{path}:{lineno}: root label {label} outside 0..4")
+            if binary:
+                if label == 2:
+                    continue
+                label = int(label > 2)
+            out.append((tokens, label))
+    return out
+
+
+def load_sst(root: str | Path, binary: bool = True, check_sizes: bool = True) -> dict[str, list[tuple[list[str], int]]]:
+    """Read ``train.txt``, ``dev.txt``, ``test.txt`` (each optionally ``.gz``) from ``root`` as splits train / valid /
+    test; with ``binary`` and ``check_sizes`` the official sizes 6920 / 872 / 1821 are enforced."""
+    root = Path(root)
+    out = {}
+    for file_split, split in _SPLIT_NAMES.items():
+        path = _first_existing([root / f"{file_split}.txt", root / f"{file_split}.txt.gz"])
+        if path is None:
+            raise FileNotFoundError(
+                f"missing {file_split}.txt[.gz] in {root}; an SST folder must hold train.txt, dev.txt and test.txt "
+                "(optionally gzipped), the PTB trees of trainDevTestTrees_PTB.zip"
+            )
+        out[split] = read_sst(path, binary=binary)
+    if binary and check_sizes:
+        sizes = {split: len(data) for split, data in out.items()}
+        if sizes != SST_BINARY_SIZES:
+            raise ValueError(
+                f"{root}: binary SST sizes {sizes} differ from the official {SST_BINARY_SIZES}; the files are not the "
+                "standard SST trees (pass check_sizes=False to read them anyway)"
+            )
+    return out
+
+
+# --- tokenizer -----------------------------------------------------------------------------------------------------
+
+_CLITICS = r"(?:s|re|ll|ve|m|d)\b"
+_APOS = "['’]"
+_WORD = r"[^\W_]+"
+_TOKEN_RE = re.compile(
+    "|".join(
+        [
+            rf"{_WORD}(?=n{_APOS}t\b)",  # stem of a negated contraction: do|n't
+            rf"n{_APOS}t\b",  # the clitic n't
+            r"can(?=not\b)",  # can|not
+            rf"{_APOS}{_CLITICS}",  # 's 're 'll 've 'm 'd
+            r"(?:[^\W\d_]\.){2,}",  # U.S., J.R.R.
+            r"(?:Mrs|Mr|Ms|Dr|Prof|Jr|Sr|St|vs)\.",  # titles
+            r"\d+(?:[.,]\d+)+",  # 3.5, 1,000.25
+            rf"{_WORD}(?:(?:-|{_APOS}(?!{_CLITICS})){_WORD})*",  # words, t-shirt, o'clock
+            r"\.{2,}|-{2,}",  # ... and --
+            r"\S",  # any other character
+        ]
+    ),
+    re.IGNORECASE,
+)
+_OPENERS = " \t\n\r([{<"
+_CURLY_QUOTES = {"“": "``", "”": "''"}
+
+
+def tokenize(text: str) -> list[str]:
+    """Split raw English text into PTB-style tokens (see the module docstring for the rules); case is kept."""
+    tokens = []
+    for match in _TOKEN_RE.finditer(text):
+        tok = match.group()
+        if tok == '"':
+            start = match.start()
+            tok = "``" if start == 0 or text[start - 1] in _OPENERS else "''"
+        else:
+            tok = _CURLY_QUOTES.get(tok, tok)
+        tokens.append(tok)
+    return tokens
+
+
+# --- SNLI ----------------------------------------------------------------------------------------------------------
+
+
+def _snli_example(
+    label: str, s1: list[str], s2: list[str], max_tokens: int, where: str
+) -> tuple[list[str], list[str], int] | None:
+    if label == "-":
+        return None
+    if label not in SNLI_LABELS:
+        raise ValueError(f"{where}: unknown gold label {label!r} (expected one of {', '.join(SNLI_LABELS)} or '-')")
+    if not s1 or not s2 or len(s1) > max_tokens or len(s2) > max_tokens:
+        return None
+    return s1, s2, SNLI_LABELS[label]
+
+
+def read_snli_jsonl(path: str | Path, max_tokens: int = 100) -> list[tuple[list[str], list[str], int]]:
+    """Read an official ``snli_1.0_*.jsonl`` file: ``[(premise tokens, hypothesis tokens, label)]``."""
+    out = []
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+                label, s1, s2 = record["gold_label"], record["sentence1"], record["sentence2"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{where}: not an SNLI record with gold_label/sentence1/sentence2 ({err})") from None
+            if label == "-":
+                continue
+            example = _snli_example(label, tokenize(s1), tokenize(s2), max_tokens, where)
+            if example is not None:
+                out.append(example)
+    return out
+
+
+def read_snli_tsv(
+    path: str | Path, max_tokens: int = 100, tokenized: bool = True
+) -> list[tuple[list[str], list[str], int]]:
+    """Read ``gold_label<TAB>sentence1<TAB>sentence2`` lines (header optional): ``[(premise, hypothesis, label)]``.
+    Sentences are split on spaces, or by :func:`tokenize` when ``tokenized`` is false."""
+    out = []
+    columns = (0, 1, 2)
+    split = (lambda s: s.split()) if tokenized else tokenize
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            fields = line.split("\t")
+            if lineno == 1 and fields[0] == "gold_label":
+                try:
+                    columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
+                except ValueError:
+                    raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
+                continue
+            where = f"{path}:{lineno}"
+            if len(fields) <= max(columns):
+                need = max(columns) + 1
+                raise ValueError(f"{where}: expected at least {need} tab-separated fields, got {len(fields)}")
+            label, s1, s2 = (fields[c] for c in columns)
+            example = _snli_example(label, split(s1), split(s2), max_tokens, where)
+            if example is not None:
+                out.append(example)
+    return out
+
+
+def _snli_candidates(root: Path, split: str) -> list[tuple[Path, str]]:
+    out = []
+    for folder in (root, root / "snli_1.0"):
+        out += [
+            (folder / f"snli_1.0_{split}.jsonl", "jsonl"),
+            (folder / f"snli_1.0_{split}.jsonl.gz", "jsonl"),
+            (folder / f"{split}.tsv", "tsv"),
+            (folder / f"{split}.tsv.gz", "tsv"),
+        ]
+    return out
+
+
+def load_snli(root: str | Path, max_tokens: int = 100) -> dict[str, list[tuple[list[str], list[str], int]]]:
+    """Read the SNLI splits found under ``root`` (see the module docstring for the file names searched) as train /
+    valid / test; raise ``FileNotFoundError`` when none is found."""
+    root = Path(root)
+    out = {}
+    for file_split, split in _SPLIT_NAMES.items():
+        for path, kind in _snli_candidates(root, file_split):
+            if path.is_file():
+                reader = read_snli_jsonl if kind == "jsonl" else read_snli_tsv
+                out[split] = reader(path, max_tokens=max_tokens)
+                break
+    if not out:
+        names = ", ".join(str(p.relative_to(root)) for s in _SPLIT_NAMES for p, _ in _snli_candidates(root, s))
+        raise FileNotFoundError(f"no SNLI split found in {root}; looked for: {names}")
+    return out
+
+
+# --- vocabulary ----------------------------------------------------------------------------------------------------
+
+
+class Vocab:
+    """Token ↔ id mapping with ``<pad>`` = 0 and ``<unk>`` = 1."""
+
+    PAD = "<pad>"
+    UNK = "<unk>"
+    pad_index = 0
+    unk_index = 1
+
+    def __init__(self, itos: Sequence[str]) -> None:
+        itos = list(itos)
+        if itos[:2] != [self.PAD, self.UNK]:
+            raise ValueError(f"a vocabulary must start with {self.PAD!r}, {self.UNK!r}; got {itos[:2]}")
+        stoi = {tok: i for i, tok in enumerate(itos)}
+        if len(stoi) != len(itos):
+            dupes = sorted(tok for tok, n in Counter(itos).items() if n > 1)
+            raise ValueError(f"duplicate tokens in the vocabulary: {dupes[:10]}")
+        self.itos: list[str] = itos
+        self.stoi: dict[str, int] = stoi
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Iterable[str]], min_freq: int = 1) -> Vocab:
+        """Specials, then tokens seen at least ``min_freq`` times, by count (descending) then alphabetically."""
+        counts: Counter[str] = Counter()
+        for tokens in token_lists:
+            counts.update(tokens)
+        for special in (cls.PAD, cls.UNK):
+            counts.pop(special, None)
+        kept = sorted((tok for tok, n in counts.items() if n >= min_freq), key=lambda tok: (-counts[tok], tok))
+        return cls([cls.PAD, cls.UNK, *kept])
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        unk = self.unk_index
+        return [self.stoi.get(tok, unk) for tok in tokens]
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self.stoi
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self)} tokens)"
+
+
+# --- GloVe ---------------------------------------------------------------------------------------------------------
+
+
+def _is_count_header(line: str) -> bool:
+    fields = line.split(" ")
+    return len(fields) == 2 and all(field.isdigit() for field in fields)
+
+
+def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[torch.Tensor, int]:
+    """Stream a GloVe text file and return the float32 ``[len(vocab), dim]`` matrix of the vocabulary's vectors (zeros
+    where the file has none, and for the specials) and the number of vocabulary words found."""
+    specials = {Vocab.PAD, Vocab.UNK}
+    rows: dict[int, list[float]] = {}
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip(" \r\n")
+            if not line:
+                continue
+            if dim is None:
+                if lineno == 1 and _is_count_header(line):
+                    continue
+                dim = line.count(" ")
+                if dim < 1:
+                    raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
+            spaces = line.count(" ")
+            if spaces < dim:
+                raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
+            # fast path: most words contain no space, so the word ends at the first space
+            word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
+            index = vocab.stoi.get(word)
+            if index is None or index in rows or word in specials:
+                continue
+            try:
+                rows[index] = [float(v) for v in line.rsplit(" ", dim)[1:]]
+            except ValueError as err:
+                raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
+    if dim is None:
+        raise ValueError(f"{path}: no vectors found (empty file) and no dim given")
+    matrix = torch.zeros(len(vocab), dim, dtype=torch.float32)
+    if rows:
+        index = torch.tensor(list(rows), dtype=torch.long)
+        matrix[index] = torch.tensor(list(rows.values()), dtype=torch.float32)
+    return matrix, len(rows)
+
+
+def _glove_cache_file(path: Path, vocab: Vocab, cache_dir: Path, dim: int | None) -> Path:
+    stat = path.stat()
+    key = json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns, dim, vocab.itos], ensure_ascii=False)
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
+    stem = path.name.split(".txt")[0][:60]
+    return cache_dir / f"glove-{stem}-{digest}.pt"
+
+
+def glove_cache(path: str | Path, vocab: Vocab, cache_dir: str | Path, dim: int | None = None) -> torch.Tensor:
+    """:func:`read_glove` with a ``.pt`` cache keyed by the file (path, size, mtime), ``dim`` and the vocabulary."""
+    path, cache_dir = Path(path), Path(cache_dir)
+    cache_file = _glove_cache_file(path, vocab, cache_dir, dim)
+    if cache_file.is_file():
+        cached = torch.load(cache_file, map_location="cpu", weights_only=True)
+        return cached["matrix"]
+    matrix, found = read_glove(path, vocab, dim)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=cache_file.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"matrix": matrix, "found": found, "source": str(path)}, f)
+        os.replace(tmp, cache_file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return matrix
+
+
+# --- tensors -------------------------------------------------------------------------------------------------------
+
+
+def pad_batch(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad id lists into int64 ``[B, max_len]`` and return it with the int64 ``lengths`` ``[B]``."""
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    max_len = int(lengths.max()) if len(seqs) else 0
+    ids = torch.full((len(seqs), max_len), pad, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        if seq:
+            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return ids, lengths
