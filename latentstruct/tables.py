@@ -170,8 +170,8 @@ def _metric_column(name: str) -> str:
     return name.removeprefix("record.") if name.startswith("record.") else f"metric.{name}"
 
 
-def _fmt(x: float) -> str:
-    return "—" if x is None or math.isnan(x) else f"{x:.2f}"
+def _fmt(x: float, digits: int = 2) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
 def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
@@ -201,30 +201,39 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
 
 
 def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.DataFrame) -> Path:
-    """Write title, provenance, one line per row, cells outside tolerance and notes to ``out_path``."""
-    labels = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
-    cols = [(s["name"], m["name"]) for s in spec["settings"] for m in spec["metrics"]]
-    # One column per (setting, metric); a cell reads "ours ± err (n) · paper ± err · Δ ✓/✗".
-    header = ["Model"] + [f"{s} {labels[m]}" for s, m in cols]
+    """Write title, provenance, the table, cells outside tolerance and notes to ``out_path``.
+
+    ``layout: wide`` (default): one table, a line per row and a column per (setting, metric); ``per_metric``: one
+    table per metric, a column per setting. A metric's ``digits`` (default 2) sets the decimals of its cells.
+    """
     centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
     paper = bool(spec.get("reference"))
     legend = (f"Each cell: **ours** {centre} (runs) · paper · Δ = ours − paper · "
               + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
               if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
-    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "", legend, "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "", legend]
     cell = df.set_index(["row", "setting", "metric"])
-    for row in spec["rows"]:
-        parts = [row.get("label", row["name"])]
-        for s, m in cols:
-            c = cell.loc[(row["name"], s, m)]
-            failed = f", {c.n_failed} failed" if c.n_failed else ""
-            ours = f"**{_fmt(c.ours)}** ± {_fmt(c.ours_err)} ({c.n_runs}{failed})"
-            ours = ours if c.n_runs else f"— (0{failed})"
-            verdict = {True: " ✓", False: " ✗"}.get(c.agrees, "")
-            parts.append(f"{ours} · {_fmt(c.paper)} ± {_fmt(c.paper_err)} · {_fmt(c['diff'])}{verdict}"
-                         if paper else ours)
-        lines.append("| " + " | ".join(parts) + " |")
+
+    def text(row: dict, setting: str, metric: dict) -> str:
+        c, digits = cell.loc[(row["name"], setting, metric["name"])], metric.get("digits", 2)
+        failed = f", {c.n_failed} failed" if c.n_failed else ""
+        ours = f"**{_fmt(c.ours, digits)}** ± {_fmt(c.ours_err, digits)} ({c.n_runs}{failed})"
+        ours = ours if c.n_runs else f"— (0{failed})"
+        verdict = {True: " ✓", False: " ✗"}.get(c.agrees, "")
+        return (f"{ours} · {_fmt(c.paper, digits)} ± {_fmt(c.paper_err, digits)} · {_fmt(c['diff'], digits)}"
+                f"{verdict}" if paper else ours)
+
+    if spec.get("layout", "wide") == "per_metric":
+        groups = [(f"## {m.get('label', m['name'])}", [(s["name"], m) for s in spec["settings"]])
+                  for m in spec["metrics"]]
+    else:
+        groups = [("", [(s["name"], m) for s in spec["settings"] for m in spec["metrics"]])]
+    for heading, cols in groups:
+        header = ["Model"] + [s if heading else f"{s} {m.get('label', m['name'])}" for s, m in cols]
+        lines += ["", *([heading, ""] if heading else []), "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join([row.get("label", row["name"])] + [text(row, s, m) for s, m in cols]) + " |"
+                  for row in spec["rows"]]
     names = {r["name"]: r.get("label", r["name"]) for r in spec["rows"]}
     bad = df[df["agrees"].astype(object).eq(False)]
     if paper and spec.get("verdict", True):

@@ -240,3 +240,14 @@ def test_knn_spec_covers_the_papers_table_3():
     ref = pd.read_csv(spec["reference_path"])
     assert df["paper"].notna().sum() == (ref["table"] == "knn").sum() == 5 * 3 * 4
     assert df.set_index(["row", "setting"]).loc[("direct_sigma1", "mnist k=5"), "paper"] == 14.25
+
+
+def test_per_metric_layout_and_digits(tmp_path):
+    _four_runs(tmp_path / "runs")
+    spec = tables.load_spec(_spec(tmp_path))
+    spec["layout"] = "per_metric"
+    spec["metrics"][1]["digits"] = 4
+    df = tables.build_table(spec, tmp_path / "runs")
+    md = tables.write_markdown(df, spec, tmp_path / "t.md", tables.load_runs(tmp_path / "runs")).read_text()
+    assert "## Accuracy" in md and "## V" in md and "| Model | K=3 |" in md
+    assert "**80.0000** ± 0.0000 (4)" in md and "**92.00** ± 1.32 (4)" in md
