@@ -94,7 +94,7 @@ def filter_runs(runs: pd.DataFrame, match: dict | None) -> pd.DataFrame:
     for key, target in (match or {}).items():
         if key not in runs:
             return runs.iloc[0:0]
-        keep &= runs[key].map(lambda v, t=target: _equal(v, t))
+        keep &= runs[key].map(lambda v, t=target: _equal(v, t)).astype(bool)
     return runs[keep]
 
 
@@ -204,7 +204,8 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     """Write title, provenance, the table, cells outside tolerance and notes to ``out_path``.
 
     ``layout: wide`` (default): one table, a line per row and a column per (setting, metric); ``per_metric``: one
-    table per metric, a column per setting. A metric's ``digits`` (default 2) sets the decimals of its cells.
+    table per metric, a column per setting; ``sections`` (a list of ``{title, settings: [setting names]}``) splits
+    the settings into titled tables (per metric). A metric's ``digits`` (default 2) sets the decimals of its cells.
     """
     centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
     paper = bool(spec.get("reference"))
@@ -223,7 +224,11 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         return (f"{ours} · {_fmt(c.paper, digits)} ± {_fmt(c.paper_err, digits)} · {_fmt(c['diff'], digits)}"
                 f"{verdict}" if paper else ours)
 
-    if spec.get("layout", "wide") == "per_metric":
+    if spec.get("sections"):
+        several = len(spec["metrics"]) > 1
+        groups = [(f"## {sec['title']}" + (f": {m.get('label', m['name'])}" if several else ""),
+                   [(s, m) for s in sec["settings"]]) for sec in spec["sections"] for m in spec["metrics"]]
+    elif spec.get("layout", "wide") == "per_metric":
         groups = [(f"## {m.get('label', m['name'])}", [(s["name"], m) for s in spec["settings"]])
                   for m in spec["metrics"]]
     else:

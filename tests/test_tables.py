@@ -251,3 +251,15 @@ def test_per_metric_layout_and_digits(tmp_path):
     md = tables.write_markdown(df, spec, tmp_path / "t.md", tables.load_runs(tmp_path / "runs")).read_text()
     assert "## Accuracy" in md and "## V" in md and "| Model | K=3 |" in md
     assert "**80.0000** ± 0.0000 (4)" in md and "**92.00** ± 1.32 (4)" in md
+
+
+def test_sections_split_the_settings_into_titled_tables(tmp_path):
+    _four_runs(tmp_path / "runs")
+    spec = tables.load_spec(_spec(tmp_path))
+    spec["metrics"] = spec["metrics"][:1]
+    spec["settings"].append({"name": "K=10", "match": {"dataset.num_clusters": 10}})
+    spec["sections"] = [{"title": "Small", "settings": ["K=3"]}, {"title": "Large", "settings": ["K=10"]}]
+    df = tables.build_table(spec, tmp_path / "runs")
+    md = tables.write_markdown(df, spec, tmp_path / "t.md", tables.load_runs(tmp_path / "runs")).read_text()
+    assert "## Small\n\n| Model | K=3 |" in md and "## Large\n\n| Model | K=10 |" in md
+    assert "**10.00** ± 0.00 (1)" in md.split("## Large")[1]
