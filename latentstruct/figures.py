@@ -155,7 +155,8 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
 
 def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     """One line per row of a table spec: ``metric`` (centre ± error, the spec's ``aggregate``) against its settings
-    in the spec's order (e.g. the sorting table's d), with the paper's numbers dashed where the spec has them."""
+    in the spec's order (e.g. the sorting table's d; settings without a completed run are left out), with the
+    paper's numbers dashed where the spec has them."""
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     names = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
     if metric not in names:
@@ -164,7 +165,7 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     df = df[(df["metric"] == metric) & (df["n_runs"] > 0)]
     if df.empty:
         raise ValueError(f"no completed run for {metric} in any cell of {spec['table']}")
-    order = [s["name"] for s in spec["settings"]]
+    order = [s["name"] for s in spec["settings"] if s["name"] in set(df["setting"])]  # settings with runs only
     fig = Figure(figsize=(7, 4.5))
     ax = fig.subplots()
     for row in spec["rows"]:
@@ -177,7 +178,9 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
                            label=f"{row.get('label', row['name'])} ({n})")
         if cells["paper"].notna().any():
             ax.plot(x, cells["paper"], linestyle="--", marker="x", color=line.lines[0].get_color())
-    ax.set_xticks(range(len(order)), order)
+    ax.set_xticks(range(len(order)), order, rotation=30 if len(order) > 6 else 0)
+    if df["paper"].notna().any():
+        ax.plot([], [], linestyle="--", marker="x", color="grey", label="paper (dashed)")
     ax.set(ylabel=f"{names[metric]} ({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", title=spec.get("title", ""))
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
