@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -181,7 +182,8 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     ax.set_xticks(range(len(order)), order, rotation=30 if len(order) > 6 else 0)
     if df["paper"].notna().any():
         ax.plot([], [], linestyle="--", marker="x", color="grey", label="paper (dashed)")
-    ax.set(ylabel=f"{names[metric]} ({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", title=spec.get("title", ""))
+    ax.set(ylabel=f"{names[metric]} ({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})",
+           title="\n".join(textwrap.wrap(spec.get("title", ""), 90)))
     ax.title.set_fontsize(9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
