@@ -136,7 +136,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
     :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err,
     diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run), per_seed
-    (the run values in seed order, formatted).
+    (the run values in seed order, formatted), steps (the distinct training lengths of the cell's runs).
     """
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
@@ -157,11 +157,18 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
                         "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
                         "diff": ours - paper, "tol": allowed if known else math.nan,
                         "agrees": bool(abs(ours - paper) <= allowed) if known else None,
-                        "per_seed": ", ".join(_fmt(v) for v in values.dropna())})
+                        "per_seed": ", ".join(_fmt(v) for v in values.dropna()),
+                        "steps": _distinct(done.get("steps", pd.Series(dtype=float)))})
     return pd.DataFrame(out)
 
 
 CENTRE_LABELS = {"median_se": "median ± s.e.", "mean_se": "mean ± s.e.", "mean_std": "mean ± std"}
+
+
+def _distinct(values: pd.Series) -> str:
+    """The distinct values of a column, as integers where they are whole, comma-separated ("" for none)."""
+    found = {int(v) if isinstance(v, float) and v.is_integer() else v for v in values.dropna()}
+    return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
 
 
 def _metric_column(name: str) -> str:
@@ -185,9 +192,7 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     done = used[used["completed"]] if len(used) else used
 
     def values(col):
-        found = {int(v) if isinstance(v, float) and v.is_integer() else v
-                 for v in done.get(col, pd.Series(dtype=object)).dropna()}
-        return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v))) or "—"
+        return _distinct(done.get(col, pd.Series(dtype=object))) or "—"
 
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -247,6 +252,11 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
                   f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
                   f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}; per seed: {c.per_seed}"
                   for _, c in bad.iterrows()] or ["- none"]
+    mixed = df[df["steps"].str.contains(",")] if "steps" in df else df.iloc[0:0]
+    if len(mixed):
+        lines += ["", "**Cells mixing runs of different lengths** (training steps; rerun or remove runs so that each "
+                  "cell aggregates one protocol): "
+                  + ", ".join(f"{names[c.row]} {c.setting} {c.metric} ({c.steps})" for _, c in mixed.iterrows())]
     missing = df[df["n_runs"] == 0]
     if len(missing):
         lines += ["", "Cells without completed runs: "

@@ -263,3 +263,20 @@ def test_sections_split_the_settings_into_titled_tables(tmp_path):
     md = tables.write_markdown(df, spec, tmp_path / "t.md", tables.load_runs(tmp_path / "runs")).read_text()
     assert "## Small\n\n| Model | K=3 |" in md and "## Large\n\n| Model | K=10 |" in md
     assert "**10.00** ± 0.00 (1)" in md.split("## Large")[1]
+
+
+def test_cells_mixing_run_lengths_are_flagged(tmp_path):
+    for seed, steps in ((1, 150), (2, 150), (3, 2000)):
+        run = _run(tmp_path / "runs", f"r{seed}", "synthetic_spigot", seed=seed)
+        record = json.loads((run / "metrics.json").read_text())
+        (run / "metrics.json").write_text(json.dumps({**record, "steps": steps}))
+    spec = tables.load_spec(_spec(tmp_path))
+    df = tables.build_table(spec, tmp_path / "runs")
+    assert df.set_index(["row", "metric"]).loc[("spigot", "test/acc"), "steps"] == "150, 2000"
+    md = tables.write_markdown(df, spec, tmp_path / "t.md", tables.load_runs(tmp_path / "runs")).read_text()
+    assert "Cells mixing runs of different lengths" in md and "SPIGOT K=3 test/acc (150, 2000)" in md
+    assert "training steps per run: 150, 2000" in md
+    _four_runs(tmp_path / "same")  # no steps recorded: nothing flagged
+    df = tables.build_table(spec, tmp_path / "same")
+    md = tables.write_markdown(df, spec, tmp_path / "u.md", tables.load_runs(tmp_path / "same")).read_text()
+    assert "mixing" not in md
