@@ -4,9 +4,10 @@ Formats
 -------
 * **IDX** (MNIST, Fashion-MNIST): two zero bytes, a type byte, a byte with the number of dimensions ``d``, then ``d``
   big-endian ``uint32`` sizes, then the data in row-major order. Type bytes: ``0x08`` uint8, ``0x09`` int8, ``0x0B``
-  int16, ``0x0C`` int32, ``0x0D`` float32, ``0x0E`` float64; multi-byte types are big-endian. Files may be gzipped;
-  compression is detected from the gzip magic bytes ``1f 8b`` (not from the ``.gz`` suffix), and the byte count of
-  the payload must match the header exactly. The returned arrays are in native byte order.
+  int16, ``0x0C`` int32, ``0x0D`` float32, ``0x0E`` float64; multi-byte types are big-endian. Files may be compressed
+  (gzip as distributed), detected from the magic bytes rather than the ``.gz`` suffix by
+  :func:`latentstruct.data.files.open_binary`, and the byte count of the payload must match the header exactly.
+  The returned arrays are in native byte order.
 * **MNIST folder**: ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
   ``t10k-labels-idx1-ubyte``, each optionally with ``.gz`` (the plain file is preferred when both exist).
   Fashion-MNIST is distributed with exactly the same file names and format, so :func:`load_mnist` reads it too.
@@ -30,7 +31,7 @@ training-set statistics), so that every run normalises the same way whatever the
 
 from __future__ import annotations
 
-import gzip
+import lzma
 import pickle
 import zlib
 from pathlib import Path
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
+from latentstruct.data.files import first_file, open_binary
 
 __all__ = ["DATASETS", "NORMALIZATION", "image_classification", "load_cifar10", "load_mnist", "read_idx"]
 
@@ -60,8 +62,6 @@ _IDX_TYPES: dict[int, np.dtype] = {
     0x0E: np.dtype(">f8"),
 }
 
-_GZIP_MAGIC = b"\x1f\x8b"
-
 _MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -75,12 +75,11 @@ _CIFAR_TEST = "test_batch"
 def read_idx(path: str | Path) -> np.ndarray:
     """Read one IDX file (plain or gzip) into an array of its shape and type, in native byte order."""
     path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as err:
-            raise ValueError(f"{path}: corrupt gzip stream ({err})") from err
+    try:
+        with open_binary(path) as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as err:
+        raise ValueError(f"{path}: corrupt compressed stream ({err})") from err
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path}: not an IDX file (the magic must start with two zero bytes)")
     type_code, ndim = raw[2], raw[3]
@@ -102,9 +101,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def _find_mnist_file(root: Path, name: str) -> Path:
-    for candidate in (root / name, root / f"{name}.gz"):
-        if candidate.is_file():
-            return candidate
+    found = first_file([root / name, root / f"{name}.gz"])
+    if found is not None:
+        return found
     expected = ", ".join(f"{n}[.gz]" for pair in _MNIST_FILES.values() for n in pair)
     raise FileNotFoundError(f"missing {name}[.gz] in {root}; an MNIST-format folder must hold: {expected}")
 

@@ -2,10 +2,9 @@
 
 Compression
 -----------
-Every reader opens its file through one helper that looks at the magic bytes, not at the suffix: ``1f 8b`` gzip,
-``fd 37 7a 58 5a 00`` xz, ``BZh`` bzip2, ``PK 03 04`` zip (the archive must hold exactly one file that is not a
-directory, as the official GloVe zips do), anything else plain text. Text is decoded as UTF-8; undecodable bytes
-become U+FFFD instead of stopping a multi-GB read.
+Every reader opens its file through :func:`latentstruct.data.files.open_binary`, which decompresses by the magic
+bytes, not by the suffix (gzip, xz, bzip2, a single-file zip such as the official GloVe zips; anything else is plain
+text). Text is decoded as UTF-8; undecodable bytes become U+FFFD instead of stopping a multi-GB read.
 
 SST (Stanford Sentiment Treebank)
 ---------------------------------
@@ -94,23 +93,21 @@ empty sequences are allowed (length 0) and an empty batch gives shapes ``[0, 0]`
 
 from __future__ import annotations
 
-import bz2
 import contextlib
-import gzip
 import hashlib
 import io
 import json
-import lzma
 import os
 import re
 import tempfile
-import zipfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
 import torch
+
+from latentstruct.data.files import first_file, open_binary
 
 __all__ = [
     "SNLI_LABELS",
@@ -135,45 +132,14 @@ SST_BINARY_SIZES: dict[str, int] = {"train": 6920, "valid": 872, "test": 1821}
 
 _SPLIT_NAMES = {"train": "train", "dev": "valid", "test": "test"}
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_XZ_MAGIC = b"\xfd7zXZ\x00"
-_BZ2_MAGIC = b"BZh"
-_ZIP_MAGIC = b"PK\x03\x04"
-
-
 # --- files ---------------------------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def _open_text(path: str | Path) -> Iterator[IO[str]]:
-    """Open ``path`` as UTF-8 text, decompressing by magic bytes (gzip, xz, bzip2, single-member zip)."""
-    path = Path(path)
-    with open(path, "rb") as probe:
-        magic = probe.read(6)
-    with contextlib.ExitStack() as stack:
-        if magic.startswith(_GZIP_MAGIC):
-            raw: IO[bytes] = stack.enter_context(gzip.open(path, "rb"))
-        elif magic.startswith(_XZ_MAGIC):
-            raw = stack.enter_context(lzma.open(path, "rb"))
-        elif magic.startswith(_BZ2_MAGIC):
-            raw = stack.enter_context(bz2.open(path, "rb"))
-        elif magic.startswith(_ZIP_MAGIC):
-            archive = stack.enter_context(zipfile.ZipFile(path))
-            members = [m for m in archive.infolist() if not m.is_dir()]
-            if len(members) != 1:
-                names = ", ".join(m.filename for m in members)
-                raise ValueError(f"{path}: a zip must hold exactly one file to be read as text, found: {names}")
-            raw = stack.enter_context(archive.open(members[0]))
-        else:
-            raw = stack.enter_context(open(path, "rb"))
-        yield stack.enter_context(io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n"))
-
-
-def _first_existing(candidates: Iterable[Path]) -> Path | None:
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return None
+    """Open ``path`` as UTF-8 text, decompressed by :func:`~latentstruct.data.files.open_binary`."""
+    with open_binary(path) as raw:
+        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
 # --- SST -----------------------------------------------------------------------------------------------------------
@@ -264,7 +230,7 @@ def load_sst(root: str | Path, binary: bool = True, check_sizes: bool = True) ->
     root = Path(root)
     out = {}
     for file_split, split in _SPLIT_NAMES.items():
-        path = _first_existing([root / f"{file_split}.txt", root / f"{file_split}.txt.gz"])
+        path = first_file([root / f"{file_split}.txt", root / f"{file_split}.txt.gz"])
         if path is None:
             raise FileNotFoundError(
                 f"missing {file_split}.txt[.gz] in {root}; an SST folder must hold train.txt, dev.txt and test.txt "
