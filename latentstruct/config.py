@@ -101,10 +101,36 @@ class ImageClassificationConf:
     data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
 
 
+@dataclass
+class _TextDatasetConf:
+    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
+    pretrained: str | None = _help("set through embedding.pretrained", "${embedding.pretrained}")
+    lowercase: bool = _help("set through embedding.lowercase", "${embedding.lowercase}")
+    cache_dir: str = _help("set through embedding.cache_dir", "${embedding.cache_dir}")
+    subset: int | None = _help("keep this many training examples, drawn by a fixed seed (smoke runs); null = all",
+                               None)
+    eval_subset: int | None = _help("keep this many valid / test examples, drawn likewise; null = all", None)
+
+
+@dataclass
+class SSTConf(_TextDatasetConf):
+    _target_: str = "latentstruct.data.text.sst_dataset"
+    folder: str = _help("the SST folder (train/dev/test.txt[.gz] PTB trees), relative to data_dir", "sst")
+    binary: bool = _help("binary sentiment (neutral dropped; sizes 6920/872/1821 checked) or 5 classes", True)
+
+
+@dataclass
+class SNLIConf(_TextDatasetConf):
+    _target_: str = "latentstruct.data.text.snli_dataset"
+    folder: str = _help("the SNLI folder (snli_1.0_{train,dev,test}.jsonl or {train,dev,test}.tsv[.gz]), relative "
+                        "to data_dir", "snli")
+    max_tokens: int = _help("drop pairs with a longer sentence", 100)
+
+
 # ------------------------------------------------------------------------------------------------------ task
 @dataclass
 class TaskConf:
-    _target_: str = _help("the task class; train.py builds it with <class>.from_config(cfg, dims)")
+    _target_: str = _help("the task class; train.py builds it with <class>.from_config(cfg, dims, extras)")
 
 
 @dataclass
@@ -140,6 +166,25 @@ class KNNConf(TaskConf):
         "none")
     tau: float = _help("NeuralSort temperature τ", 16.0)
     samples: int = _help("neuralsort_stochastic: Plackett-Luce samples per query", 5)
+
+
+@dataclass
+class SSTTaskConf(TaskConf):
+    _target_: str = "latentstruct.tasks.LatentTreeSST"
+    hidden: int = _help("BiLSTM size, both directions together (seed 001 Table 4: 100)", 100)
+    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23)", 100)
+    decoder_hidden: int = _help("the decoder's affine layer (the baseline: its MLP's hidden layer)", 100)
+    dropout: float = _help("dropout on the BiLSTM outputs and before the output layer (Table 4: 0)", 0.0)
+
+
+@dataclass
+class NLITaskConf(TaskConf):
+    _target_: str = "latentstruct.tasks.LatentTreeNLI"
+    hidden: int = _help("decomposable attention's hidden size (seed 001 Table 4: 200)", 200)
+    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23), on the word vectors", 100)
+    dropout: float = _help("dropout before every layer of F, G and H (Table 4: 0.2)", 0.2)
+    aggregate_layers: int = _help("ReLU layers of the aggregation MLP H before its output layer (1 gives the "
+                                  "baseline Table 4's 340K parameters with 300d vectors)", 1)
 
 
 # ------------------------------------------------------------------------------------------- model parts
@@ -269,6 +314,17 @@ class WandbLoggerConf(LoggerConf):
 
 
 @dataclass
+class EmbeddingConf:
+    pretrained: str | None = _help(
+        "GloVe text file (plain or compressed; relative to paths.data_dir unless absolute) whose vectors initialise "
+        "the word embeddings; null = trainable N(0, 1) embeddings of size `dim`", None)
+    dim: int = _help("embedding size without a pretrained file (that file's own size otherwise)", 300)
+    freeze: bool = _help("keep pretrained vectors fixed (as in the papers)", True)
+    lowercase: bool = _help("lower-case every token before building the vocabulary (for uncased GloVe 6B)", False)
+    cache_dir: str = _help("where the vocabulary-filtered GloVe matrices are cached", ".cache/glove")
+
+
+@dataclass
 class PathsConf:
     data_dir: str = _help("root of the real datasets", "${oc.env:LATENTSTRUCT_DATA,data}")
     output_dir: str = _help("this run's directory (Hydra's)", "${hydra:runtime.output_dir}")
@@ -287,6 +343,7 @@ class TrainConf:
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
     paths: PathsConf = field(default_factory=PathsConf)
+    embedding: EmbeddingConf = field(default_factory=EmbeddingConf)
     task: Any = MISSING
     optim_groups: dict[str, OptimConf] = _help(
         "optimizers for the task's named parameter groups (e.g. sigma), overriding `optim` for those parameters", {}
@@ -299,10 +356,14 @@ _SCHEMAS = {
     ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
     ("dataset", "base_sorting_numbers"): SortingNumbersConf,
     ("dataset", "base_image_classification"): ImageClassificationConf,
+    ("dataset", "base_sst"): SSTConf,
+    ("dataset", "base_snli"): SNLIConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
     ("task", "base_knn"): KNNConf,
+    ("task", "base_sst"): SSTTaskConf,
+    ("task", "base_nli"): NLITaskConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

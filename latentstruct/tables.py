@@ -24,7 +24,7 @@ import yaml
 __all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
-                  "steps", "best_epoch", "best_step", "error")
+                  "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
@@ -49,7 +49,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``), ``choices.<group>`` from
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
     ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
-    steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed"). Record fields win over
+    seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
+    Record fields win over
     same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an unreadable
     metrics.json counts as failed.
     """

@@ -92,10 +92,11 @@ def _check_same_run(saved: dict, current: dict, where: Path) -> None:
                          "use another run directory, or trainer.resume=false to start over")
 
 
-def build_model(cfg: DictConfig, dims: dict[str, int]) -> Task:
+def build_model(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
     """The task ``cfg.task`` names (classification: encoder → scorer → structure, estimator → decoder), built by its
-    class from the config and the sizes the data dictates (``latentstruct/tasks/base.py``: the interface)."""
-    return get_class(cfg.task._target_).from_config(cfg, dims)
+    class from the config, the sizes the data dictates and its extras (``latentstruct/tasks/base.py``: the
+    interface)."""
+    return get_class(cfg.task._target_).from_config(cfg, dims, extras or {})
 
 
 def _print_metrics(metrics: dict[str, float], header: str) -> None:
@@ -123,7 +124,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     env = environment(device)  # at the start: the code that runs is the code of this commit
     data = instantiate(cfg.dataset)
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
-    model = build_model(cfg, data.dims).to(device)
+    model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
     per_epoch = num_batches(data.size("train"), tc.batch_size, tc.drop_last)
@@ -209,6 +210,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         **env,
         "wall_seconds": time.perf_counter() - start,
         "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
+        "seconds_per_epoch": train_seconds / (step - first_step) * per_epoch if step > first_step else None,
         "steps": step,
         "selection": select,
     }

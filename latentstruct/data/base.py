@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -13,10 +14,12 @@ __all__ = ["TensorSplits", "iterate_batches", "num_batches"]
 @dataclass
 class TensorSplits:
     """``splits[name]`` is a dict of equally long tensors (e.g. ``x``, ``y``, ``z``); the ``dims`` tell the model
-    builder its sizes (``input_dim``, ``num_classes``, ``latent_dim``)."""
+    builder its sizes (``input_dim``, ``num_classes``, ``latent_dim``); ``extras`` hands it what is not a size but
+    comes with the data (the text datasets: the vocabulary and the pretrained embedding matrix)."""
 
     splits: dict[str, dict[str, torch.Tensor]]
     dims: dict[str, int] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def size(self, split: str) -> int:
         return len(next(iter(self.splits[split].values())))

@@ -98,6 +98,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import re
 import tempfile
 from collections import Counter
@@ -107,12 +108,15 @@ from typing import IO
 
 import torch
 
+from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_binary
 
 __all__ = [
     "SNLI_LABELS",
     "SST_BINARY_SIZES",
     "Vocab",
+    "snli_dataset",
+    "sst_dataset",
     "glove_cache",
     "load_snli",
     "load_sst",
@@ -516,3 +520,114 @@ def pad_batch(seqs: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.
         if seq:
             ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     return ids, lengths
+
+
+# --- datasets for train.py -----------------------------------------------------------------------------------------
+
+
+def _resolve(path: str, data_dir: str | Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path(data_dir) / p
+
+
+def _vocab_and_vectors(
+    train_tokens: list[list[str]], data_dir: str | Path, pretrained: str | None, cache_dir: str | Path
+) -> tuple[Vocab, dict]:
+    """The training vocabulary and, with ``pretrained``, its GloVe matrix (the ``extras`` of the splits)."""
+    vocab = Vocab.build(train_tokens)
+    extras: dict = {"vocab": vocab, "embeddings": None, "embedding_source": "random (trainable)"}
+    if pretrained:
+        path = _resolve(pretrained, data_dir)
+        if not path.is_file():
+            raise FileNotFoundError(f"embedding.pretrained={pretrained!r}: no file {path}")
+        matrix = glove_cache(path, vocab, cache_dir)
+        found = int((matrix.abs().sum(1) > 0).sum())
+        extras.update(embeddings=matrix, embedding_source=f"{path.name} ({found} of {len(vocab) - 2} words)")
+    return vocab, extras
+
+
+def _ids(token_lists: list[list[str]], vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 ids right-padded to the longest sequence (the task trims each batch to its own longest) and lengths."""
+    ids, lengths = pad_batch([vocab.encode(tokens) for tokens in token_lists])
+    return ids.to(torch.int32), lengths
+
+
+def _limit(examples: list, n: int | None) -> list:
+    """``n`` examples drawn without replacement by a fixed seed, in file order (the files can be sorted by label)."""
+    if n is None or n >= len(examples):
+        return examples
+    if n < 0:
+        raise ValueError(f"a subset size must be non-negative, got {n}")
+    return [examples[i] for i in sorted(random.Random(0).sample(range(len(examples)), n))]
+
+
+def sst_dataset(
+    data_dir: str,
+    folder: str = "sst",
+    binary: bool = True,
+    pretrained: str | None = None,
+    lowercase: bool = False,
+    cache_dir: str = ".cache/glove",
+    subset: int | None = None,
+    eval_subset: int | None = None,
+) -> TensorSplits:
+    """SST as :class:`~latentstruct.data.base.TensorSplits` for ``train.py``: each split ``{"x": int32 [N, n] word
+    ids, "lengths": [N], "y": [N]}``; ``dims`` = ``vocab_size``, ``num_classes``, ``embedding_dim`` (0 without a
+    pretrained file); ``extras`` = the :class:`Vocab` (built on the training sentences), the GloVe matrix or None, and
+    a description of the embeddings. ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test,
+    drawn by a fixed seed (smoke runs); the official sizes are checked before."""
+    raw = load_sst(_resolve(folder, data_dir), binary=binary)
+    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    if lowercase:
+        raw = {split: [([t.lower() for t in toks], y) for toks, y in data] for split, data in raw.items()}
+    vocab, extras = _vocab_and_vectors([toks for toks, _ in raw["train"]], data_dir, pretrained, cache_dir)
+    splits = {}
+    for split, data in raw.items():
+        ids, lengths = _ids([toks for toks, _ in data], vocab)
+        splits[split] = {"x": ids, "lengths": lengths, "y": torch.tensor([y for _, y in data], dtype=torch.long)}
+    matrix = extras["embeddings"]
+    dims = {"vocab_size": len(vocab), "num_classes": 2 if binary else 5,
+            "embedding_dim": 0 if matrix is None else matrix.shape[1]}
+    return TensorSplits(splits, dims=dims, extras=extras)
+
+
+def snli_dataset(
+    data_dir: str,
+    folder: str = "snli",
+    max_tokens: int = 100,
+    pretrained: str | None = None,
+    lowercase: bool = False,
+    cache_dir: str = ".cache/glove",
+    subset: int | None = None,
+    eval_subset: int | None = None,
+) -> TensorSplits:
+    """SNLI as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"premise", "hypothesis": int32 ids,
+    "premise_lengths", "hypothesis_lengths", "y"}``; ``dims`` and ``extras`` as for :func:`sst_dataset` (the vocabulary
+    is built on both sentences of the training pairs). Refuses to run without the training split: the shared data
+    folder holds dev and test only, and training on dev would not be the protocol."""
+    root = _resolve(folder, data_dir)
+    raw = load_snli(root, max_tokens=max_tokens)
+    missing = [split for split in ("train", "valid", "test") if split not in raw]
+    if missing:
+        raise FileNotFoundError(
+            f"SNLI split(s) {', '.join(missing)} not found in {root} (found: {', '.join(raw) or 'none'}). The full "
+            "SNLI 1.0 (snli_1.0_train.jsonl, 550k pairs) is needed to train; scripts/download_text_data.sh fetches it."
+        )
+    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    if lowercase:
+        raw = {split: [([t.lower() for t in a], [t.lower() for t in b], y) for a, b, y in data]
+               for split, data in raw.items()}
+    vocab, extras = _vocab_and_vectors(
+        [toks for a, b, _ in raw["train"] for toks in (a, b)], data_dir, pretrained, cache_dir
+    )
+    splits = {}
+    for split, data in raw.items():
+        premise, premise_lengths = _ids([a for a, _, _ in data], vocab)
+        hypothesis, hypothesis_lengths = _ids([b for _, b, _ in data], vocab)
+        splits[split] = {"premise": premise, "premise_lengths": premise_lengths, "hypothesis": hypothesis,
+                         "hypothesis_lengths": hypothesis_lengths,
+                         "y": torch.tensor([y for _, _, y in data], dtype=torch.long)}
+    matrix = extras["embeddings"]
+    dims = {"vocab_size": len(vocab), "num_classes": len(SNLI_LABELS),
+            "embedding_dim": 0 if matrix is None else matrix.shape[1]}
+    return TensorSplits(splits, dims=dims, extras=extras)

@@ -214,9 +214,12 @@ def sparsemap_active_set(
         if work.numel() == 0:
             break
         iterations += 1
-        m_w = mask[work]
-        a_w = alpha[work]
-        a_hat = _solve_kkt(gram[work], m_w, zs[work], 1.0)
+        # Work on the slots up to the highest one in use, plus one: a new vertex goes to the first free slot, so the
+        # slots past it are empty. (Drops leave holes that later vertices refill; the capacity grows by doubling.)
+        span = min(int(mask.any(0).nonzero().max()) + 2, mask.shape[1])
+        m_w = mask[work, :span]
+        a_w = alpha[work, :span]
+        a_hat = _solve_kkt(gram[work, :span, :span], m_w, zs[work, :span], 1.0)
 
         infeasible = ((a_hat < -_NEG_TOL) & m_w).any(-1)
         if infeasible.any():
@@ -234,21 +237,21 @@ def sparsemap_active_set(
             a_new = a + t[:, None] * (ah - a)
             a_new[torch.arange(idx.numel(), device=device), j] = 0.0
             a_new = a_new.clamp_min(0.0) * m
-            mask[idx] = m & (a_new > 0)
-            alpha[idx] = a_new / a_new.sum(-1, keepdim=True)
+            mask[idx, :span] = m & (a_new > 0)
+            alpha[idx, :span] = a_new / a_new.sum(-1, keepdim=True)
 
         feasible = ~infeasible
         if not feasible.any():
             continue
         idx = work[feasible]
         ah = a_hat[feasible].clamp_min(0.0) * m_w[feasible]
-        mask[idx] = m_w[feasible] & (ah > 0)
-        alpha[idx] = ah / ah.sum(-1, keepdim=True)
+        mask[idx, :span] = m_w[feasible] & (ah > 0)
+        alpha[idx, :span] = ah / ah.sum(-1, keepdim=True)
 
         # Most violated vertex: argmax_z <s - μ, z>; μ is optimal iff its gap is ≤ 0.
         # (While every example works, use the stored vertices as they are: gathering [batch, A, d] is not free.)
-        active_vertices = vertices if idx.numel() == batch else vertices[idx]
-        mu = torch.bmm(alpha[idx].unsqueeze(1), active_vertices).squeeze(1)
+        active_vertices = vertices[:, :span] if idx.numel() == batch else vertices[idx, :span]
+        mu = torch.bmm(alpha[idx, :span].unsqueeze(1), active_vertices).squeeze(1)
         resid = s[idx] - mu
         z_new = _map_flat(structure, resid, part_shape, _take(lengths, idx))
         g = (resid * (z_new - mu)).sum(-1)
@@ -259,21 +262,21 @@ def sparsemap_active_set(
         grow = ~converged
         if not grow.any():
             continue
-        inner = torch.bmm(active_vertices, z_new.unsqueeze(-1)).squeeze(-1)  # <z_i, z_new> for every slot i
+        inner = torch.bmm(active_vertices, z_new.unsqueeze(-1)).squeeze(-1)  # <z_i, z_new> for every slot i < span
         idx, z_new, inner = idx[grow], z_new[grow], inner[grow]
         # In exact arithmetic a vertex with positive gap is never already active (every active vertex has gap 0 at
         # the face optimum); if round-off says otherwise the method cannot progress: report it, do not loop.
         # 0/1 vectors are equal iff <z_i, z> = |z_i|² = |z|² (integers, exact in float64).
         size = z_new.sum(-1, keepdim=True)
-        same = (inner == size) & (torch.diagonal(gram[idx], dim1=-2, dim2=-1) == size)
-        duplicate = (same & mask[idx]).any(-1)
+        same = (inner == size) & (torch.diagonal(gram[idx, :span, :span], dim1=-2, dim2=-1) == size)
+        duplicate = (same & mask[idx, :span]).any(-1)
         stalled[idx[duplicate]] = True
         keep = ~duplicate
         idx, z_new, inner, size = idx[keep], z_new[keep], inner[keep], size[keep]
         if idx.numel() == 0:
             continue
-        free = ~mask[idx]
-        if not free.any(-1).all():
+        free = ~mask[idx, :span]
+        if not free.any(-1).all():  # only when span is the whole capacity
             # Double the capacity of every example (cheap relative to MAP; keeps the batch a single tensor).
             extra = mask.shape[1]
             vertices = torch.cat([vertices, vertices.new_zeros(batch, extra, d)], 1)
@@ -281,15 +284,16 @@ def sparsemap_active_set(
             alpha = torch.cat([alpha, alpha.new_zeros(batch, extra)], 1)
             zs = torch.cat([zs, zs.new_zeros(batch, extra)], 1)
             gram = torch.nn.functional.pad(gram, (0, extra, 0, extra))
-            inner = torch.nn.functional.pad(inner, (0, extra))  # the new slots hold zero vectors
-            free = ~mask[idx]
+            inner = torch.nn.functional.pad(inner, (0, 1))  # the next slot holds a zero vector
+            free = ~mask[idx, : inner.shape[1]]
+        width = inner.shape[1]  # every live slot lies below it
         slot = free.to(torch.int8).argmax(-1)  # the first free slot
         vertices[idx, slot] = z_new
         mask[idx, slot] = True
         alpha[idx, slot] = 0.0
         inner[torch.arange(idx.numel(), device=device), slot] = size.squeeze(-1)  # the slot now holds z_new
-        gram[idx, slot, :] = inner
-        gram[idx, :, slot] = inner
+        gram[idx, slot, :width] = inner
+        gram[idx, :width, slot] = inner
         zs[idx, slot] = (z_new * s[idx]).sum(-1)
 
     mu = torch.bmm(alpha.unsqueeze(1), vertices).squeeze(1)

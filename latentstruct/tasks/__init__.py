@@ -4,5 +4,6 @@ from latentstruct.tasks.base import Task
 from latentstruct.tasks.classification import LatentClassifier
 from latentstruct.tasks.knn import KNN
 from latentstruct.tasks.sorting import Sorting
+from latentstruct.tasks.text import LatentTreeNLI, LatentTreeSST
 
-__all__ = ["Task", "LatentClassifier", "Sorting", "KNN"]
+__all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI"]

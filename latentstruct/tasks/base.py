@@ -1,7 +1,7 @@
 """The task interface: everything ``train.py`` asks of a model, whatever the task.
 
 A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. ``train.py``
-builds it with ``<class>.from_config(cfg, dims)`` — the task knows which config groups it reads (the classifier:
+builds it with ``<class>.from_config(cfg, dims, extras)`` — the task knows which config groups it reads (the classifier:
 encoder, scorer, structure, estimator, decoder; sorting: structure and estimator) — and then only uses:
 
 * ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
@@ -28,8 +28,9 @@ class Task(nn.Module):
     """Base class of the tasks (module docstring: the interface ``train.py`` relies on)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, dims: dict[str, int]) -> Task:
-        """Build the task from the composed config ``cfg`` and the sizes the data dictates (``TensorSplits.dims``)."""
+    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
+        """Build the task from the composed config ``cfg``, the sizes the data dictates (``TensorSplits.dims``) and
+        what else comes with the data (``TensorSplits.extras``: a vocabulary, pretrained embeddings)."""
         raise NotImplementedError
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

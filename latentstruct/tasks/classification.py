@@ -34,7 +34,7 @@ class LatentClassifier(Task):
     (a decoder that ignores z, e.g. the linear baseline)."""
 
     @classmethod
-    def from_config(cls, cfg, dims: dict[str, int]) -> LatentClassifier:
+    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentClassifier:
         """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates
         (``input_dim``, ``latent_dim``, ``num_classes``); ``latent`` is the top-level config key."""
         encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])

@@ -123,7 +123,7 @@ class KNN(Task):
         self._updates = 0
 
     @classmethod
-    def from_config(cls, cfg, dims: dict[str, int]) -> KNN:
+    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> KNN:
         """Reads ``task`` and ``estimator``; channels and classes come from the data (an image dataset)."""
         if "channels" not in dims:
             raise ValueError("task=knn needs an image dataset (dataset=mnist, fashion_mnist or cifar10)")

@@ -131,7 +131,7 @@ class Sorting(Task):
         self.sigma = nn.Sequential(nn.Linear(num_items, 1), nn.Softplus()) if learn_sigma else None
 
     @classmethod
-    def from_config(cls, cfg, dims: dict[str, int]) -> Sorting:
+    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> Sorting:
         """Reads ``task``, ``structure`` and ``estimator``; d comes from the data (``dataset=sorting``)."""
         if "num_items" not in dims:
             raise ValueError("task=sorting needs a dataset of sequences to sort (dataset=sorting)")

@@ -1,0 +1,220 @@
+"""Text classification through latent dependency trees (seed 001 §7.2): SST sentiment and SNLI inference.
+
+**SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → one
+:class:`~latentstruct.models.text.BiLSTMEncoder` (``hidden`` in total, over time) → h. With ``latent=predicted`` the
+same h feeds :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose scores go through the estimator and the
+structure (a projective dependency tree) to z; the decoder reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j
+(:func:`~latentstruct.models.text.head_vectors`; the root symbol's vector is the scorer's learned ``root``) through
+an affine layer, a ReLU and attention pooling (:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the
+baseline: Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
+``estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code did.
+
+**SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; with ``latent=predicted``
+one :class:`~latentstruct.models.text.ArcScorer` on the word vectors scores each sentence's arcs, the estimator gives
+each its tree (by default non-projective, as the reference code), and every word is concatenated with its (weighted)
+head before :class:`~latentstruct.models.text.DecomposableAttention`; ``latent=none`` is decomposable attention alone
+(no intra-attention). Relaxed methods are fed their relaxation at evaluation (``eval_latent=relaxed``), as the authors'
+NLI code did.
+
+**The pulled-back loss** ``downstream(μ)`` (DESIGN.md §5) is the per-example cross-entropy of the decoder fed μ with
+everything upstream of the scores detached (the word vectors, the root vector); for SNLI the two trees are estimated
+one after the other, and the premise's closure holds the hypothesis' tree at its MAP (and vice versa; computed only
+when a closure is called), so that each closure is a function of one tree. The surrogate family (STE, SPIGOT*)
+trains on MAP trees, so there this is exactly the other sentence's training latent; for the sampling estimators
+that call the closure (SFE, direct) it stands in for the other sentence's sample.
+
+**Batches** hold int32 ids padded to the dataset's longest sentence; each batch is trimmed to its own longest.
+
+**Metrics**: ``acc`` (×100), ``loss`` and, for latent models, ``depth``: the average depth of the MAP trees
+(:func:`latentstruct.trees.depth`, 1 = flat; seed 001 Appendix B), over both sentences for SNLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from latentstruct.config import option_name
+from latentstruct.data.base import iterate_batches
+from latentstruct.models.text import (
+    ArcScorer,
+    BaselineSST,
+    BiLSTMEncoder,
+    DecomposableAttention,
+    Embedder,
+    SSTDecoder,
+    head_vectors,
+)
+from latentstruct.tasks.base import Task
+
+__all__ = ["LatentTreeSST", "LatentTreeNLI", "TextOutput", "tree_depths"]
+
+
+@dataclass
+class TextOutput:
+    logits: torch.Tensor  # [batch, num_classes]
+    loss: torch.Tensor  # scalar, batch mean
+    trees: list[tuple[torch.Tensor, torch.Tensor]]  # (MAP arcs [B, n+1, n+1], lengths) per sentence; [] unless eval
+
+
+def tree_depths(z: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Depth (arcs on the longest root-to-word path) of every 0/1 tree ``z`` ``[B, n+1, n+1]`` over ``lengths``
+    words, by pointer jumping on the head arrays: ``[B]`` float (what :func:`latentstruct.trees.depth` gives)."""
+    batch, n = z.shape[0], z.shape[-1] - 1
+    heads = torch.cat([z.new_zeros(batch, 1, dtype=torch.long), z[:, :, 1:].argmax(1)], dim=1)  # [B, n+1], 0 → 0
+    real = torch.arange(1, n + 1, device=z.device).view(1, -1) <= lengths.view(-1, 1)
+    node, level = heads[:, 1:], real.long()  # each word's distance to the root reached so far
+    for _ in range(n):
+        alive = (node != 0) & real
+        if not bool(alive.any()):
+            break
+        level = level + alive.long()
+        node = torch.gather(heads, 1, node)
+    return level.max(1).values.float()
+
+
+def _embedder(cfg, dims: dict[str, int], extras: dict) -> Embedder:
+    pretrained = extras.get("embeddings")
+    dim = pretrained.shape[1] if pretrained is not None else cfg.embedding.dim
+    return Embedder(dims["vocab_size"], dim, pretrained=pretrained, freeze=cfg.embedding.freeze)
+
+
+def _trim(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return ids[:, : int(lengths.max())].long()
+
+
+class _TreeTask(Task):
+    """What the two text tasks share: the latent source, the evaluation loop."""
+
+    def _latent(self, scores, lengths, downstream):
+        """The estimator's tree, and the MAP tree for the statistics (evaluation only)."""
+        z = self.estimator(scores, self.structure, lengths, downstream)
+        tree = None
+        if not self.training:
+            map_out = not self.estimator.relaxed or self.estimator.eval_latent == "map"  # z is the MAP tree
+            tree = z if map_out else self.structure.map(scores.detach(), lengths)
+        return z, tree
+
+    @torch.no_grad()
+    def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
+        was_training = self.training
+        self.eval()
+        correct, loss, count, depth_sum, trees = 0.0, 0.0, 0, 0.0, 0
+        for batch in iterate_batches(data, batch_size):
+            out = self(batch)
+            y = batch["y"]
+            correct += float((out.logits.argmax(-1) == y).sum())
+            loss += float(out.loss) * len(y)
+            count += len(y)
+            for z, lengths in out.trees:
+                depth_sum += float(tree_depths(z, lengths).sum())
+                trees += len(lengths)
+        self.train(was_training)
+        metrics = {"loss": loss / count, "acc": 100 * correct / count}
+        if trees:
+            metrics["depth"] = depth_sum / trees
+        return metrics
+
+
+class LatentTreeSST(_TreeTask):
+    """Sentiment classification through a latent tree, or the BiLSTM baseline (``latent=none``)."""
+
+    @classmethod
+    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeSST:
+        latent = option_name(cfg.latent)
+        if latent == "gold":
+            raise ValueError("SST has no gold latent trees: use latent=predicted or latent=none (the baseline)")
+        embedder = _embedder(cfg, dims, extras or {})
+        t = cfg.task
+        encoder = BiLSTMEncoder(embedder.out_dim, t.hidden, dropout=t.dropout)
+        if latent == "none":
+            return cls(embedder, encoder, BaselineSST(t.hidden, t.decoder_hidden, dims["num_classes"], t.dropout))
+        return cls(
+            embedder,
+            encoder,
+            SSTDecoder(t.hidden, t.decoder_hidden, dims["num_classes"], t.dropout),
+            scorer=ArcScorer(t.hidden, t.arc_hidden),
+            structure=instantiate(cfg.structure),
+            estimator=instantiate(cfg.estimator),
+        )
+
+    def __init__(self, embedder, encoder, decoder, scorer=None, structure=None, estimator=None):
+        super().__init__()
+        if (scorer is None) != isinstance(decoder, BaselineSST):
+            raise ValueError("the baseline decoder goes without a scorer, the tree decoder with one")
+        self.embedder, self.encoder, self.decoder = embedder, encoder, decoder
+        self.scorer, self.structure, self.estimator = scorer, structure, estimator
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> TextOutput:
+        lengths, y = batch["lengths"], batch["y"]
+        h = self.encoder(self.embedder(_trim(batch["x"], lengths)), lengths)
+        if self.scorer is None:
+            logits = self.decoder(h, lengths)
+            return TextOutput(logits, F.cross_entropy(logits, y), [])
+        root = self.scorer.root
+        scores = self.scorer(h, lengths)
+        hd, rootd = h.detach(), root.detach()
+
+        def downstream(mu):
+            return F.cross_entropy(self.decoder(hd, head_vectors(mu, hd, rootd), lengths), y, reduction="none")
+
+        z, tree = self._latent(scores, lengths, downstream)
+        logits = self.decoder(h, head_vectors(z, h, root), lengths)
+        return TextOutput(logits, F.cross_entropy(logits, y), [] if tree is None else [(tree, lengths)])
+
+
+class LatentTreeNLI(_TreeTask):
+    """Natural language inference: decomposable attention over words concatenated with their latent heads, or
+    decomposable attention alone (``latent=none``)."""
+
+    @classmethod
+    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeNLI:
+        latent = option_name(cfg.latent)
+        if latent == "gold":
+            raise ValueError("SNLI has no gold latent trees: use latent=predicted or latent=none (the baseline)")
+        embedder = _embedder(cfg, dims, extras or {})
+        t, d = cfg.task, embedder.out_dim
+        tree = latent == "predicted"
+        attention = DecomposableAttention(2 * d if tree else d, t.hidden, dims["num_classes"], t.dropout,
+                                          t.aggregate_layers)
+        if not tree:
+            return cls(embedder, attention)
+        return cls(embedder, attention, scorer=ArcScorer(d, t.arc_hidden), structure=instantiate(cfg.structure),
+                   estimator=instantiate(cfg.estimator))
+
+    def __init__(self, embedder, attention, scorer=None, structure=None, estimator=None):
+        super().__init__()
+        self.embedder, self.attention = embedder, attention
+        self.scorer, self.structure, self.estimator = scorer, structure, estimator
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> TextOutput:
+        la, lb, y = batch["premise_lengths"], batch["hypothesis_lengths"], batch["y"]
+        a = self.embedder(_trim(batch["premise"], la))
+        b = self.embedder(_trim(batch["hypothesis"], lb))
+        if self.scorer is None:
+            logits = self.attention(a, b, la, lb)
+            return TextOutput(logits, F.cross_entropy(logits, y), [])
+        root = self.scorer.root
+        sa, sb = self.scorer(a, la), self.scorer(b, lb)
+        ad, bd, rootd = a.detach(), b.detach(), root.detach()
+        held: dict[str, torch.Tensor] = {}  # the other sentence's MAP head vectors, computed when first needed
+
+        def map_heads(name, scores, lengths, x):
+            if name not in held:
+                with torch.no_grad():
+                    held[name] = head_vectors(self.structure.map(scores.detach(), lengths), x, rootd)
+            return held[name]
+
+        def loss_with(heads_a, heads_b):
+            logits = self.attention(torch.cat([ad, heads_a], -1), torch.cat([bd, heads_b], -1), la, lb)
+            return F.cross_entropy(logits, y, reduction="none")
+
+        za, tree_a = self._latent(sa, la, lambda mu: loss_with(head_vectors(mu, ad, rootd), map_heads("b", sb, lb, bd)))
+        zb, tree_b = self._latent(sb, lb, lambda mu: loss_with(map_heads("a", sa, la, ad), head_vectors(mu, bd, rootd)))
+        logits = self.attention(torch.cat([a, head_vectors(za, a, root)], -1),
+                                torch.cat([b, head_vectors(zb, b, root)], -1), la, lb)
+        trees = [] if tree_a is None else [(tree_a, la), (tree_b, lb)]
+        return TextOutput(logits, F.cross_entropy(logits, y), trees)
