@@ -15,6 +15,12 @@ SORT_SEEDS ?= range(301,311)
 # KNN_ARGS='trainer.max_steps=150 trainer.eval_every=150' (the table's provenance lists the steps that ran).
 KNN_DATASET ?= mnist
 KNN_ARGS ?=
+# Seeds and extra overrides of the SST / SNLI tables (Table 3 of seed 001), e.g. a reduced run:
+# SST_SEEDS=301 SST_ARGS='trainer.max_epochs=2'; the embeddings: SST_ARGS='embedding.pretrained=<GloVe file>'.
+SST_SEEDS ?= 301,302,303
+SST_ARGS ?=
+SNLI_SEEDS ?= 301,302,303
+SNLI_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -25,7 +31,8 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
-	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn bench-structures clean
+	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-spigot-sst table-spigot-snli \
+	bench-structures clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -60,6 +67,16 @@ spigot-inner-steps: install ## Figure 3: k in {1,5,10} inner steps x eta grid, b
 	$(BIN)/python -m latentstruct.train +sweep=spigot_inner_steps trainer.seed=$(INNER_SEEDS) $(SWEEP)
 	$(BIN)/python -m latentstruct.figures inner-steps --runs $(RUNS)/spigot_inner_steps \
 		--out results/spigot/figure3_inner_steps.png
+
+table-spigot-sst: install ## seed 001 Table 3, SST: 9 methods x SST_SEEDS -> results/spigot/table3_sst.md (+ _time.md)
+	$(BIN)/python -m latentstruct.train +sweep=spigot_sst 'trainer.seed=$(SST_SEEDS)' $(SST_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst.yaml --runs $(RUNS)/spigot_sst
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst_time.yaml --runs $(RUNS)/spigot_sst
+
+table-spigot-snli: install ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> results/spigot/table3_snli.md (+ _time.md)
+	$(BIN)/python -m latentstruct.train +sweep=spigot_snli 'trainer.seed=$(SNLI_SEEDS)' $(SNLI_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli.yaml --runs $(RUNS)/spigot_snli
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli_time.yaml --runs $(RUNS)/spigot_snli
 
 table-direct-sorting: direct-sorting direct-sorting-time ## seed 002 sorting numbers: accuracy by d and time per step -> results/direct/
 
