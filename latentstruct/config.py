@@ -116,7 +116,8 @@ class _TextDatasetConf:
 class SSTConf(_TextDatasetConf):
     _target_: str = "latentstruct.data.text.sst_dataset"
     folder: str = _help("the SST folder (train/dev/test.txt[.gz] PTB trees), relative to data_dir", "sst")
-    binary: bool = _help("binary sentiment (neutral dropped; sizes 6920/872/1821 checked) or 5 classes", True)
+    binary: bool = _help("binary sentiment (neutral dropped) or 5 classes", True)
+    check_sizes: bool = _help("refuse binary files whose sizes are not the official 6920 / 872 / 1821", True)
 
 
 @dataclass
@@ -208,12 +209,18 @@ class CategoricalConf:
 class ProjectiveDepTreeConf:
     _target_: str = "latentstruct.structures.ProjectiveDepTree"
     multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
+    sparsemap_max_iter: int | None = _help(
+        "SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n and use the iterate "
+        "(the seed 001 authors ran lp-sparsemap with 50)", None)
 
 
 @dataclass
 class NonProjectiveDepTreeConf:
     _target_: str = "latentstruct.structures.NonProjectiveDepTree"
     multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
+    sparsemap_max_iter: int | None = _help(
+        "SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n and use the iterate "
+        "(the seed 001 authors ran lp-sparsemap with 50)", None)
 
 
 @dataclass

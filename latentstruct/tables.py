@@ -183,8 +183,16 @@ def _fmt(x: float, digits: int = 2) -> str:
 
 
 def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
+    """:func:`provenance`, plus a line per ``provenance_keys`` entry (``{flat config key: label}``) giving the values
+    the runs used (e.g. which word embeddings), ``null`` for an unset one."""
     used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
-    return provenance(used, spec.get("command", "python -m latentstruct.tables"))
+    lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
+    done = used[used["completed"]] if len(used) else used
+    for key, label in (spec.get("provenance_keys") or {}).items():
+        column = done[key] if key in done else pd.Series(dtype=object)
+        found = sorted({"null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in column})
+        lines.insert(-2, f"- {label} (`{key}`): {', '.join(found) or '—'}")
+    return lines
 
 
 def provenance(used: pd.DataFrame, command: str) -> list[str]:

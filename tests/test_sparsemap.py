@@ -299,3 +299,33 @@ def test_cuda_matches_cpu():
         atol=1e-9,
         rtol=0,
     )
+
+
+def test_a_truncated_active_set_returns_a_feasible_iterate_and_its_face_jacobian():
+    """sparsemap_max_iter: stop after a few iterations (the seed 001 authors' lp-sparsemap setting) and use the
+    iterate: a point of the polytope (every word has head weights summing to 1), whose gap is still open."""
+    from latentstruct.structures import ProjectiveDepTree
+    from latentstruct.structures.sparsemap import SparseMAPConvergenceError, sparsemap_active_set
+
+    torch.manual_seed(0)
+    scores = 0.05 * torch.randn(3, 9, 9, dtype=torch.float64)
+    lengths = torch.tensor([8, 5, 8])
+    with pytest.raises(SparseMAPConvergenceError):
+        sparsemap_active_set(ProjectiveDepTree(), scores, lengths, max_iter=5)
+    sol = sparsemap_active_set(ProjectiveDepTree(), scores, lengths, max_iter=5, strict=False)
+    assert sol.iterations == 5 and (sol.gap > 1e-6).any()
+    torch.testing.assert_close(sol.weights.sum(-1), torch.ones(3, dtype=torch.float64))
+    exact = ProjectiveDepTree().sparsemap(scores, lengths)
+    tree = ProjectiveDepTree(sparsemap_max_iter=5)
+    s = scores.clone().requires_grad_(True)
+    mu = tree.sparsemap(s, lengths)
+    heads = mu[:, :, 1:].sum(1)  # each real word's head weights sum to 1
+    torch.testing.assert_close(heads[0], torch.ones(8, dtype=torch.float64))
+    assert not torch.allclose(mu.detach(), exact)
+    # the truncated objective is worse than the exact projection's, but it is a feasible point
+    dist = lambda m: ((m - scores) ** 2).sum()  # noqa: E731
+    assert dist(mu.detach()) >= dist(exact) - 1e-9
+    (mu * torch.randn_like(mu)).sum().backward()
+    assert torch.isfinite(s.grad).all() and s.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="sparsemap_max_iter"):
+        ProjectiveDepTree(sparsemap_max_iter=0)

@@ -565,6 +565,7 @@ def sst_dataset(
     data_dir: str,
     folder: str = "sst",
     binary: bool = True,
+    check_sizes: bool = True,
     pretrained: str | None = None,
     lowercase: bool = False,
     cache_dir: str = ".cache/glove",
@@ -575,8 +576,8 @@ def sst_dataset(
     ids, "lengths": [N], "y": [N]}``; ``dims`` = ``vocab_size``, ``num_classes``, ``embedding_dim`` (0 without a
     pretrained file); ``extras`` = the :class:`Vocab` (built on the training sentences), the GloVe matrix or None, and
     a description of the embeddings. ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test,
-    drawn by a fixed seed (smoke runs); the official sizes are checked before."""
-    raw = load_sst(_resolve(folder, data_dir), binary=binary)
+    drawn by a fixed seed (smoke runs); the official sizes are checked before (``check_sizes``, binary task)."""
+    raw = load_sst(_resolve(folder, data_dir), binary=binary, check_sizes=check_sizes)
     raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
     if lowercase:
         raw = {split: [([t.lower() for t in toks], y) for toks, y in data] for split, data in raw.items()}

@@ -25,8 +25,13 @@ class Structure:
     """Base class of every latent structure. Subclasses implement ``map``, ``log_partition`` and ``enumerate``;
     ``marginals`` defaults to the gradient of the log-partition, ``sample`` to perturb-and-MAP.
 
-    Structures are stateless: they hold only their combinatorial hyper-parameters (e.g. ``multiroot``).
+    Structures are stateless: they hold only their combinatorial hyper-parameters (e.g. ``multiroot``) and, for the
+    generic SparseMAP solver, ``sparsemap_max_iter``: None (the default) solves to the duality-gap tolerance and raises
+    if it cannot; an integer stops the active set after that many iterations and uses its iterate (a truncated,
+    inexact projection: what the authors of seed 001 ran, lp-sparsemap with ``max_inner_iter=50``).
     """
+
+    sparsemap_max_iter: int | None = None
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """argmax_{z in Z} <s, z>: a 0/1 tensor shaped like ``scores``, without gradient."""
@@ -59,7 +64,8 @@ class Structure:
         """
         from latentstruct.structures.sparsemap import sparsemap  # the solver module imports nothing from here
 
-        return sparsemap(self, scores, lengths)
+        budget = self.sparsemap_max_iter
+        return sparsemap(self, scores, lengths, max_iter=budget, strict=budget is None)
 
     def sample(
         self,

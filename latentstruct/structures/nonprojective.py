@@ -124,8 +124,11 @@ class NonProjectiveDepTree(Structure):
     accuracy: see the module docstring.
     """
 
-    def __init__(self, multiroot: bool = True):
+    def __init__(self, multiroot: bool = True, sparsemap_max_iter: int | None = None):
         self.multiroot = bool(multiroot)
+        if sparsemap_max_iter is not None and sparsemap_max_iter < 1:
+            raise ValueError(f"sparsemap_max_iter must be None or >= 1, got {sparsemap_max_iter}")
+        self.sparsemap_max_iter = sparsemap_max_iter
 
     # ------------------------------------------------------------------------------------------------- interface
 

@@ -141,6 +141,7 @@ def sparsemap_active_set(
     *,
     max_iter: int | None = None,
     tol: float = 1e-6,
+    strict: bool = True,
 ) -> SparseMAPSolution:
     r"""Solve SparseMAP, argmin_{μ ∈ conv(Z)} ½||μ - s||², by the batched active-set method; no gradient.
 
@@ -159,12 +160,16 @@ def sparsemap_active_set(
             ẑ = MAP(s) (the size of a vertex's score, so the criterion is invariant to rescaling s and to the
             number of parts per vertex). ½||μ - μ*||² ≤ gap.
 
+        strict: raise when an example has not converged; with ``strict=False`` return the last iterate instead (a
+            truncated active set: a point of the polytope, the convex combination of its active vertices, whose
+            remaining gap is in ``gap``).
+
     Returns:
         :class:`SparseMAPSolution`.
 
     Raises:
-        SparseMAPConvergenceError: if an example has not reached the tolerance after ``max_iter`` iterations (or
-            stalled: MAP returned a vertex already active while the gap exceeds the tolerance).
+        SparseMAPConvergenceError: (``strict`` only) if an example has not reached the tolerance after ``max_iter``
+            iterations (or stalled: MAP returned a vertex already active while the gap exceeds the tolerance).
     """
     if max_iter is None:
         max_iter = 100 + 2 * math.prod(scores.shape[1:])
@@ -307,7 +312,7 @@ def sparsemap_active_set(
         gap[idx] = g
         done[idx[g <= threshold[idx]]] = True
         failed = ~done
-        if failed.any():
+        if strict and failed.any():
             n_stalled = int((failed & stalled).sum())
             worst = (gap / scale)[failed].max().item()
             raise SparseMAPConvergenceError(
@@ -349,8 +354,8 @@ class _SparseMAPFunction(torch.autograd.Function):
     """μ = SparseMAP(s) with the sparse active-set backward J g (module docstring)."""
 
     @staticmethod
-    def forward(ctx, scores, structure, lengths, max_iter, tol):
-        sol = sparsemap_active_set(structure, scores, lengths, max_iter=max_iter, tol=tol)
+    def forward(ctx, scores, structure, lengths, max_iter, tol, strict):
+        sol = sparsemap_active_set(structure, scores, lengths, max_iter=max_iter, tol=tol, strict=strict)
         ctx.save_for_backward(sol.vertices, sol.weights > 0)
         return sol.mu
 
@@ -362,7 +367,7 @@ class _SparseMAPFunction(torch.autograd.Function):
         z = vertices.reshape(batch, vertices.shape[1], -1).to(_WORK_DTYPE)
         g = grad_mu.reshape(batch, -1).to(_WORK_DTYPE)
         grad_scores = _active_face_jvp(z, support, g)
-        return grad_scores.to(grad_mu.dtype).reshape(grad_mu.shape), None, None, None, None
+        return grad_scores.to(grad_mu.dtype).reshape(grad_mu.shape), None, None, None, None, None
 
 
 def sparsemap(
@@ -372,6 +377,7 @@ def sparsemap(
     *,
     max_iter: int | None = None,
     tol: float = 1e-6,
+    strict: bool = True,
 ) -> torch.Tensor:
     r"""SparseMAP for any structure with a MAP oracle: argmin_{μ ∈ conv(Z)} ½||μ - s||² (Niculae et al., 2018).
 
@@ -379,7 +385,8 @@ def sparsemap(
         structure: provides ``map(scores, lengths)``; nothing else is called.
         scores: ``[batch, *part_shape]`` part scores s, float32 or float64, CPU or CUDA; must be finite.
         lengths: ``[batch]`` or None, forwarded to ``map``.
-        max_iter, tol: see :func:`sparsemap_active_set`.
+        max_iter, tol, strict: see :func:`sparsemap_active_set`. With ``strict=False`` the backward uses the last
+            iterate's active set (the Jacobian of the projection onto that face).
 
     Returns:
         μ ``[batch, *part_shape]``, same dtype and device as ``scores``, differentiable w.r.t. ``scores``: the
@@ -387,6 +394,6 @@ def sparsemap(
         symmetric projector, never materialised).
 
     Raises:
-        SparseMAPConvergenceError: the tolerance was not met within ``max_iter`` iterations.
+        SparseMAPConvergenceError: (``strict`` only) the tolerance was not met within ``max_iter`` iterations.
     """
-    return _SparseMAPFunction.apply(scores, structure, lengths, max_iter, tol)
+    return _SparseMAPFunction.apply(scores, structure, lengths, max_iter, tol, strict)

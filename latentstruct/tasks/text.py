@@ -87,7 +87,23 @@ def _trim(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 class _TreeTask(Task):
-    """What the two text tasks share: the latent source, the evaluation loop."""
+    """What the two text tasks share: the latent source, the evaluation loop, parsing a sentence."""
+
+    def arc_scores(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Arc scores ``[B, n+1, n+1]`` of word ids ``[B, n]`` (what the structure sees)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def parse(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The MAP trees ``[B, n+1, n+1]`` of word ids ``[B, n]``, in evaluation mode (dropout off)."""
+        if self.scorer is None:
+            raise ValueError("this model has no latent tree (latent=none, the baseline)")
+        was_training = self.training
+        self.eval()
+        try:
+            return self.structure.map(self.arc_scores(_trim(ids, lengths), lengths), lengths)
+        finally:
+            self.train(was_training)
 
     def _latent(self, scores, lengths, downstream):
         """The estimator's tree, and the MAP tree for the statistics (evaluation only)."""
@@ -148,6 +164,9 @@ class LatentTreeSST(_TreeTask):
         self.embedder, self.encoder, self.decoder = embedder, encoder, decoder
         self.scorer, self.structure, self.estimator = scorer, structure, estimator
 
+    def arc_scores(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.scorer(self.encoder(self.embedder(ids), lengths), lengths)
+
     def forward(self, batch: dict[str, torch.Tensor]) -> TextOutput:
         lengths, y = batch["lengths"], batch["y"]
         h = self.encoder(self.embedder(_trim(batch["x"], lengths)), lengths)
@@ -189,6 +208,9 @@ class LatentTreeNLI(_TreeTask):
         super().__init__()
         self.embedder, self.attention = embedder, attention
         self.scorer, self.structure, self.estimator = scorer, structure, estimator
+
+    def arc_scores(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.scorer(self.embedder(ids), lengths)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> TextOutput:
         la, lb, y = batch["premise_lengths"], batch["hypothesis_lengths"], batch["y"]
