@@ -74,9 +74,12 @@ table-spigot-sst: install ## seed 001 Table 3, SST: 9 methods x SST_SEEDS -> res
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst_time.yaml --runs $(RUNS)/spigot_sst
 
 table-spigot-snli: install ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> results/spigot/table3_snli.md (+ _time.md)
-	$(BIN)/python -m latentstruct.train +sweep=spigot_snli 'trainer.seed=$(SNLI_SEEDS)' $(SNLI_ARGS) $(SWEEP)
-	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli.yaml --runs $(RUNS)/spigot_snli
-	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli_time.yaml --runs $(RUNS)/spigot_snli
+	@# Failed runs (e.g. without the SNLI training split) still make a table, which lists their errors.
+	$(BIN)/python -m latentstruct.train +sweep=spigot_snli 'trainer.seed=$(SNLI_SEEDS)' $(SNLI_ARGS) $(SWEEP) \
+		|| echo "*** some SNLI runs failed: see the table's list of errors"
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli.yaml --runs $(RUNS)/spigot_snli --allow-empty
+	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli_time.yaml --runs $(RUNS)/spigot_snli \
+		--allow-empty
 
 table-direct-sorting: direct-sorting direct-sorting-time ## seed 002 sorting numbers: accuracy by d and time per step -> results/direct/
 

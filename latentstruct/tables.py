@@ -270,6 +270,12 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     if len(missing):
         lines += ["", "Cells without completed runs: "
                   + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
+    used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+    failed = used[~used["completed"]].drop_duplicates("run_dir") if len(used) else used
+    if len(failed):
+        errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
+        lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
+        lines += [f"- {count} × {error[:400]}" for error, count in errors.items()]
     if spec.get("notes"):
         lines += ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]]
     out_path = Path(out_path)
@@ -287,10 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="table spec YAML, e.g. experiments/spigot/table2.yaml")
     parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
     parser.add_argument("--out", help="Markdown file to write (default: the spec's `output`)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="write the table even when every matching run failed (it then lists their errors)")
     args = parser.parse_args(argv)
     spec, runs = load_spec(args.spec), load_runs(args.runs)
     df = build_table(spec, runs)
-    if df["n_runs"].sum() == 0:
+    if df["n_runs"].sum() == 0 and not (args.allow_empty and df["n_failed"].sum()):
         sys.exit(f"error: no completed run under {args.runs} matches any cell of {args.spec} "
                  f"({len(runs)} run record(s) found)")
     out = args.out or spec.get("output") or f"results/{spec['paper']}/{spec['table']}.md"
