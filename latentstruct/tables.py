@@ -200,13 +200,13 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     used = used.drop_duplicates("run_dir") if len(used) else used
     done = used[used["completed"]] if len(used) else used
 
-    def values(col):
-        return _distinct(done.get(col, pd.Series(dtype=object))) or "—"
+    def values(col, runs=done):
+        return _distinct(runs.get(col, pd.Series(dtype=object))) or "—"
 
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return [f"- git commit(s): {values('git_commit')}", f"- hardware: {values('hardware')}",
-            f"- torch: {values('torch')}", f"- seeds: {values('seed')}",
+    return [f"- git commit(s): {values('git_commit', used)}", f"- hardware: {values('hardware', used)}",
+            f"- torch: {values('torch', used)}", f"- seeds: {values('seed')}",
             f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
             f"- training steps per run: {values('steps')}",
             f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
@@ -275,7 +275,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     if len(failed):
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
         lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
-        lines += [f"- {count} × {error[:400]}" for error, count in errors.items()]
+        lines += [f"- {count} × {' '.join(error.split())[:400]}" for error, count in errors.items()]
     if spec.get("notes"):
         lines += ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]]
     out_path = Path(out_path)
