@@ -248,7 +248,7 @@ def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
 
 
-@pytest.mark.parametrize("method", ["baseline", "sparsemap", "spigot_eg", "perturb_and_map"])
+@pytest.mark.parametrize("method", ["baseline", "marginals", "spigot_eg", "perturb_and_map"])
 def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     write_snli(tmp_path / "data" / "snli")
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
@@ -284,7 +284,7 @@ def test_show_trees_refuses_the_baseline(tmp_path):
 def _real_data() -> Path | None:
     for root in (os.environ.get("LATENTSTRUCT_DATA"), str(ROOT.parent / "shared" / "data")):
         if root and (Path(root) / "sst").is_dir():
-            return Path(root)
+            return Path(root).resolve()
     return None
 
 
