@@ -19,6 +19,8 @@ KNN_ARGS ?=
 # SST_SEEDS=301 SST_ARGS='trainer.max_epochs=2'; the embeddings: SST_ARGS='embedding.pretrained=<GloVe file>'.
 SST_SEEDS ?= 301,302,303
 SST_ARGS ?=
+# The sentence of seed 001 Figure 6, drawn with each method's seed-301 model into results/spigot/trees/.
+SST_TREE ?= A taut, intelligent psychological drama.
 SNLI_SEEDS ?= 301,302,303
 SNLI_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
@@ -72,6 +74,12 @@ table-spigot-sst: install ## seed 001 Table 3, SST: 9 methods x SST_SEEDS -> res
 	$(BIN)/python -m latentstruct.train +sweep=spigot_sst 'trainer.seed=$(SST_SEEDS)' $(SST_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst.yaml --runs $(RUNS)/spigot_sst
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst_time.yaml --runs $(RUNS)/spigot_sst
+	mkdir -p results/spigot/trees
+	for m in marginals sparsemap perturb_and_map ste_s ste_i spigot spigot_ce spigot_eg; do \
+		run=$$(ls -d "$(RUNS)/spigot_sst/+experiment=sst/$$m,"*trainer.seed=301 2>/dev/null | head -1); \
+		[ -z "$$run" ] || { echo "run: $$run"; $(BIN)/python -m latentstruct.show_trees "$$run" "$(SST_TREE)" \
+			--out results/spigot/trees/$$m.png; } > results/spigot/trees/$$m.txt; \
+	done
 
 table-spigot-snli: install ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> results/spigot/table3_snli.md (+ _time.md)
 	@# Failed runs (e.g. without the SNLI training split) still make a table, which lists their errors.

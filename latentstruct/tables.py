@@ -50,9 +50,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
     ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
     seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
-    Record fields win over
-    same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an unreadable
-    metrics.json counts as failed.
+    Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
+    unreadable metrics.json counts as failed.
     """
     rows = []
     for metrics_path in sorted(Path(root).rglob("metrics.json")):
