@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 from test_images import write_cifar, write_mnist
+from test_text_tasks import write_snli, write_sst
 
 import latentstruct.train as train_module
 from latentstruct.data.images import DATASETS
@@ -47,8 +48,11 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     write_mnist(tmp_path / "mnist", n_train=12, n_test=4)
     write_mnist(tmp_path / "fashion_mnist", n_train=12, n_test=4)
     write_cifar(tmp_path / "cifar10" / "cifar-10-batches-py", n_per_batch=3)
+    write_sst(tmp_path / "sst")  # and the text datasets from generated files in the official formats
+    write_snli(tmp_path / "snli")
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
+        tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []
         cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
