@@ -1,0 +1,454 @@
+"""ListOps (Nangia & Bowman, 2018): nested list operations on digits, with gold binary trees, a generator and splits.
+
+Format
+------
+* **File:** one example per line, ``label<TAB>expression``, plain or compressed (opened through
+  :func:`~latentstruct.data.files.open_binary`, decompressed by magic bytes). Blank lines are skipped; a malformed line
+  raises ``ValueError`` naming ``file:line``. The official test file is ``test_d20s.tsv`` (10,000 expressions,
+  operator nesting ≤ 19, labels 0-9 counted 1127 / 1038 / 967 / 978 / 991 / 969 / 895 / 930 / 964 / 1141).
+* **Expression:** space-separated tokens. ``[MIN``, ``[MAX``, ``[MED``, ``[SM`` open an operator, ``]`` closes it,
+  ``0``-``9`` are values; ``(`` and ``)`` only encode a binarisation and are ignored by :func:`evaluate`. An operator
+  with arguments a1..ak is written LEFT-branching, ``( ( ... ( ( [OP a1 ) a2 ) ... ak ) ] )`` (k + 1 groups), e.g.
+  ``( ( ( ( ( [SM 6 ) 5 ) 9 ) 0 ) ] )``; a bare digit (``7``) is a whole expression too. :func:`serialize` writes
+  exactly this form: re-serialising every parsed test-file expression reproduces its tokens.
+* **Semantics:** MIN, MAX; MED = ``int(statistics.median(args))`` (the mean of the two middle values for an even
+  count, truncated: MED 1 2 → 1, MED 3 4 5 6 → 4); SM = sum mod 10.
+
+Trees
+-----
+:func:`leaves` drops the brackets: the model's input is the sequence of operators, digits and ``]``. :func:`gold_tree`
+turns the brackets into a 0/1 ``[n, n]`` matrix in the layout of
+:class:`~latentstruct.structures.BinaryTree` (``z[i, j]`` = 1 for a constituent over leaves i..j, i < j; diagonal and
+lower triangle 0); every group must have exactly two children (a leaf or a group), so the result is a full binary tree
+with n - 1 constituents including (0, n - 1) when n ≥ 2 — true of every line of the official test file.
+:func:`tree_f1` is unlabelled bracket F1 over the non-trivial constituents (width ≥ 2, without the whole span
+(0, n - 1), which every tree contains), as in Williams et al. (2018) and Nangia & Bowman (2018); :func:`tree_depth` is
+the largest number of constituents over a leaf.
+
+Generation
+----------
+:func:`generate` follows the published recipe, written from its description: a node is a leaf (a uniform digit) with
+probability ``leaf_prob`` and otherwise an operator (uniform over the four) with a uniform number of arguments in
+``min_args..max_args``, each argument drawn the same way; the root is at depth 1 and a node at depth ``max_depth`` is
+always a leaf, so operators nest at most ``max_depth - 1`` deep (the test file, "d20", has nesting exactly ≤ 19).
+
+* ``leaf_prob`` defaults to **0.75**: in the test file 25.2 % of the arguments are operators, and a leaf probability of
+  0.25 would make the tree supercritical (3.5 × 0.75 ≈ 2.6 expected operator children per operator, i.e. expressions
+  of astronomical size at depth 20), while 0.75 gives 0.875 and the test file's sizes (median 16 leaves).
+* The root is drawn like any node (it may be a bare digit), as the test file's single bare-digit line suggests; since
+  expressions are unique, at most 10 bare digits can ever be produced.
+* Expressions are unique (by their token string) and never one of ``exclude``; the output is deterministic given the
+  seed (``random.Random(seed)``).
+
+Splits (:func:`listops_dataset`)
+--------------------------------
+test = the official ``<data_dir>/<folder>/test_d20s.tsv[.gz]``; train + valid = ``generate(n_train + n_valid, seed,
+exclude=test expressions)``, valid = the first ``n_valid`` of a seeded shuffle, train = the rest with at most
+``max_train_tokens`` leaves (130, Havrylov et al., 2019). Fixed vocabulary :data:`LISTOPS_VOCAB` (``<pad>`` = 0, no
+unknown token). Gold trees are stored compactly as ``spans`` (the n - 1 constituents, sorted, padded with -1) and
+rebuilt per batch with :func:`spans_to_trees`; full ``[N, 130, 130]`` matrices would need ~1.5 GB for 90k examples.
+
+References: N. Nangia, S. Bowman (2018), "ListOps: A diagnostic dataset for latent tree learning", NAACL SRW.
+A. Williams, A. Drozdov, S. Bowman (2018), "Do latent tree learning models identify meaningful structure in
+sentences?", TACL. S. Havrylov, G. Kruszewski, A. Joulin (2019), "Cooperative learning of disjoint syntax and
+semantics", NAACL.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from latentstruct.data.base import TensorSplits
+from latentstruct.data.files import first_file
+from latentstruct.data.text import _open_text, pad_batch
+
+__all__ = [
+    "LISTOPS_VOCAB",
+    "OPERATORS",
+    "check_labels",
+    "evaluate",
+    "generate",
+    "gold_tree",
+    "leaves",
+    "left_branching",
+    "listops_dataset",
+    "parse_expression",
+    "read_listops",
+    "right_branching",
+    "serialize",
+    "spans_to_trees",
+    "tree_depth",
+    "tree_f1",
+    "tree_spans",
+]
+
+OPERATORS: tuple[str, ...] = ("[MIN", "[MAX", "[MED", "[SM")
+_CLOSE = "]"
+_DIGITS = tuple(str(d) for d in range(10))
+
+#: the fixed vocabulary: ``<pad>`` = 0, the operators, ``]``, the digits 0-9
+LISTOPS_VOCAB: tuple[str, ...] = ("<pad>", *OPERATORS, _CLOSE, *_DIGITS)
+
+#: an expression: a digit, or ``(operator token, [arguments])``
+Expr = int | tuple[str, list["Expr"]]
+
+
+def _apply(op: str, args: list[int]) -> int:
+    if op == "[MIN":
+        return min(args)
+    if op == "[MAX":
+        return max(args)
+    if op == "[MED":
+        return int(statistics.median(args))
+    return sum(args) % 10
+
+
+def _show(tokens: Sequence[str]) -> str:
+    text = " ".join(tokens)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- evaluation and parsing ----------------------------------------------------------------------------------------
+
+
+def parse_expression(tokens: Sequence[str]) -> Expr:
+    """The expression tree of ``tokens`` (brackets ignored): a digit, or ``(op, [args])``. Raises ValueError on an
+    unknown token, a ``]`` without operator, an operator without arguments or without ``]``, or not exactly one
+    top-level expression."""
+    stack: list[tuple[str, list[Expr]]] = []
+    top: list[Expr] = []
+    for tok in tokens:
+        if tok in ("(", ")"):
+            continue
+        if tok in OPERATORS:
+            stack.append((tok, []))
+        elif tok == _CLOSE:
+            if not stack:
+                raise ValueError(f"']' without an open operator in {_show(tokens)!r}")
+            node = stack.pop()
+            if not node[1]:
+                raise ValueError(f"operator {node[0]} without arguments in {_show(tokens)!r}")
+            (stack[-1][1] if stack else top).append(node)
+        elif tok in _DIGITS:
+            (stack[-1][1] if stack else top).append(int(tok))
+        else:
+            raise ValueError(f"unknown token {tok!r} in {_show(tokens)!r}")
+    if stack:
+        raise ValueError(f"operator {stack[-1][0]} not closed by ']' in {_show(tokens)!r}")
+    if len(top) != 1:
+        raise ValueError(f"expected exactly one expression, found {len(top)} in {_show(tokens)!r}")
+    return top[0]
+
+
+def evaluate(expr_tokens: Sequence[str]) -> int:
+    """The value (0-9) of a ListOps expression given as tokens (module docstring); ``(`` and ``)`` are ignored.
+    Raises ValueError on malformed input (see :func:`parse_expression`)."""
+    stack: list[tuple[str, list[int]]] = []
+    top: list[int] = []
+    for tok in expr_tokens:
+        if tok in ("(", ")"):
+            continue
+        if tok in OPERATORS:
+            stack.append((tok, []))
+        elif tok == _CLOSE:
+            if not stack:
+                raise ValueError(f"']' without an open operator in {_show(expr_tokens)!r}")
+            op, args = stack.pop()
+            if not args:
+                raise ValueError(f"operator {op} without arguments in {_show(expr_tokens)!r}")
+            (stack[-1][1] if stack else top).append(_apply(op, args))
+        elif tok in _DIGITS:
+            (stack[-1][1] if stack else top).append(int(tok))
+        else:
+            raise ValueError(f"unknown token {tok!r} in {_show(expr_tokens)!r}")
+    if stack:
+        raise ValueError(f"operator {stack[-1][0]} not closed by ']' in {_show(expr_tokens)!r}")
+    if len(top) != 1:
+        raise ValueError(f"expected exactly one expression, found {len(top)} in {_show(expr_tokens)!r}")
+    return top[0]
+
+
+def _value(expr: Expr) -> int:
+    if isinstance(expr, int):
+        return expr
+    op, args = expr
+    return _apply(op, [_value(a) for a in args])
+
+
+def serialize(expr: Expr) -> list[str]:
+    """The tokens of ``expr`` in the standard left-branching bracketing ``( ( [OP a1 ) a2 ) ... ] )``."""
+    out: list[str] = []
+    _serialize_into(expr, out)
+    return out
+
+
+def _serialize_into(expr: Expr, out: list[str]) -> None:
+    if isinstance(expr, int):
+        out.append(str(expr))
+        return
+    op, args = expr
+    out.extend("(" * (len(args) + 1))
+    out.append(op)
+    for arg in args:
+        _serialize_into(arg, out)
+        out.append(")")
+    out.extend((_CLOSE, ")"))
+
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+def read_listops(path: str | Path) -> list[tuple[list[str], int]]:
+    """``(tokens, label)`` for every non-blank ``label<TAB>expression`` line of ``path`` (plain or compressed). The
+    label must be an integer 0-9 and the expression well formed (:func:`parse_expression`); errors name file:line."""
+    examples = []
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise ValueError(f"{where}: expected 'label<TAB>expression', found {len(fields)} tab-separated fields")
+            label, expr = fields[0].strip(), fields[1].split()
+            if label not in _DIGITS:
+                raise ValueError(f"{where}: label must be a digit 0-9, got {label!r}")
+            try:
+                parse_expression(expr)
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+            examples.append((expr, int(label)))
+    return examples
+
+
+def check_labels(examples: Iterable[tuple[Sequence[str], int]]) -> int:
+    """The number of examples whose label differs from :func:`evaluate` of their tokens."""
+    return sum(evaluate(tokens) != label for tokens, label in examples)
+
+
+# --- trees ---------------------------------------------------------------------------------------------------------
+
+
+def leaves(tokens: Sequence[str]) -> list[str]:
+    """The tokens without ``(`` and ``)``: operators, digits and ``]`` (the model's input sequence)."""
+    return [t for t in tokens if t != "(" and t != ")"]
+
+
+def tree_spans(tokens: Sequence[str]) -> list[tuple[int, int]]:
+    """The constituents ``(i, j)`` (i < j, leaf indices as in :func:`leaves`) of the binary tree encoded by the
+    brackets, sorted. Raises ValueError unless the brackets are balanced, every group has exactly two children (a leaf
+    or a group) and, for n ≥ 2 leaves, one group spans the whole sequence."""
+    starts: list[int] = []  # leaf index where each open group starts
+    children: list[int] = []  # children counted so far in each open group
+    spans: list[tuple[int, int]] = []
+    n = 0
+    top = 0  # top-level items (leaves or groups)
+    for tok in tokens:
+        if tok == "(":
+            starts.append(n)
+            children.append(0)
+        elif tok == ")":
+            if not starts:
+                raise ValueError(f"unbalanced ')' in {_show(tokens)!r}")
+            start, count = starts.pop(), children.pop()
+            if count != 2:
+                raise ValueError(f"a bracket group with {count} children (not binary) in {_show(tokens)!r}")
+            spans.append((start, n - 1))
+            if children:
+                children[-1] += 1
+            else:
+                top += 1
+        else:
+            n += 1
+            if children:
+                children[-1] += 1
+            else:
+                top += 1
+    if starts:
+        raise ValueError(f"unbalanced '(' in {_show(tokens)!r}")
+    if n == 0:
+        raise ValueError("empty expression")
+    if top != 1:
+        raise ValueError(f"{top} top-level items: the brackets do not form one tree in {_show(tokens)!r}")
+    return sorted(spans)
+
+
+def gold_tree(tokens: Sequence[str], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The binary tree encoded by the brackets as a 0/1 ``[n, n]`` matrix over the n = ``len(leaves(tokens))`` leaves
+    (BinaryTree layout, module docstring); ValueError unless it is a full binary tree (:func:`tree_spans`)."""
+    spans = tree_spans(tokens)
+    n = len(spans) + 1
+    z = torch.zeros(n, n, dtype=dtype)
+    if spans:
+        ij = torch.tensor(spans)
+        z[ij[:, 0], ij[:, 1]] = 1
+    return z
+
+
+def left_branching(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The left-branching tree ((((0 1) 2) 3) ...): constituents (0, j) for j = 1..n-1."""
+    z = torch.zeros(n, n, dtype=dtype)
+    z[0, 1:] = 1
+    return z
+
+
+def right_branching(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The right-branching tree (0 (1 (2 ...))): constituents (i, n-1) for i = 0..n-2."""
+    z = torch.zeros(n, n, dtype=dtype)
+    z[: n - 1, n - 1] = 1
+    return z
+
+
+def _constituents(z: torch.Tensor, n: int) -> set[tuple[int, int]]:
+    upper = torch.triu(z[:n, :n] != 0, diagonal=1)
+    return {(int(i), int(j)) for i, j in upper.nonzero().tolist()}
+
+
+def tree_f1(pred: torch.Tensor, gold: torch.Tensor, length: int | None = None) -> float:
+    """Unlabelled bracket F1 × 100 between two ``[n, n]`` trees over their first ``length`` leaves (default n).
+
+    Convention: only constituents (i, j) with i < j count (single leaves never do), and the trivial whole-sentence span
+    (0, length - 1) is excluded, since every tree has it (Williams et al., 2018; Nangia & Bowman, 2018). F1 is 100
+    when both sets are empty (n ≤ 2) and 0 when exactly one is. Between two full binary trees precision, recall and
+    F1 are equal (both have n - 2 non-trivial constituents)."""
+    n = pred.shape[-1] if length is None else length
+    trivial = {(0, n - 1)}
+    p, g = _constituents(pred, n) - trivial, _constituents(gold, n) - trivial
+    if not p and not g:
+        return 100.0
+    hit = len(p & g)
+    if hit == 0:
+        return 0.0
+    precision, recall = hit / len(p), hit / len(g)
+    return 100.0 * 2 * precision * recall / (precision + recall)
+
+
+def tree_depth(z: torch.Tensor, length: int | None = None) -> int:
+    """The depth of a binary tree ``[n, n]`` (first ``length`` leaves): the largest number of constituents on a
+    root-to-leaf path, i.e. containing one leaf; 0 for a single leaf."""
+    n = z.shape[-1] if length is None else length
+    if n <= 1:
+        return 0
+    upper = torch.triu(z[:n, :n] != 0, diagonal=1).to(torch.int64)
+    # cover[k] = #{(i, j): i ≤ k ≤ j} = Σ_{i ≤ k} Σ_{j ≥ k} upper[i, j]
+    cum = upper.flip(1).cumsum(1).flip(1)  # cum[i, k] = Σ_{j ≥ k} upper[i, j]
+    cover = cum.cumsum(0).diagonal()  # Σ_{i ≤ k} cum[i, k]
+    return int(cover.max())
+
+
+def spans_to_trees(spans: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rebuild 0/1 trees ``[B, n, n]`` from ``spans`` ``[B, m, 2]`` (constituents (i, j), padding rows -1), as stored
+    by :func:`listops_dataset`; spans reaching past ``n`` raise ValueError."""
+    b = spans.shape[0]
+    z = torch.zeros(b, n, n, dtype=dtype)
+    spans = spans.to(torch.long)
+    keep = spans[..., 0] >= 0
+    batch = torch.arange(b).unsqueeze(1).expand(spans.shape[:2])[keep]
+    i, j = spans[..., 0][keep], spans[..., 1][keep]
+    if len(j) and int(j.max()) >= n:
+        raise ValueError(f"a span ends at leaf {int(j.max())}, beyond n = {n}")
+    z[batch, i, j] = 1
+    return z
+
+
+# --- generation ----------------------------------------------------------------------------------------------------
+
+
+def _draw(rng: random.Random, depth: int, max_depth: int, leaf_prob: float, min_args: int, max_args: int) -> Expr:
+    if depth >= max_depth or rng.random() < leaf_prob:
+        return rng.randrange(10)
+    op = OPERATORS[rng.randrange(len(OPERATORS))]
+    k = rng.randint(min_args, max_args)
+    return (op, [_draw(rng, depth + 1, max_depth, leaf_prob, min_args, max_args) for _ in range(k)])
+
+
+def generate(
+    n_examples: int,
+    seed: int,
+    max_depth: int = 20,
+    leaf_prob: float = 0.75,
+    min_args: int = 2,
+    max_args: int = 5,
+    exclude: set[str] | frozenset[str] = frozenset(),
+    max_failures: int = 100_000,
+) -> list[tuple[list[str], int]]:
+    """``n_examples`` unique random ListOps expressions ``(tokens, label)`` (module docstring: the root is at depth 1,
+    a node at depth ``max_depth`` is a leaf, ``leaf_prob`` is the probability of a leaf, the root included). None is
+    in ``exclude`` (token strings ``' '.join(tokens)``). Raises RuntimeError after ``max_failures`` draws in a row
+    that gave nothing new (e.g. asking for more than 10 expressions with ``max_depth=1``)."""
+    if max_depth < 1 or not 1 <= min_args <= max_args or not 0.0 <= leaf_prob <= 1.0:
+        raise ValueError(f"bad settings: max_depth={max_depth}, args {min_args}..{max_args}, leaf_prob={leaf_prob}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[tuple[list[str], int]] = []
+    failures = 0
+    while len(out) < n_examples:
+        expr = _draw(rng, 1, max_depth, leaf_prob, min_args, max_args)
+        tokens = serialize(expr)
+        key = " ".join(tokens)
+        if key in seen or key in exclude:
+            failures += 1
+            if failures >= max_failures:
+                raise RuntimeError(f"no new expression in {max_failures} draws after {len(out)} of {n_examples}")
+            continue
+        failures = 0
+        seen.add(key)
+        out.append((tokens, _value(expr)))
+    return out
+
+
+# --- dataset for train.py ------------------------------------------------------------------------------------------
+
+
+def _split_tensors(examples: list[tuple[list[str], int]]) -> dict[str, torch.Tensor]:
+    stoi = {tok: i for i, tok in enumerate(LISTOPS_VOCAB)}
+    ids, lengths = pad_batch([[stoi[t] for t in leaves(toks)] for toks, _ in examples])
+    width = max(ids.shape[1] - 1, 0)
+    spans = torch.full((len(examples), width, 2), -1, dtype=torch.int16)
+    per_example = [tree_spans(toks) for toks, _ in examples]
+    flat = [ij for s in per_example for ij in s]
+    if flat:
+        counts = torch.tensor([len(s) for s in per_example])
+        row = torch.repeat_interleave(torch.arange(len(examples)), counts)
+        col = torch.arange(len(flat)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        spans[row, col] = torch.tensor(flat, dtype=torch.int16)
+    y = torch.tensor([label for _, label in examples], dtype=torch.long)
+    return {"x": ids, "lengths": lengths, "y": y, "spans": spans}
+
+
+def listops_dataset(
+    data_dir: str | Path,
+    folder: str = "listops",
+    n_train: int = 90_000,
+    n_valid: int = 1_000,
+    seed: int = 42,
+    max_train_tokens: int = 130,
+    subset: int | None = None,
+) -> TensorSplits:
+    """ListOps as :class:`~latentstruct.data.base.TensorSplits` (module docstring). Each split ``{"x": int64 [N, L]
+    ids padded with 0, "lengths": int64 [N], "y": int64 [N] labels 0-9, "spans": int16 [N, L - 1, 2]}`` (the gold
+    constituents, padded with -1; :func:`spans_to_trees` rebuilds ``[B, L, L]`` trees). ``dims`` = ``vocab_size``
+    (16), ``num_classes`` (10); ``extras`` = ``itos`` (:data:`LISTOPS_VOCAB`). ``subset`` keeps the first that many
+    training examples (smoke runs)."""
+    root = Path(data_dir) / folder
+    path = first_file([root / "test_d20s.tsv", root / "test_d20s.tsv.gz"])
+    if path is None:
+        raise FileNotFoundError(f"ListOps test file test_d20s.tsv[.gz] not found in {root}")
+    test = read_listops(path)
+    generated = generate(n_train + n_valid, seed, exclude={" ".join(toks) for toks, _ in test})
+    order = list(range(len(generated)))
+    random.Random(seed).shuffle(order)
+    valid = [generated[i] for i in order[:n_valid]]
+    train = [generated[i] for i in order[n_valid:]]
+    train = [ex for ex in train if len(leaves(ex[0])) <= max_train_tokens]
+    if subset is not None:
+        train = train[:subset]
+    splits = {name: _split_tensors(data) for name, data in (("train", train), ("valid", valid), ("test", test))}
+    dims = {"vocab_size": len(LISTOPS_VOCAB), "num_classes": 10}
+    return TensorSplits(splits, dims=dims, extras={"itos": list(LISTOPS_VOCAB)})
