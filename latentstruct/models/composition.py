@@ -1,0 +1,224 @@
+"""Tree composition for latent-tree classification (ListOps, Nangia & Bowman, 2018): a binary Tree-LSTM run over a
+hard or relaxed bracketing, and the sequence-LSTM baseline.
+
+* :class:`BinaryTreeLSTMCell` — the N-ary Tree-LSTM of Tai et al. (2015) with N = 2. From the children (h_l, c_l),
+  (h_r, c_r), one ``Linear(2·dim → 5·dim)`` on [h_l; h_r] gives the input gate i, one forget gate per child f_l, f_r,
+  the output gate o and the candidate u:
+
+      c = σ(i) ⊙ tanh(u) + σ(f_l) ⊙ c_l + σ(f_r) ⊙ c_r,     h = σ(o) ⊙ tanh(c).
+
+  Leaves (:meth:`BinaryTreeLSTMCell.leaf`): a ``Linear(dim_in → 2·dim)`` of the word vector x gives (a, b);
+  c = a and h = σ(b) ⊙ tanh(c) — the leaf's memory is the first half and the second half is an output gate, the same
+  form as an internal node's output (a Tree-LSTM node without children, its input gate folded into the linear map).
+
+* :class:`ChartTreeLSTM` — the expected Tree-LSTM composition over a bracketing ``z`` ``[B, n, n]`` in the layout of
+  :class:`~latentstruct.structures.BinaryTree` (``z[b, i, j]`` for i < j is the constituent over the leaves i..j).
+  ``z`` may be a hard tree or any relaxation (span marginals μ from ``BinaryTree().marginals``, a SparseMAP point, a
+  convex mixture of trees). With Z(i, i) = 1 and Z(i, j) = z[i, j] for i < j, bottom-up over the widths:
+
+      a(i, j, k)   = Z(i, k) · Z(k+1, j)                         (i ≤ k < j)
+      p(k | i, j)  = a(i, j, k) / Σ_k' a(i, j, k')               (uniform over k when Σ_k' a = 0)
+      state(i, j)  = Σ_k p(k | i, j) · cell(state(i, k), state(k+1, j))      (h and c both mixed)
+
+  and the output is h of the span (0, L-1) (a single leaf: its leaf state). For a hard tree every span of the tree has
+  exactly one split with a = 1 (its own children are in the tree), so the root is exactly the Tree-LSTM over that
+  tree; spans outside the tree may fall back to the uniform split, but they never reach the root. For a relaxation
+  the root is a smooth function of z, and the gradient flows into z through p.
+
+References: K. S. Tai, R. Socher, C. D. Manning (2015), "Improved semantic representations from tree-structured long
+short-term memory networks", ACL. N. Nangia, S. R. Bowman (2018), "ListOps: a diagnostic dataset for latent tree
+learning", NAACL SRW.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence
+from torch.utils.checkpoint import checkpoint as _checkpoint
+
+from latentstruct.models.text import length_mask
+
+__all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "LSTMClassifier"]
+
+
+def _check_lengths(lengths: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
+    if lengths is None:
+        return torch.full((batch,), n, dtype=torch.long, device=device)
+    lengths = torch.as_tensor(lengths, device=device).long()
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    if bool(((lengths < 1) | (lengths > n)).any()):
+        raise ValueError(f"lengths must lie in 1..{n}, got {lengths.tolist()}")
+    return lengths
+
+
+# ---------------------------------------------------------------------------------------------------------- cell
+
+
+class BinaryTreeLSTMCell(nn.Module):
+    """Binary (N = 2) Tree-LSTM of Tai et al. (2015); see the module docstring for the equations.
+
+    ``forward(h_l, c_l, h_r, c_r)`` (each ``[..., dim]``) → ``(h, c)``; ``leaf(x)`` (``[..., dim_in]``) → ``(h, c)``.
+    ``dim_in`` defaults to ``dim``.
+    """
+
+    def __init__(self, dim: int, dim_in: int | None = None):
+        super().__init__()
+        self.dim = dim
+        self.dim_in = dim if dim_in is None else dim_in
+        self.gates = nn.Linear(2 * dim, 5 * dim)  # [h_l; h_r] → (i, f_l, f_r, o, u)
+        self.leaf_proj = nn.Linear(self.dim_in, 2 * dim)  # x → (c, o)
+
+    def leaf(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Leaf state: c = first half of Linear(x), h = σ(second half) ⊙ tanh(c)."""
+        c, o = self.leaf_proj(x).chunk(2, dim=-1)
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def combine(self, pre: torch.Tensor, c_l: torch.Tensor, c_r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, c) from the gate pre-activations ``pre`` ``[..., 5·dim]`` (= ``gates([h_l; h_r])``) and c_l, c_r."""
+        i, f_l, f_r, o, u = pre.chunk(5, dim=-1)
+        c = torch.sigmoid(i) * torch.tanh(u) + torch.sigmoid(f_l) * c_l + torch.sigmoid(f_r) * c_r
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    def forward(
+        self, h_l: torch.Tensor, c_l: torch.Tensor, h_r: torch.Tensor, c_r: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.combine(self.gates(torch.cat([h_l, h_r], dim=-1)), c_l, c_r)
+
+    def split_projections(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``gates([h_l; h_r]) = P_l(h_l) + P_r(h_r)``: the two halves of the gate map applied to one state ``h``
+        (bias in the left half), so that each span is projected once rather than once per split it takes part in."""
+        w = self.gates.weight  # [5d, 2d]
+        both = h @ torch.cat([w[:, : self.dim], w[:, self.dim :]], dim=0).t()  # [..., 10d]
+        left, right = both.split(5 * self.dim, dim=-1)
+        return left + self.gates.bias, right
+
+
+# ------------------------------------------------------------------------------------------------- chart Tree-LSTM
+
+
+class ChartTreeLSTM(nn.Module):
+    """Expected Tree-LSTM over a (relaxed) bracketing: ``forward(x [B, n, input_dim], lengths [B], z [B, n, n])`` →
+    root h ``[B, dim]`` (see the module docstring for the recursion).
+
+    ``z`` may be a hard tree (0/1) or any nonnegative relaxation; only its strict upper triangle inside each example's
+    length is read (the diagonal, the lower triangle and padding may hold anything, even NaN). Padded words of ``x``
+    are replaced by 0 and never reach a real span, so an example's output does not depend on what it is batched with.
+
+    Split weights. a(i, j, k) = Z(i, k) Z(k+1, j); when Σ_k a = 0 the span mixes its splits uniformly (any choice
+    would do: with a hard tree such spans are outside the tree and never reach the root; with a relaxation this only
+    happens where z puts no mass on any bracketing of the span). The switch is a ``where``, so the gradient w.r.t.
+    z of such a span is 0 and never NaN.
+
+    Computation. The chart is kept by width, like the inside algorithm of ``BinaryTree``: ``h[w]``, ``c[w]``
+    ``[B, n-w, dim]`` hold the spans (i, i+w) — together one [B, n, n, dim] chart for h and one for c, O(B n² dim).
+    All spans of one width, for the whole batch, and all their splits are one set of tensor ops: the gate
+    pre-activations of a split are P_l(h(i, k)) + P_r(h(k+1, j)), where the two halves of the cell's linear map are
+    applied once per span (O(n² dim²) rather than O(n³ dim²) multiply-adds). The per-split work is elementwise,
+    [w, B, n-w, 5·dim] at width w (split-major), so autograd keeps O(B n³ dim) floats: ≈ 12 floats per
+    (span, split, unit), with Σ_w (n-w)·w = (n³-n)/6 (span, split) pairs, i.e. ≈ B · n³/6 · dim · 48 bytes — measured
+    peak RSS ≈ 4.5 GB for B = 32, n = 50, dim = 128 (float32), and ≈ 70 GB extrapolated for n = 130. With
+    ``checkpoint=True`` each width is recomputed in the backward pass (torch.utils.checkpoint), so only the chart
+    (O(B n² dim)) plus one width's intermediates are kept (measured peak RSS ≈ 1.5 GB for the case above), at the
+    price of a second forward pass (backward ≈ 2× slower). For n ≈ 130 use ``checkpoint=True`` or smaller batches.
+    """
+
+    def __init__(self, input_dim: int, dim: int, checkpoint: bool = False):
+        super().__init__()
+        self.input_dim = input_dim
+        self.dim = dim
+        self.checkpoint = checkpoint
+        self.cell = BinaryTreeLSTMCell(dim, input_dim)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, z: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.input_dim:
+            raise ValueError(f"x must be [B, n, {self.input_dim}], got {tuple(x.shape)}")
+        batch, n, _ = x.shape
+        if z.shape != (batch, n, n):
+            raise ValueError(f"z must be [{batch}, {n}, {n}] for x {tuple(x.shape)}, got {tuple(z.shape)}")
+        lengths = _check_lengths(lengths, batch, n, x.device)
+        mask = length_mask(lengths, n, x.device)  # [B, n]
+        x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
+        pos = torch.arange(n, device=x.device)
+        upper = pos.view(-1, 1) < pos.view(1, -1)
+        z = z.to(x.dtype).masked_fill(~(upper & mask.unsqueeze(1)), 0.0)  # parts inside the length only
+
+        h0, c0 = self.cell.leaf(x)  # [B, n, dim]
+        hs, cs = [h0], [c0]  # hs[w][b, i] = h of span (i, i+w)
+        pl0, pr0 = self.cell.split_projections(h0)
+        pls, prs = [pl0], [pr0]
+        zs = [torch.ones(batch, n, dtype=x.dtype, device=x.device)] + [z.diagonal(w, 1, 2) for w in range(1, n)]
+        for w in range(1, n):
+            m = n - w
+            # split offset t = k - i: left (i, i+t) = width t, start i; right (i+t+1, i+w) = width w-1-t, start i+t+1
+            args = (
+                [pls[t][:, :m] for t in range(w)]
+                + [prs[w - 1 - t][:, t + 1 : t + 1 + m] for t in range(w)]
+                + [cs[t][:, :m] for t in range(w)]
+                + [cs[w - 1 - t][:, t + 1 : t + 1 + m] for t in range(w)]
+                + [zs[t][:, :m] for t in range(w)]
+                + [zs[w - 1 - t][:, t + 1 : t + 1 + m] for t in range(w)]
+            )
+            if self.checkpoint and torch.is_grad_enabled():
+                h, c = _checkpoint(self._width, w, *args, use_reentrant=False)
+            else:
+                h, c = self._width(w, *args)
+            hs.append(h)
+            cs.append(c)
+            if w < n - 1:
+                pl, pr = self.cell.split_projections(h)
+                pls.append(pl)
+                prs.append(pr)
+        roots = torch.stack([hw[:, 0] for hw in hs], dim=1)  # [B, n, dim]: roots[b, w] = h of span (0, w)
+        index = (lengths - 1).view(-1, 1, 1).expand(batch, 1, self.dim)
+        return roots.gather(1, index).squeeze(1)
+
+    def _width(self, w: int, *args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """All spans of width ``w``: the split-mixed (h, c) ``[B, n-w, dim]`` from the children, listed by split."""
+        # split-major [w, B, m, ...]: each child slice is copied as one block
+        pl, pr, cl, cr, zl, zr = (torch.stack(args[g * w : (g + 1) * w]) for g in range(6))
+        h, c = self.cell.combine(pl + pr, cl, cr)  # [w, B, m, dim]
+        a = zl * zr  # [w, B, m]
+        total = a.sum(0, keepdim=True)
+        positive = total > 0
+        p = torch.where(positive, a / torch.where(positive, total, torch.ones_like(total)), 1.0 / w)
+        return torch.einsum("tbm,tbmd->bmd", p, h), torch.einsum("tbm,tbmd->bmd", p, c)
+
+
+# ---------------------------------------------------------------------------------------------------- baseline
+
+
+class LSTMClassifier(nn.Module):
+    """The ListOps sequence baseline: ids ``[B, n]`` and ``lengths`` ``[B]`` → logits ``[B, num_classes]``.
+
+    Embedding (row ``padding_idx`` = 0 kept at zero) → one-layer LSTM over time, packed by the lengths → its state
+    after the last real word → MLP (Linear → ReLU → Linear).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        hidden: int,
+        num_classes: int = 10,
+        dropout: float = 0.0,
+        padding_idx: int | None = 0,
+    ):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
+        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=1, batch_first=True)
+        self.mlp = nn.Sequential(
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        batch, n = ids.shape
+        cpu_lengths = _check_lengths(torch.as_tensor(lengths).detach().cpu(), batch, n, torch.device("cpu"))
+        packed = pack_padded_sequence(self.embedding(ids), cpu_lengths, batch_first=True, enforce_sorted=False)
+        _, (h_n, _) = self.lstm(packed)  # h_n [1, B, hidden], in the original batch order
+        return self.mlp(h_n[0])
