@@ -181,10 +181,14 @@ def _fmt(x: float, digits: int = 2) -> str:
     return "—" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
-def _provenance(spec: dict, runs: pd.DataFrame) -> list[str]:
-    """:func:`provenance`, plus a line per ``provenance_keys`` entry (``{flat config key: label}``) giving the values
-    the runs used (e.g. which word embeddings), ``null`` for an unset one."""
-    used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+def _used(spec: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that fall in some cell of the table (a run may appear once per cell it is in)."""
+    return pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+
+
+def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
+    """:func:`provenance` of the ``used`` runs, plus a line per ``provenance_keys`` entry (``{flat config key:
+    label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one."""
     lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
     done = used[used["completed"]] if len(used) else used
     for key, label in (spec.get("provenance_keys") or {}).items():
@@ -225,7 +229,8 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     legend = (f"Each cell: **ours** {centre} (runs) · paper · Δ = ours − paper · "
               + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
               if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
-    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, runs), "", legend]
+    used = _used(spec, runs)
+    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, used), "", legend]
     cell = df.set_index(["row", "setting", "metric"])
 
     def text(row: dict, setting: str, metric: dict) -> str:
@@ -269,7 +274,6 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     if len(missing):
         lines += ["", "Cells without completed runs: "
                   + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
-    used = pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
     failed = used[~used["completed"]].drop_duplicates("run_dir") if len(used) else used
     if len(failed):
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()

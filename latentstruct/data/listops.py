@@ -148,29 +148,7 @@ def parse_expression(tokens: Sequence[str]) -> Expr:
 def evaluate(expr_tokens: Sequence[str]) -> int:
     """The value (0-9) of a ListOps expression given as tokens (module docstring); ``(`` and ``)`` are ignored.
     Raises ValueError on malformed input (see :func:`parse_expression`)."""
-    stack: list[tuple[str, list[int]]] = []
-    top: list[int] = []
-    for tok in expr_tokens:
-        if tok in ("(", ")"):
-            continue
-        if tok in OPERATORS:
-            stack.append((tok, []))
-        elif tok == _CLOSE:
-            if not stack:
-                raise ValueError(f"']' without an open operator in {_show(expr_tokens)!r}")
-            op, args = stack.pop()
-            if not args:
-                raise ValueError(f"operator {op} without arguments in {_show(expr_tokens)!r}")
-            (stack[-1][1] if stack else top).append(_apply(op, args))
-        elif tok in _DIGITS:
-            (stack[-1][1] if stack else top).append(int(tok))
-        else:
-            raise ValueError(f"unknown token {tok!r} in {_show(expr_tokens)!r}")
-    if stack:
-        raise ValueError(f"operator {stack[-1][0]} not closed by ']' in {_show(expr_tokens)!r}")
-    if len(top) != 1:
-        raise ValueError(f"expected exactly one expression, found {len(top)} in {_show(expr_tokens)!r}")
-    return top[0]
+    return _value(parse_expression(expr_tokens))
 
 
 def _value(expr: Expr) -> int:

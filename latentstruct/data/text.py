@@ -561,6 +561,18 @@ def _limit(examples: list, n: int | None) -> list:
     return [examples[i] for i in sorted(random.Random(0).sample(range(len(examples)), n))]
 
 
+def _limit_splits(raw: dict[str, list], subset: int | None, eval_subset: int | None) -> dict[str, list]:
+    """``subset`` examples of train, ``eval_subset`` of valid and test (:func:`_limit`)."""
+    return {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+
+
+def _dims(extras: dict, num_classes: int) -> dict[str, int]:
+    """The sizes a text task is built with: vocabulary, classes, pretrained vector size (0 without one)."""
+    matrix = extras["embeddings"]
+    return {"vocab_size": len(extras["vocab"]), "num_classes": num_classes,
+            "embedding_dim": 0 if matrix is None else matrix.shape[1]}
+
+
 def sst_dataset(
     data_dir: str,
     folder: str = "sst",
@@ -578,7 +590,7 @@ def sst_dataset(
     a description of the embeddings. ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test,
     drawn by a fixed seed (smoke runs); the official sizes are checked before (``check_sizes``, binary task)."""
     raw = load_sst(_resolve(folder, data_dir), binary=binary, check_sizes=check_sizes)
-    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    raw = _limit_splits(raw, subset, eval_subset)
     if lowercase:
         raw = {split: [([t.lower() for t in toks], y) for toks, y in data] for split, data in raw.items()}
     vocab, extras = _vocab_and_vectors([toks for toks, _ in raw["train"]], data_dir, pretrained, cache_dir)
@@ -586,10 +598,7 @@ def sst_dataset(
     for split, data in raw.items():
         ids, lengths = _ids([toks for toks, _ in data], vocab)
         splits[split] = {"x": ids, "lengths": lengths, "y": torch.tensor([y for _, y in data], dtype=torch.long)}
-    matrix = extras["embeddings"]
-    dims = {"vocab_size": len(vocab), "num_classes": 2 if binary else 5,
-            "embedding_dim": 0 if matrix is None else matrix.shape[1]}
-    return TensorSplits(splits, dims=dims, extras=extras)
+    return TensorSplits(splits, dims=_dims(extras, 2 if binary else 5), extras=extras)
 
 
 def snli_dataset(
@@ -614,7 +623,7 @@ def snli_dataset(
             f"SNLI split(s) {', '.join(missing)} not found in {root} (found: {', '.join(raw) or 'none'}). The full "
             "SNLI 1.0 (snli_1.0_train.jsonl, 550k pairs) is needed to train; scripts/download_text_data.sh fetches it."
         )
-    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    raw = _limit_splits(raw, subset, eval_subset)
     if lowercase:
         raw = {split: [([t.lower() for t in a], [t.lower() for t in b], y) for a, b, y in data]
                for split, data in raw.items()}
@@ -628,7 +637,4 @@ def snli_dataset(
         splits[split] = {"premise": premise, "premise_lengths": premise_lengths, "hypothesis": hypothesis,
                          "hypothesis_lengths": hypothesis_lengths,
                          "y": torch.tensor([y for _, _, y in data], dtype=torch.long)}
-    matrix = extras["embeddings"]
-    dims = {"vocab_size": len(vocab), "num_classes": len(SNLI_LABELS),
-            "embedding_dim": 0 if matrix is None else matrix.shape[1]}
-    return TensorSplits(splits, dims=dims, extras=extras)
+    return TensorSplits(splits, dims=_dims(extras, len(SNLI_LABELS)), extras=extras)

@@ -82,6 +82,14 @@ def _embedder(cfg, dims: dict[str, int], extras: dict) -> Embedder:
     return Embedder(dims["vocab_size"], dim, pretrained=pretrained, freeze=cfg.embedding.freeze)
 
 
+def _latent_source(cfg, dataset: str) -> str:
+    """``cfg.latent`` as a string: ``predicted`` or ``none`` (the baseline); text has no gold trees."""
+    latent = option_name(cfg.latent)
+    if latent == "gold":
+        raise ValueError(f"{dataset} has no gold latent trees: use latent=predicted or latent=none (the baseline)")
+    return latent
+
+
 def _trim(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return ids[:, : int(lengths.max())].long()
 
@@ -140,9 +148,7 @@ class LatentTreeSST(_TreeTask):
 
     @classmethod
     def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeSST:
-        latent = option_name(cfg.latent)
-        if latent == "gold":
-            raise ValueError("SST has no gold latent trees: use latent=predicted or latent=none (the baseline)")
+        latent = _latent_source(cfg, "SST")
         embedder = _embedder(cfg, dims, extras or {})
         t = cfg.task
         encoder = BiLSTMEncoder(embedder.out_dim, t.hidden, dropout=t.dropout)
@@ -191,9 +197,7 @@ class LatentTreeNLI(_TreeTask):
 
     @classmethod
     def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeNLI:
-        latent = option_name(cfg.latent)
-        if latent == "gold":
-            raise ValueError("SNLI has no gold latent trees: use latent=predicted or latent=none (the baseline)")
+        latent = _latent_source(cfg, "SNLI")
         embedder = _embedder(cfg, dims, extras or {})
         t, d = cfg.task, embedder.out_dim
         tree = latent == "predicted"
