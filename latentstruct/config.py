@@ -65,6 +65,16 @@ class KNNBaseline(str, Enum):
     neuralsort_stochastic = "neuralsort_stochastic"
 
 
+class VAEMethod(str, Enum):
+    direct = "direct"
+    gsm = "gsm"
+
+
+class VAETheta(str, Enum):
+    likelihood = "likelihood"
+    elbo = "elbo"
+
+
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SyntheticClustersConf:
@@ -98,6 +108,16 @@ class ImageClassificationConf:
     n_valid: int = _help("training images held out for validation", 5000)
     seed: int = _help("seed of the validation hold-out", 0)
     subset: int | None = _help("keep only this many training images (reduced runs); null = all", None)
+    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
+
+
+@dataclass
+class SemiSupervisedConf:
+    _target_: str = "latentstruct.data.semisupervised.semisupervised_dataset"
+    name: str = _help("mnist or fashion_mnist (IDX files read from <data_dir>/<name>/)", MISSING)
+    n_labelled: int = _help("labelled training images, the same number per class (seed 003: 50 ... 1200)", 100)
+    label_seed: int = _help("seed of the balanced labelled subset", "${trainer.seed}")
+    n_valid: int = _help("the last training images held out for validation", 10000)
     data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
 
 
@@ -186,6 +206,25 @@ class NLITaskConf(TaskConf):
     dropout: float = _help("dropout before every layer of F, G and H (Table 4: 0.2)", 0.2)
     aggregate_layers: int = _help("ReLU layers of the aggregation MLP H before its output layer (1 gives the "
                                   "baseline Table 4's 340K parameters with 300d vectors)", 1)
+
+
+@dataclass
+class VAETaskConf(TaskConf):
+    _target_: str = "latentstruct.tasks.SemiSupervisedVAE"
+    method: VAEMethod = _help("direct (optimisation through argmax, seed 003) or gsm (Gumbel-softmax)", "direct")
+    gaussian_dim: int = _help("dimension of each component's Gaussian code", 30)
+    encoder_hidden: list[int] = _help("the shared encoder's two hidden layers", [400, 200])
+    head_hidden: int = _help("hidden layer of the discrete head", 100)
+    decoder_hidden: int = _help("hidden layer of the decoder", 400)
+    negative_slope: float = _help("LeakyReLU slope", 0.2)
+    theta: VAETheta = _help("direct: component scores of the loss-perturbed argmax, the decoder's log-likelihood or "
+                            "the ELBO terms (log-likelihood minus the component's Gaussian KL)", "likelihood")
+    labelled_epsilon: float = _help("direct: ε in the labelled phase", 0.05)
+    anneal_start: float = _help("ε (direct) / τ (gsm) at the start of the unsupervised phase; gsm's labelled τ", 1.0)
+    anneal_rate: float = _help("ε / τ = max(start · exp(−rate · t), floor), t = unsupervised steps", 1e-5)
+    anneal_floor: float = _help("lower bound of the annealed ε / τ", 0.1)
+    gsm_label_weight: float = _help("gsm: weight of the labelled cross-entropy on the relaxed sample", 10.0)
+    gsm_hard: bool = _help("gsm: straight-through (one-hot forward, relaxed gradient)", False)
 
 
 # ------------------------------------------------------------------------------------------- model parts
@@ -293,10 +332,20 @@ class OptimConf:
 
 
 @dataclass
+class PhaseConf:
+    split: str = _help("the data split this phase trains on (e.g. labelled, train)", MISSING)
+    epochs: int = _help("passes over that split", MISSING)
+
+
+@dataclass
 class TrainerConf:
     device: Device = _help("auto (cuda if available), cpu or cuda", "auto")
-    max_steps: int | None = _help("optimizer steps; null = max_epochs × batches per epoch", None)
-    max_epochs: int | None = _help("epochs, used when max_steps is null", None)
+    max_steps: int | None = _help("optimizer steps; null = max_epochs × batches per epoch (or the phases' total)",
+                                  None)
+    max_epochs: int | None = _help("epochs, used when max_steps is null (not with phases)", None)
+    phases: list[PhaseConf] = _help(
+        "training phases run in order, each some epochs over a split (the semi-supervised VAE: labelled, then "
+        "train); the task's begin_step(phase, step) is told where it is; empty = one phase over train", [])
     batch_size: int | None = _help("examples per step; null = the full training set", None)
     drop_last: bool = _help("skip the smaller last batch of each epoch (for tasks needing full batches: knn)", False)
     eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None)
@@ -365,12 +414,14 @@ _SCHEMAS = {
     ("dataset", "base_image_classification"): ImageClassificationConf,
     ("dataset", "base_sst"): SSTConf,
     ("dataset", "base_snli"): SNLIConf,
+    ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
     ("task", "base_knn"): KNNConf,
     ("task", "base_sst"): SSTTaskConf,
     ("task", "base_nli"): NLITaskConf,
+    ("task", "base_vae"): VAETaskConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

@@ -10,6 +10,7 @@ import logging
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,41 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 _RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
               "trainer.device", "trainer.max_steps", "trainer.max_epochs")
 # Keys added after run records existed, with the value every configuration written before them implied.
-_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier", "trainer.drop_last": False}
+_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier", "trainer.drop_last": False, "trainer.phases": []}
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """A stretch of training over one split: from global step ``start``, ``steps`` steps of ``per_epoch`` batches
+    per epoch, after ``epochs_before`` epochs of the earlier phases."""
+
+    split: str
+    per_epoch: int
+    start: int
+    steps: int
+    epochs_before: int
+
+
+def _plan(tc: DictConfig, sizes: dict[str, int]) -> tuple[list[_Phase], int]:
+    """The phases of ``trainer.phases`` (default: one over ``train``) and the total number of steps."""
+    if not tc.phases:
+        per_epoch = num_batches(sizes["train"], tc.batch_size, tc.drop_last)
+        if tc.max_steps is None and tc.max_epochs is None:
+            raise ValueError("set trainer.max_steps or trainer.max_epochs")
+        max_steps = tc.max_steps if tc.max_steps is not None else tc.max_epochs * per_epoch
+        return [_Phase("train", per_epoch, 0, max_steps, 0)], max_steps
+    if tc.max_epochs is not None:
+        raise ValueError("trainer.max_epochs and trainer.phases exclude each other: give each phase its epochs")
+    phases, start, epochs = [], 0, 0
+    for p in tc.phases:
+        if p.split not in sizes:
+            raise ValueError(f"trainer.phases names split {p.split!r}; the dataset has {', '.join(sizes)}")
+        if sizes[p.split] == 0:
+            raise ValueError(f"trainer.phases trains on split {p.split!r}, which is empty")
+        per_epoch = num_batches(sizes[p.split], tc.batch_size, tc.drop_last)
+        phases.append(_Phase(p.split, per_epoch, start, p.epochs * per_epoch, epochs))
+        start, epochs = start + p.epochs * per_epoch, epochs + p.epochs
+    return phases, start if tc.max_steps is None else min(start, tc.max_steps)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -127,11 +162,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
-    per_epoch = num_batches(data.size("train"), tc.batch_size, tc.drop_last)
-    if tc.max_steps is None and tc.max_epochs is None:
-        raise ValueError("set trainer.max_steps or trainer.max_epochs")
-    max_steps = tc.max_steps if tc.max_steps is not None else tc.max_epochs * per_epoch
-    eval_every = tc.eval_every or per_epoch
+    phases, max_steps = _plan(tc, {name: data.size(name) for name in data.splits})
     config = OmegaConf.to_container(cfg)  # the run's identity: logged, checkpointed, compared on resume
     logger = instantiate(cfg.logger, output_dir=str(out), run_config=config, _recursive_=False, _convert_="all")
 
@@ -154,9 +185,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
     tick = time.perf_counter()
     while step < max_steps:
-        epoch, offset = divmod(step, per_epoch)
-        shuffle = None if tc.batch_size is None else tc.seed * 100_003 + epoch
-        for batch in iterate_batches(splits["train"], tc.batch_size, shuffle, start=offset, drop_last=tc.drop_last):
+        index, phase = next((i, p) for i, p in reversed(list(enumerate(phases))) if p.start <= step)
+        epoch, offset = divmod(step - phase.start, phase.per_epoch)
+        shuffle = None if tc.batch_size is None else tc.seed * 100_003 + phase.epochs_before + epoch
+        batches = iterate_batches(splits[phase.split], tc.batch_size, shuffle, start=offset, drop_last=tc.drop_last)
+        for batch in batches:
+            model.begin_step(index, step - phase.start)
             loss = model(batch).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -166,10 +200,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             bar.update(1)
             if step % tc.log_every == 0:
                 logger.log(step, {"train/loss": loss.item()})
-            if step % eval_every == 0 or step == max_steps:
+            in_phase = step - phase.start
+            if (step % tc.eval_every == 0 if tc.eval_every else in_phase % phase.per_epoch == 0) or step == max_steps:
                 # ---- evaluate
                 # float() waits for the device, so the clock then includes every queued training step.
-                row = {"step": step, "epoch": step / per_epoch, "train/loss": float(loss_sum) / loss_count}
+                row = {"step": step, "epoch": phase.epochs_before + in_phase / phase.per_epoch,
+                       "train/loss": float(loss_sum) / loss_count}
                 train_seconds += time.perf_counter() - tick
                 for split in ("valid", "test"):
                     row.update({f"{split}/{k}": v for k, v in model.evaluate(splits[split], tc.batch_size).items()})
@@ -192,7 +228,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                     },
                 )
                 tick = time.perf_counter()
-            if step >= max_steps:
+            if step >= max_steps or step == phase.start + phase.steps:
                 break
     bar.close()
     logger.finish()
@@ -210,7 +246,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         **env,
         "wall_seconds": time.perf_counter() - start,
         "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
-        "seconds_per_epoch": train_seconds / (step - first_step) * per_epoch if step > first_step else None,
+        # per epoch of the last phase's split (the only one without trainer.phases)
+        "seconds_per_epoch": train_seconds / (step - first_step) * phases[-1].per_epoch if step > first_step else None,
         "steps": step,
         "selection": select,
     }

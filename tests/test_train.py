@@ -53,6 +53,7 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
         tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []
+        tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
         cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below

@@ -18,6 +18,11 @@ Protocol
 
 Returned structure: ``{"train": {"x": float32 [N, 784], "y": int64 [N], "labelled": bool [N]}, "valid": {"x", "y"},
 "test": {"x", "y"}}`` with torch tensors.
+
+For ``train.py``, :func:`semisupervised_dataset` returns the same data as :class:`TensorSplits` whose splits cannot
+leak a label: ``train`` holds only ``x`` (all N training images, the labelled ones included, as in the authors'
+unsupervised phase), ``labelled`` holds ``x`` and ``y`` of the labelled subset, ``valid`` and ``test`` ``x`` and ``y``.
+A trainer with ``trainer.phases`` first trains on ``labelled``, then on ``train``.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latentstruct.data.base import TensorSplits
 from latentstruct.data.images import load_mnist
 
-__all__ = ["SEMISUPERVISED_DATASETS", "balanced_subset", "binarize", "semisupervised_mnist"]
+__all__ = ["SEMISUPERVISED_DATASETS", "balanced_subset", "binarize", "semisupervised_dataset", "semisupervised_mnist"]
 
 SEMISUPERVISED_DATASETS: tuple[str, ...] = ("mnist", "fashion_mnist")
 
@@ -101,3 +107,19 @@ def semisupervised_mnist(
         "valid": {"x": x_all[n_train:], "y": y_all[n_train:]},
         "test": {"x": flat(test_images), "y": torch.from_numpy(test_labels.astype(np.int64))},
     }
+
+
+def semisupervised_dataset(
+    name: str, data_dir: str | Path, n_labelled: int, label_seed: int = 0, n_valid: int = 10000, num_classes: int = 10
+) -> TensorSplits:
+    """:func:`semisupervised_mnist` as :class:`TensorSplits` with the splits ``train`` (images only), ``labelled``,
+    ``valid`` and ``test`` (see the module docstring); dims ``input_dim`` and ``num_classes``."""
+    data = semisupervised_mnist(name, data_dir, n_labelled, label_seed, n_valid, num_classes)
+    train = data["train"]
+    splits = {
+        "train": {"x": train["x"]},
+        "labelled": {"x": train["x"][train["labelled"]], "y": train["y"][train["labelled"]]},
+        "valid": data["valid"],
+        "test": data["test"],
+    }
+    return TensorSplits(splits, dims={"input_dim": train["x"].shape[1], "num_classes": num_classes})

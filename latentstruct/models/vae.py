@@ -170,17 +170,21 @@ class GMVAE(nn.Module):
         """Bernoulli log p(x | logits) summed over pixels; ``logits`` [..., input_dim], ``x`` broadcast to it."""
         return -F.binary_cross_entropy_with_logits(logits, x.expand_as(logits), reduction="none").sum(-1)
 
+    def category_log_likelihood(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """log p(x | z=k, h_k) for every k, ``[B, K]``, from ``x`` [B, input_dim] and ``h`` [B, K, D]: one decoder
+        pass over B·K rows."""
+        b, k, d = h.shape
+        eye = torch.eye(k, dtype=h.dtype, device=h.device)
+        # row (b, k) of the decoder input is embed(onehot(k), h_b): block k holds h_{b,k}, the other blocks zero
+        inputs = (eye.view(1, k, k, 1) * h.view(b, 1, k, d)).reshape(b * k, k * d)
+        return self.log_likelihood(x.unsqueeze(1), self.decode(inputs).view(b, k, -1))
+
     def per_category(self, x: torch.Tensor, generator: torch.Generator | None = None) -> PerCategory:
         """θ(x, k) = log p(x | z=k, h_k) − KL(q(h|x,k) ‖ N(0,I)) for every k, with h the shared-noise samples;
         the K decoder evaluations are one pass over B·K rows."""
         phi, mu, logvar = self.encode(x)
         h = self.sample_gaussians(mu, logvar, generator)
-        b, k, d = h.shape
-        eye = torch.eye(k, dtype=h.dtype, device=h.device)
-        # row (b, k) of the decoder input is embed(onehot(k), h_b): block k holds h_{b,k}, the other blocks zero
-        inputs = (eye.view(1, k, k, 1) * h.view(b, 1, k, d)).reshape(b * k, k * d)
-        logits = self.decode(inputs).view(b, k, -1)
-        log_lik = self.log_likelihood(x.unsqueeze(1), logits)
+        log_lik = self.category_log_likelihood(x, h)
         kl_gauss = gaussian_kl(mu, logvar)
         return PerCategory(phi, mu, logvar, h, log_lik, kl_gauss, log_lik - kl_gauss)
 

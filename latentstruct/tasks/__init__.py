@@ -5,5 +5,6 @@ from latentstruct.tasks.classification import LatentClassifier
 from latentstruct.tasks.knn import KNN
 from latentstruct.tasks.sorting import Sorting
 from latentstruct.tasks.text import LatentTreeNLI, LatentTreeSST
+from latentstruct.tasks.vae import SemiSupervisedVAE
 
-__all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI"]
+__all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI", "SemiSupervisedVAE"]

@@ -9,6 +9,9 @@ encoder, scorer, structure, estimator, decoder; sorting: structure and estimator
   ``acc`` (×100, higher is better): the progress bar shows it and ``trainer.select=best`` maximises ``valid/acc``;
 * ``use_training_data(train)``: called once after building with the training split (on the device); tasks that
   predict from the training examples themselves (the kNN classifier) keep it, the others ignore it;
+* ``begin_step(phase, step)``: called before every training step with the index of the current phase of
+  ``trainer.phases`` (0 without phases) and the number of steps already taken in it, for tasks whose training
+  changes with time (the semi-supervised VAE anneals ε); ignored by default;
 * ``param_groups()`` → ``{name: [parameters]}``: the ``default`` group is optimised by ``optim``, any other group by
   ``optim_groups.<name>`` when the config gives one, else by ``optim`` too (see :func:`latentstruct.optim.build`);
 * ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
@@ -39,6 +42,10 @@ class Task(nn.Module):
 
     def use_training_data(self, train: dict[str, torch.Tensor]) -> None:
         """Receive the training split (for tasks whose predictions use it, e.g. kNN); ignored by default."""
+
+    def begin_step(self, phase: int, step: int) -> None:
+        """Where training is, before each step: ``phase`` indexes ``trainer.phases``, ``step`` counts the steps
+        already taken in it (see the module docstring); ignored by default."""
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
