@@ -225,6 +225,8 @@ class VAETaskConf(TaskConf):
     anneal_floor: float = _help("lower bound of the annealed ε / τ", 0.1)
     gsm_label_weight: float = _help("gsm: weight of the labelled cross-entropy on the relaxed sample", 10.0)
     gsm_hard: bool = _help("gsm: straight-through (one-hot forward, relaxed gradient)", False)
+    kl_discrete: bool = _help("train on KL(q(z|x) ‖ uniform), as the seed's objective does; false: as the authors' "
+                              "direct code did, only report it", True)
 
 
 # ------------------------------------------------------------------------------------------- model parts

@@ -84,6 +84,7 @@ __all__ = [
     "direct_encoder_surrogate",
     "gaussian_kl",
     "gumbel_softmax_sample",
+    "kl_uniform",
     "negative_elbo",
 ]
 
@@ -199,13 +200,16 @@ class GMVAE(nn.Module):
         return self.encode(x)[0].argmax(-1)
 
 
+def kl_uniform(phi: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(φ) ‖ uniform) = Σ_k q_k log q_k + log K over the last dimension of the logits φ ``[..., K]``."""
+    log_q = torch.log_softmax(phi, -1)
+    return (log_q.exp() * log_q).sum(-1) + math.log(phi.shape[-1])
+
+
 def negative_elbo(phi: torch.Tensor, theta: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """−ELBO = −Σ_k q_k θ_k + KL(q ‖ uniform) with q = softmax(φ) over the last dimension [B, K]; ``reduction``:
     ``"mean"`` (over the batch), ``"sum"`` or ``"none"`` ([B])."""
-    log_q = torch.log_softmax(phi, -1)
-    q = log_q.exp()
-    kl_uniform = (q * log_q).sum(-1) + math.log(phi.shape[-1])
-    out = -(q * theta).sum(-1) + kl_uniform
+    out = -(torch.softmax(phi, -1) * theta).sum(-1) + kl_uniform(phi)
     if reduction == "mean":
         return out.mean()
     if reduction == "sum":
