@@ -37,20 +37,9 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from latentstruct.models.text import length_mask
+from latentstruct.models.text import check_lengths, length_mask
 
 __all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "LSTMClassifier"]
-
-
-def _check_lengths(lengths: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
-    if lengths is None:
-        return torch.full((batch,), n, dtype=torch.long, device=device)
-    lengths = torch.as_tensor(lengths, device=device).long()
-    if lengths.shape != (batch,):
-        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-    if bool(((lengths < 1) | (lengths > n)).any()):
-        raise ValueError(f"lengths must lie in 1..{n}, got {lengths.tolist()}")
-    return lengths
 
 
 # ---------------------------------------------------------------------------------------------------------- cell
@@ -137,7 +126,7 @@ class ChartTreeLSTM(nn.Module):
         batch, n, _ = x.shape
         if z.shape != (batch, n, n):
             raise ValueError(f"z must be [{batch}, {n}, {n}] for x {tuple(x.shape)}, got {tuple(z.shape)}")
-        lengths = _check_lengths(lengths, batch, n, x.device)
+        lengths = check_lengths(lengths, batch, n, x.device)
         mask = length_mask(lengths, n, x.device)  # [B, n]
         x = x.masked_fill(~mask.unsqueeze(-1), 0.0)
         pos = torch.arange(n, device=x.device)
@@ -218,7 +207,7 @@ class LSTMClassifier(nn.Module):
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         batch, n = ids.shape
-        cpu_lengths = _check_lengths(torch.as_tensor(lengths).detach().cpu(), batch, n, torch.device("cpu"))
+        cpu_lengths = check_lengths(torch.as_tensor(lengths).detach().cpu(), batch, n, torch.device("cpu"))
         packed = pack_padded_sequence(self.embedding(ids), cpu_lengths, batch_first=True, enforce_sorted=False)
         _, (h_n, _) = self.lstm(packed)  # h_n [1, B, hidden], in the original batch order
         return self.mlp(h_n[0])

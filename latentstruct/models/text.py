@@ -96,10 +96,24 @@ __all__ = [
     "DecomposableAttention",
     "masked_softmax",
     "length_mask",
+    "check_lengths",
 ]
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
+
+
+def check_lengths(lengths: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
+    """``lengths`` as int64 ``[batch]`` on ``device``, each checked to lie in 1..n; None means every example has
+    all n positions."""
+    if lengths is None:
+        return torch.full((batch,), n, dtype=torch.long, device=device)
+    lengths = torch.as_tensor(lengths, device=device).long()
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    if bool(((lengths < 1) | (lengths > n)).any()):
+        raise ValueError(f"lengths must lie in 1..{n}, got {lengths.tolist()}")
+    return lengths
 
 
 def length_mask(lengths: torch.Tensor, n: int, device: torch.device | None = None) -> torch.Tensor:

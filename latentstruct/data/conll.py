@@ -1,0 +1,369 @@
+"""CoNLL-2003 English NER: the column reader, IOB2 ↔ BIOES, conlleval's chunks and F1, and padded id tensors.
+
+Files
+-----
+* **Format** (:func:`read_conll`): one token per line, four whitespace-separated columns ``token POS chunk NER``; a
+  blank line ends a sentence; a line whose token is ``-DOCSTART-`` (document start) is skipped and also ends the
+  current sentence. Any other column count raises ``ValueError`` naming the file and line. Files are opened through
+  :func:`latentstruct.data.files.open_binary` (plain or ``.gz``) and decoded as UTF-8.
+* **Folder** (:func:`load_conll`): ``train.txt``, ``valid.txt``, ``test.txt`` (each optionally ``.gz``; the plain file
+  wins when both exist) under ``data_dir/conll2003`` → splits train / valid / test (valid = ``eng.testa``, test =
+  ``eng.testb``). Published sizes (:data:`CONLL_SIZES`), which the shared copy matches: 14,041 / 3,250 / 3,453
+  sentences, 203,621 / 51,362 / 46,435 tokens.
+* **Tags.** The widely circulated files (and the shared copy) use IOB2: every entity starts with ``B-``. The original
+  ``eng.*`` files use IOB1 (``I-`` everywhere, ``B-`` only between two adjacent entities of one type).
+
+Tagging schemes
+---------------
+A tag is ``O`` or ``P-TYPE`` with ``P`` in ``B`` (begin), ``I`` (inside), ``E`` (end, BIOES only), ``S`` (single
+token, BIOES only). :func:`iob2_to_bioes` and :func:`bioes_to_iob2` convert between the two; both are
+:func:`spans` followed by :func:`tags_from_spans`, so they convert what conlleval would read.
+
+**Validation choice:** by default the input must be well formed in its scheme (checked by converting it to chunks
+and back and requiring the same sequence), else ``ValueError`` naming the first offending position; e.g. an ``I-PER``
+after ``O`` or after ``B-LOC`` is refused in IOB2, and ``B-PER O`` in BIOES. With ``repair=True`` an ill-formed
+sequence is instead read as conlleval reads it (an ``I-`` after ``O`` or after another type starts a chunk), which is
+also exactly how IOB1 is defined, so ``iob2_to_bioes(tags, repair=True)`` converts IOB1 correctly.
+
+conlleval chunks and F1
+-----------------------
+:func:`spans` returns ``(type, start, end)`` chunks with ``end`` exclusive (the chunk is ``tokens[start:end]``).
+Walking the tags with the previous tag's prefix ``p`` and type ``t`` (``O`` before the first token and after the
+last), a chunk **ends** before the current tag (prefix ``q``, type ``u``) when
+
+* ``p`` is ``E`` or ``S``; or ``p`` is ``B`` or ``I`` and ``q`` is ``B``, ``S`` or ``O``; or
+* ``p`` is not ``O`` and ``t != u`` (a type change),
+
+and a chunk **starts** at the current tag when
+
+* ``q`` is ``B`` or ``S``; or ``q`` is ``I`` or ``E`` and ``p`` is ``O``, ``E`` or ``S``; or
+* ``q`` is not ``O`` and ``t != u``.
+
+For sequences of B/I/O tags (IOB1, IOB2, ill-formed or not) and of I/E/O tags (IOE) these are exactly the rules of
+``conlleval.pl`` (``startOfChunk`` / ``endOfChunk``). ``conlleval.pl`` has no rule for ``S`` and none for ``B`` after
+``E``, so on BIOES it would merge ``S-PER S-PER`` into one chunk; the rules above add them as the usual Python ports of
+conlleval do. :func:`span_f1` counts a predicted chunk as correct when a gold chunk has the same type, start and end
+(what conlleval's ``correctChunk`` counter amounts to), micro-averaged over all chunks of all sentences, and returns
+conlleval's precision, recall and FB1, ×100, each 0 when its denominator is 0.
+
+Vocabularies and tensors
+------------------------
+* Words (:class:`latentstruct.data.text.Vocab`): built on the training sentences, ``<pad>`` = 0, ``<unk>`` = 1, then
+  the words seen at least ``min_count`` times by count then alphabetically; case is kept unless ``lowercase``.
+* Tags (:func:`tag_names`): fixed, not read from the data: ``O`` = 0, then for each type of :data:`CONLL_TYPES` (LOC,
+  MISC, ORG, PER) its ``B I E S`` tags (BIOES, 1 + 4×4 = 17 tags) or ``B I`` tags (IOB2, 9 tags).
+* POS and chunk tags (columns 2 and 3, the "NER+" features, with ``features=True``): a :class:`Vocab` each, built on
+  train (unseen tags → ``<unk>``).
+* :func:`conll_dataset` pads each split to its own longest sentence: word, POS and chunk ids with 0, **tags with**
+  :data:`TAG_PAD` **= -100** (the default ``ignore_index`` of ``torch.nn.functional.cross_entropy``; positions past
+  ``lengths`` must be masked before indexing anything with a tag id).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, NamedTuple
+
+import numpy as np
+import torch
+
+from latentstruct.data.base import TensorSplits
+from latentstruct.data.files import first_file, open_binary
+from latentstruct.data.text import Vocab, glove_cache
+
+__all__ = [
+    "CONLL_SIZES",
+    "CONLL_TYPES",
+    "TAG_PAD",
+    "Sentence",
+    "bioes_to_iob2",
+    "conll_dataset",
+    "iob2_to_bioes",
+    "load_conll",
+    "read_conll",
+    "span_f1",
+    "spans",
+    "tag_names",
+    "tags_from_spans",
+]
+
+#: the four CoNLL-2003 entity types
+CONLL_TYPES: tuple[str, ...] = ("LOC", "MISC", "ORG", "PER")
+
+#: the padding value of the tag tensors
+TAG_PAD = -100
+
+#: published (sentences, tokens) of the English CoNLL-2003 splits, -DOCSTART- lines excluded
+CONLL_SIZES: dict[str, tuple[int, int]] = {"train": (14041, 203621), "valid": (3250, 51362), "test": (3453, 46435)}
+
+_SCHEME_PREFIXES = {"iob2": "BI", "bioes": "BIES"}
+
+
+class Sentence(NamedTuple):
+    """One sentence: the four columns, each a list of strings of the same length."""
+
+    tokens: list[str]
+    pos: list[str]
+    chunk: list[str]
+    ner: list[str]
+
+
+# --- files ---------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _open_text(path: str | Path) -> Iterator[IO[str]]:
+    with open_binary(path) as raw:
+        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+
+
+def read_conll(path: str | Path) -> list[Sentence]:
+    """Read a 4-column CoNLL-2003 file (plain or compressed) into sentences; ``-DOCSTART-`` lines are skipped."""
+    sentences: list[Sentence] = []
+    rows: list[list[str]] = []  # the fields of the current sentence's lines
+
+    def flush() -> None:
+        if rows:
+            sentences.append(Sentence(*(list(column) for column in zip(*rows, strict=True))))
+            rows.clear()
+
+    with _open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            fields = line.split()
+            if len(fields) == 4 and fields[0] != "-DOCSTART-":
+                rows.append(fields)
+            elif not fields or fields[0] == "-DOCSTART-":
+                flush()
+            else:
+                raise ValueError(f"{path}:{lineno}: expected 4 columns (token POS chunk NER), got {len(fields)}")
+    flush()
+    return sentences
+
+
+def load_conll(root: str | Path) -> dict[str, list[Sentence]]:
+    """Read ``train``, ``valid`` and ``test`` (``<split>.txt`` or ``<split>.txt.gz``) from ``root``."""
+    root = Path(root)
+    out = {}
+    for split in ("train", "valid", "test"):
+        path = first_file([root / f"{split}.txt", root / f"{split}.txt.gz"])
+        if path is None:
+            raise FileNotFoundError(
+                f"missing {root / split}.txt[.gz]; a CoNLL-2003 folder must hold train.txt, valid.txt and test.txt "
+                "(plain or .gz) in the 4-column format (token POS chunk NER)"
+            )
+        out[split] = read_conll(path)
+    return out
+
+
+# --- tags and chunks -----------------------------------------------------------------------------------------------
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    if tag == "O":
+        return "O", ""
+    prefix, sep, kind = tag.partition("-")
+    if not sep or not kind or prefix not in ("B", "I", "E", "S"):
+        raise ValueError(f"not a chunk tag: {tag!r} (expected 'O' or B-, I-, E-, S- followed by a type)")
+    return prefix, kind
+
+
+def _ends(p: str, q: str, t: str, u: str) -> bool:
+    """Whether the chunk holding the previous tag (prefix ``p``, type ``t``) ends before the tag ``q``, ``u``."""
+    return p in "ES" or (p in "BI" and q in "BSO") or (p != "O" and t != u)
+
+
+def _starts(p: str, q: str, t: str, u: str) -> bool:
+    """Whether a chunk starts at the tag ``q``, ``u`` after the tag ``p``, ``t``."""
+    return q in "BS" or (q in "IE" and p in "OES") or (q != "O" and t != u)
+
+
+def spans(tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """The chunks ``(type, start, end)`` (``end`` exclusive) of a tag sequence, read by conlleval's rules (module
+    docstring); any mix of B/I/E/S/O prefixes is accepted."""
+    out = []
+    start = None
+    p, t = "O", ""
+    for i, tag in enumerate([*tags, "O"]):
+        q, u = _split_tag(tag)
+        if start is not None and _ends(p, q, t, u):
+            out.append((t, start, i))
+            start = None
+        if _starts(p, q, t, u):
+            start = i
+        p, t = q, u
+    return out
+
+
+def tags_from_spans(chunks: Iterable[tuple[str, int, int]], length: int, scheme: str = "bioes") -> list[str]:
+    """The ``scheme`` (``"bioes"`` or ``"iob2"``) tags of ``length`` tokens holding the (non-overlapping) chunks
+    ``(type, start, end)``, ``end`` exclusive; the other tokens are ``O``."""
+    if scheme not in _SCHEME_PREFIXES:
+        raise ValueError(f"unknown tagging scheme {scheme!r} (expected one of {', '.join(_SCHEME_PREFIXES)})")
+    tags = ["O"] * length
+    for kind, start, end in chunks:
+        if not 0 <= start < end <= length or any(tag != "O" for tag in tags[start:end]):
+            raise ValueError(f"chunk ({kind!r}, {start}, {end}) is empty, out of 0..{length} or overlaps another")
+        tags[start:end] = [f"I-{kind}"] * (end - start)
+        tags[start] = f"B-{kind}"
+        if scheme == "bioes":
+            tags[end - 1] = f"E-{kind}" if end - start > 1 else f"S-{kind}"
+    return tags
+
+
+def _convert(tags: Sequence[str], source: str, target: str, repair: bool) -> list[str]:
+    tags = list(tags)
+    allowed = _SCHEME_PREFIXES[source]
+    for i, tag in enumerate(tags):
+        prefix, _ = _split_tag(tag)
+        if prefix != "O" and prefix not in allowed:
+            raise ValueError(f"tag {tag!r} at position {i} is not allowed in {source.upper()}")
+    chunks = spans(tags)
+    if not repair:
+        canonical = tags_from_spans(chunks, len(tags), source)
+        if canonical != tags:
+            i = next(i for i, (a, b) in enumerate(zip(tags, canonical, strict=True)) if a != b)
+            before = repr(tags[i - 1]) if i else "the start"
+            raise ValueError(
+                f"ill-formed {source.upper()}: {tags[i]!r} at position {i} after {before} (conlleval reads it as "
+                f"{canonical[i]!r}; pass repair=True to accept that reading)"
+            )
+    return tags_from_spans(chunks, len(tags), target)
+
+
+def iob2_to_bioes(tags: Sequence[str], repair: bool = False) -> list[str]:
+    """IOB2 → BIOES. Ill-formed IOB2 raises ``ValueError`` unless ``repair``, which reads it as conlleval does (and
+    so converts IOB1 correctly)."""
+    return _convert(tags, "iob2", "bioes", repair)
+
+
+def bioes_to_iob2(tags: Sequence[str], repair: bool = False) -> list[str]:
+    """BIOES → IOB2 (``E`` → ``I``, ``S`` → ``B``). Ill-formed BIOES raises ``ValueError`` unless ``repair``, which
+    converts conlleval's reading of it."""
+    return _convert(tags, "bioes", "iob2", repair)
+
+
+def span_f1(
+    pred_seqs: Sequence[Sequence[str]], gold_seqs: Sequence[Sequence[str]]
+) -> tuple[float, float, float]:
+    """conlleval's chunk precision, recall and F1 (×100, micro over all chunks) of predicted against gold tag
+    sequences (any B/I/E/S/O mix, read by :func:`spans`)."""
+    if len(pred_seqs) != len(gold_seqs):
+        raise ValueError(f"{len(pred_seqs)} predicted sequences but {len(gold_seqs)} gold ones")
+    correct = found_pred = found_gold = 0
+    for i, (pred, gold) in enumerate(zip(pred_seqs, gold_seqs, strict=True)):
+        if len(pred) != len(gold):
+            raise ValueError(f"sequence {i}: {len(pred)} predicted tags but {len(gold)} gold ones")
+        pred_chunks, gold_chunks = set(spans(pred)), set(spans(gold))
+        correct += len(pred_chunks & gold_chunks)
+        found_pred += len(pred_chunks)
+        found_gold += len(gold_chunks)
+    precision = 100.0 * correct / found_pred if found_pred else 0.0
+    recall = 100.0 * correct / found_gold if found_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+def tag_names(scheme: str = "bioes", types: Sequence[str] = CONLL_TYPES) -> list[str]:
+    """The tag inventory: ``O``, then per type ``B I E S`` (BIOES) or ``B I`` (IOB2)."""
+    if scheme not in _SCHEME_PREFIXES:
+        raise ValueError(f"unknown tagging scheme {scheme!r} (expected one of {', '.join(_SCHEME_PREFIXES)})")
+    return ["O", *(f"{prefix}-{kind}" for kind in types for prefix in _SCHEME_PREFIXES[scheme])]
+
+
+# --- dataset for train.py ------------------------------------------------------------------------------------------
+
+
+def _pad(seqs: list[list[int]], pad: int) -> torch.Tensor:
+    """int64 ``[N, max_len]``, right-padded with ``pad``."""
+    out = np.full((len(seqs), max((len(s) for s in seqs), default=0)), pad, dtype=np.int64)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = seq
+    return torch.from_numpy(out)
+
+
+def _limit(sentences: list[Sentence], n: int | None) -> list[Sentence]:
+    """``n`` sentences drawn without replacement by a fixed seed, kept in file order (smoke runs)."""
+    if n is None or n >= len(sentences):
+        return sentences
+    if n < 0:
+        raise ValueError(f"a subset size must be non-negative, got {n}")
+    return [sentences[i] for i in sorted(random.Random(0).sample(range(len(sentences)), n))]
+
+
+def conll_dataset(
+    data_dir: str | Path,
+    folder: str = "conll2003",
+    scheme: str = "bioes",
+    min_count: int = 1,
+    lowercase: bool = False,
+    features: bool = False,
+    repair_tags: bool = False,
+    pretrained: str | None = None,
+    cache_dir: str = ".cache/glove",
+    subset: int | None = None,
+    eval_subset: int | None = None,
+) -> TensorSplits:
+    """CoNLL-2003 as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"x": int64 [N, n] word ids (pad 0),
+    "lengths": int64 [N], "y": int64 [N, n] tag ids (pad -100)}``, plus ``"pos"`` and ``"chunk"`` int64 ``[N, n]`` (pad
+    0) with ``features``. ``dims`` = ``vocab_size``, ``num_tags``, ``embedding_dim`` (0 without ``pretrained``),
+    ``pos_vocab_size`` and ``chunk_vocab_size`` (0 without ``features``); ``extras`` = ``vocab``, ``tag_names``,
+    ``pos_vocab``, ``chunk_vocab`` (None without ``features``), ``embeddings`` (a GloVe matrix for ``vocab`` or
+    None) and ``embedding_source``. Tags are converted from the files' IOB2 to ``scheme`` (``repair_tags``: see
+    :func:`iob2_to_bioes`). ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test."""
+    root = Path(folder).expanduser()
+    root = root if root.is_absolute() else Path(data_dir) / root
+    raw = load_conll(root)
+    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    names = tag_names(scheme)
+    tag_index = {tag: i for i, tag in enumerate(names)}
+
+    def words(sentence: Sentence) -> list[str]:
+        return [w.lower() for w in sentence.tokens] if lowercase else sentence.tokens
+
+    vocab = Vocab.build((words(s) for s in raw["train"]), min_freq=min_count)
+    pos_vocab = Vocab.build(s.pos for s in raw["train"]) if features else None
+    chunk_vocab = Vocab.build(s.chunk for s in raw["train"]) if features else None
+    embeddings, source = None, "random (trainable)"
+    if pretrained:
+        path = Path(pretrained).expanduser()
+        path = path if path.is_absolute() else Path(data_dir) / path
+        if not path.is_file():
+            raise FileNotFoundError(f"pretrained={pretrained!r}: no file {path}")
+        embeddings = glove_cache(path, vocab, cache_dir)
+        found = int((embeddings.abs().sum(1) > 0).sum())
+        source = f"{path.name} ({found} of {len(vocab) - 2} words)"
+
+    splits = {}
+    for split, sentences in raw.items():
+        tag_ids = []
+        for k, sentence in enumerate(sentences):
+            try:
+                tags = iob2_to_bioes(sentence.ner, repair_tags)  # also checks (or repairs) the IOB2
+                if scheme == "iob2":
+                    tags = bioes_to_iob2(tags)
+                tag_ids.append([tag_index[tag] for tag in tags])
+            except (KeyError, ValueError) as err:
+                raise ValueError(f"{split} sentence {k} ({' '.join(sentence.tokens[:8])} ...): {err}") from None
+        data = {
+            "x": _pad([vocab.encode(words(s)) for s in sentences], 0),
+            "lengths": torch.tensor([len(s.tokens) for s in sentences], dtype=torch.long),
+            "y": _pad(tag_ids, TAG_PAD),
+        }
+        if features:
+            data["pos"] = _pad([pos_vocab.encode(s.pos) for s in sentences], 0)
+            data["chunk"] = _pad([chunk_vocab.encode(s.chunk) for s in sentences], 0)
+        splits[split] = data
+    dims = {
+        "vocab_size": len(vocab),
+        "num_tags": len(names),
+        "embedding_dim": 0 if embeddings is None else embeddings.shape[1],
+        "pos_vocab_size": len(pos_vocab) if pos_vocab else 0,
+        "chunk_vocab_size": len(chunk_vocab) if chunk_vocab else 0,
+    }
+    extras = {"vocab": vocab, "tag_names": names, "pos_vocab": pos_vocab, "chunk_vocab": chunk_vocab,
+              "embeddings": embeddings, "embedding_source": source}
+    return TensorSplits(splits, dims=dims, extras=extras)

@@ -1,0 +1,264 @@
+r"""Implicit gradients of a bi-level problem from Hessian-vector products only (seed 004, eq. 2-4, Appendix A).
+
+The problem (seed eq. 2 / eq. 8)
+--------------------------------
+An *outer* parameter φ (the energy network) shapes the *auxiliary* loss that an *inner* parameter θ (the inference
+network) minimises, and φ is judged by the *primary* loss at the inner optimum:
+
+    min_φ  L_prim(θ*(φ), φ)     s.t.   θ*(φ) = argmin_θ L_aux(θ, φ).                                   (2)
+
+At θ* the optimality condition ∇_θ L_aux(θ*, φ) = 0 (eq. 10) holds for every φ; differentiating it in φ (eq. 11)
+gives dθ*/dφ = −H⁻¹ ∂²L_aux/∂θ∂φ with H = ∂²L_aux/∂θ² (eq. 12), and the chain rule (eq. 9) then gives the total
+derivative (eq. 3-4, eq. 13):
+
+    dL_prim/dφ = ∂L_prim/∂φ  −  [∂²L_aux/∂φ∂θ] · H⁻¹ · ∂L_prim/∂θ,                                  (3-4)
+
+all evaluated at the current (θ, φ). (The seed writes the left-hand side of eq. 3 as a partial ∂L_prim/∂φ; it is
+the total derivative d/dφ of eq. 9/13.) **Sign convention**: both losses are *minimised*; the returned vector is the
+gradient of L_prim (descend it: φ ← φ − η g, as in Algorithm 1), and the implicit term enters with a *minus*,
+exactly as in eq. 4/13. Here [∂²L_aux/∂φ∂θ] is the |φ| × |θ| matrix with entries ∂²L_aux/∂φ_i∂θ_j, so the implicit
+term is the φ-gradient of the scalar ⟨∇_θ L_aux(θ, φ), w⟩ with w = H⁻¹ ∂L_prim/∂θ held fixed (:func:`mixed_vp`).
+Eq. 3-4 is exact only when θ is a (strict local) minimiser of L_aux; Algorithm 1 uses it after T_inner gradient
+steps, so in practice it is the implicit gradient *at the current θ*, an approximation when the inner problem is
+not solved.
+
+Products, never matrices
+------------------------
+* :func:`hvp` — H v by double backward: the gradient of ⟨∇_θ L, v⟩ w.r.t. θ (Pearlmutter 1994; Christianson 1992).
+  Appendix A of the seed describes the finite-difference version (perturb θ by εv, difference the gradients); the
+  double-backward product is exact and costs about one more backward pass, so it is used here and the finite
+  difference is only the tests' check.
+* :func:`mixed_vp` — the cross term (∂²L/∂φ∂θ) v, the same trick differentiated w.r.t. φ instead of θ.
+* :func:`neumann_inverse_hvp` — H⁻¹ v by the truncated von Neumann series of Appendix A, with the step size α of
+  Lorraine, Vicol & Duvenaud (2020, Algorithm 3) as the "suitably chosen large divisor" 1/α:
+
+      H⁻¹ = α (αH)⁻¹ = α Σ_{i≥0} (I − αH)^i   ≈   α Σ_{i=0}^{K} (I − αH)^i,
+
+  computed as  p ← v, u ← v;  K times: u ← u − α H u,  p ← p + u;  return α p.  The series converges iff the
+  spectral radius of I − αH is below 1, i.e. iff every eigenvalue λ of H satisfies 0 < αλ < 2: H must be positive
+  definite (θ a strict local minimum of L_aux) and 0 < α < 2/λ_max. The truncation error is
+  α Σ_{i>K} (I − αH)^i v = (I − αH)^{K+1} H⁻¹ v, which shrinks like (1 − αλ_min)^{K+1} for α ≤ 1/λ_max. The seed's
+  statement (α = 1, "singular values less than 2") is the case α = 1 of this condition. With a non-convex L_aux
+  (negative eigenvalues) the series diverges in those directions; a small α and few terms then act as a damped,
+  truncated inverse (Lorraine et al. 2020 use it that way), which is the seed's practice.
+* :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
+
+:func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
+with ``create_graph`` (∇_θ L_aux, kept for all products), ``terms`` HVPs for H⁻¹ ∂L_prim/∂θ and one mixed product.
+
+One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and φ = ``list(energy.parameters())``::
+
+    for _ in range(t_inner):                                  # θ ← θ − η ∇_θ L_aux(θ, φ)
+        opt_theta.zero_grad(); aux_loss_fn().backward(inputs=theta); opt_theta.step()
+    grads = implicit_gradient(primary_loss_fn(), aux_loss_fn(), theta, phi, terms=k, alpha=a)
+    for p, g in zip(phi, grads):
+        p.grad = g
+    opt_phi.step()                                            # φ ← φ − η dL_prim/dφ
+
+Parameters that a loss does not depend on get zero derivatives (``allow_unused`` → zeros) throughout, so θ and φ may
+be whole ``model.parameters()`` lists. θ and φ must be disjoint (a tensor cannot be both inner and outer).
+
+References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
+J. Lorraine, P. Vicol, D. Duvenaud (2020), "Optimizing millions of hyperparameters by implicit differentiation",
+AISTATS. B. Pearlmutter (1994), "Fast exact multiplication by the Hessian", Neural Computation. B. Christianson
+(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = [
+    "exact_inverse_hvp",
+    "grad_or_zeros",
+    "hvp",
+    "implicit_gradient",
+    "mixed_vp",
+    "neumann_inverse_hvp",
+]
+
+Tensors = Sequence[torch.Tensor]
+#: ``(grads_theta, theta, v) -> H⁻¹ v``: the signature of an inverse-HVP solver accepted by :func:`implicit_gradient`
+InverseHVP = Callable[[Tensors, Tensors, Tensors], list[torch.Tensor]]
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+
+
+def grad_or_zeros(
+    outputs: torch.Tensor | Tensors,
+    inputs: Tensors,
+    grad_outputs: Tensors | None = None,
+    create_graph: bool = False,
+) -> list[torch.Tensor]:
+    """``torch.autograd.grad`` with ``allow_unused`` and zeros (not ``None``) for inputs the outputs do not depend on;
+    outputs that carry no graph (e.g. zero gradients of unused parameters) are skipped, all zeros if none has one.
+    The graph is always retained, since the callers differentiate the same ``∇_θ L_aux`` many times."""
+    outs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    gouts = [None] * len(outs) if grad_outputs is None else list(grad_outputs)
+    if len(gouts) != len(outs):
+        raise ValueError(f"{len(outs)} outputs but {len(gouts)} grad_outputs")
+    pairs = [(o, g) for o, g in zip(outs, gouts, strict=True) if o.requires_grad]
+    if not pairs:
+        return [torch.zeros_like(p) for p in inputs]
+    grads = torch.autograd.grad(
+        [o for o, _ in pairs],
+        list(inputs),
+        grad_outputs=None if grad_outputs is None else [g for _, g in pairs],
+        retain_graph=True,
+        create_graph=create_graph,
+        allow_unused=True,
+    )
+    return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, inputs, strict=True)]
+
+
+def _first_grads(loss_or_grads: torch.Tensor | Tensors, params: Tensors) -> list[torch.Tensor]:
+    """∇ L w.r.t. ``params`` with a graph (``create_graph``), or the given gradient tensors unchanged."""
+    if isinstance(loss_or_grads, torch.Tensor):
+        if loss_or_grads.ndim != 0:
+            raise ValueError(f"a loss must be a scalar, got shape {tuple(loss_or_grads.shape)}")
+        return grad_or_zeros(loss_or_grads, params, create_graph=True)
+    grads = list(loss_or_grads)
+    if len(grads) != len(params):
+        raise ValueError(f"{len(grads)} gradient tensors for {len(params)} parameters")
+    return grads
+
+
+def _check_vectors(v: Tensors, params: Tensors, name: str = "v") -> list[torch.Tensor]:
+    v = list(v)
+    if len(v) != len(params) or any(a.shape != p.shape for a, p in zip(v, params, strict=False)):
+        raise ValueError(f"{name} must hold one tensor of each parameter's shape")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------- vector products
+
+
+def hvp(loss_or_grads: torch.Tensor | Tensors, params: Tensors, v: Tensors) -> list[torch.Tensor]:
+    """Hessian-vector product H v, H = ∂²L/∂θ², by double backward.
+
+    ``loss_or_grads``: the scalar loss L, or the list ∇_θ L already computed with ``create_graph=True`` (pass it to
+    reuse one first backward across many products). ``params`` θ: a list of tensors; ``v``: one tensor per
+    parameter, of its shape. Returns H v as one tensor per parameter (zeros where L does not depend on it). The
+    result is detached from the graph (no third derivatives).
+    """
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    v = _check_vectors(v, params)
+    return [h.detach() for h in grad_or_zeros(grads, params, grad_outputs=[t.detach() for t in v])]
+
+
+def mixed_vp(loss_or_grads: torch.Tensor | Tensors, inner: Tensors, outer: Tensors, v: Tensors) -> list[torch.Tensor]:
+    """Cross product (∂²L/∂φ∂θ) v = ∇_φ ⟨∇_θ L, v⟩ for ``v`` in θ-space; returns one tensor per outer parameter φ.
+
+    ``loss_or_grads``: the scalar L, or ∇_θ L (w.r.t. ``inner``) computed with ``create_graph=True``. Parameters
+    of φ that ∇_θ L does not depend on get zeros. Detached result.
+    """
+    inner, outer = list(inner), list(outer)
+    grads = _first_grads(loss_or_grads, inner)
+    v = _check_vectors(v, inner)
+    return [h.detach() for h in grad_or_zeros(grads, outer, grad_outputs=[t.detach() for t in v])]
+
+
+# ------------------------------------------------------------------------------------------ inverse HVP solvers
+
+
+def neumann_inverse_hvp(
+    loss_or_grads: torch.Tensor | Tensors,
+    params: Tensors,
+    v: Tensors,
+    terms: int = 20,
+    alpha: float = 0.01,
+) -> list[torch.Tensor]:
+    """H⁻¹ v ≈ α Σ_{i=0}^{terms} (I − αH)^i v, the truncated von Neumann series (seed Appendix A; Lorraine et al.
+    2020, Algorithm 3).
+
+    ``loss_or_grads``/``params``: as in :func:`hvp` (pass ∇_θ L with a graph to reuse it); ``v``: one tensor per
+    parameter. ``terms`` = K ≥ 0 HVPs are made (K = 0 returns α v). Converges to H⁻¹ v as K → ∞ iff every
+    eigenvalue λ of H satisfies 0 < αλ < 2, i.e. H positive definite and 0 < α < 2/λ_max; the error after K terms
+    is (I − αH)^{K+1} H⁻¹ v. See the module docstring.
+    """
+    if terms < 0:
+        raise ValueError(f"terms={terms} must be >= 0")
+    if alpha <= 0:
+        raise ValueError(f"alpha={alpha} must be positive")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    u = [t.detach().clone() for t in _check_vectors(v, params)]
+    p = [t.clone() for t in u]
+    for _ in range(terms):
+        hu = hvp(grads, params, u)
+        u = [a - alpha * b for a, b in zip(u, hu, strict=True)]
+        p = [a + b for a, b in zip(p, u, strict=True)]
+    return [alpha * a for a in p]
+
+
+def exact_inverse_hvp(loss_or_grads: torch.Tensor | Tensors, params: Tensors, v: Tensors) -> list[torch.Tensor]:
+    """H⁻¹ v exactly: H is assembled from |θ| HVPs (one per coordinate) and the linear system solved densely.
+
+    Only for tests and tiny models (|θ| up to a few thousand). Raises if H is singular.
+    """
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    v = _check_vectors(v, params)
+    sizes = [p.numel() for p in params]
+    n = sum(sizes)
+    ref = params[0]
+    columns = []
+    for j in range(n):
+        e = torch.zeros(n, dtype=ref.dtype, device=ref.device)
+        e[j] = 1.0
+        columns.append(torch.cat([h.reshape(-1) for h in hvp(grads, params, _unflatten(e, params))]))
+    hessian = torch.stack(columns, dim=1)
+    x = torch.linalg.solve(hessian, torch.cat([t.detach().reshape(-1) for t in v]))
+    return _unflatten(x, params)
+
+
+def _unflatten(flat: torch.Tensor, like: Tensors) -> list[torch.Tensor]:
+    out, i = [], 0
+    for p in like:
+        out.append(flat[i : i + p.numel()].view_as(p))
+        i += p.numel()
+    return out
+
+
+# ------------------------------------------------------------------------------------------- implicit gradient
+
+
+def implicit_gradient(
+    primary_loss: torch.Tensor,
+    aux_loss: torch.Tensor,
+    inner_params: Tensors,
+    outer_params: Tensors,
+    terms: int = 20,
+    alpha: float = 0.01,
+    inverse_hvp: InverseHVP | None = None,
+) -> list[torch.Tensor]:
+    """dL_prim/dφ of the bi-level problem (2) at the current (θ, φ), by eq. 3-4 (= eq. 13) of seed 004:
+
+        dL_prim/dφ = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) · H⁻¹ · ∂L_prim/∂θ,    H = ∂²L_aux/∂θ².
+
+    ``primary_loss``, ``aux_loss``: scalars computed from θ = ``inner_params`` and φ = ``outer_params`` (two
+    disjoint lists of tensors that require grad). H⁻¹ is applied by :func:`neumann_inverse_hvp` with ``terms`` and
+    ``alpha`` unless ``inverse_hvp`` (``(grads_theta, theta, v) -> H⁻¹ v``, e.g. :func:`exact_inverse_hvp`) is
+    given. Returns one detached tensor per outer parameter (zeros for parameters neither loss depends on); nothing is
+    written to ``.grad`` — assign the result there (or pass it to an optimiser) to take the step of Algorithm 1.
+    Both losses' graphs are consumed for θ and φ only; other leaves are untouched.
+    """
+    inner, outer = list(inner_params), list(outer_params)
+    if {id(p) for p in inner} & {id(p) for p in outer}:
+        raise ValueError("inner_params and outer_params must be disjoint")
+    g_prim = grad_or_zeros(primary_loss, inner + outer)
+    d_theta = [g.detach() for g in g_prim[: len(inner)]]
+    explicit = [g.detach() for g in g_prim[len(inner) :]]
+    if not any(bool(g.any()) for g in d_theta):
+        return explicit  # L_prim does not depend on θ (e.g. ȳ detached): the implicit term vanishes
+    g_aux = grad_or_zeros(aux_loss, inner, create_graph=True)
+    if inverse_hvp is None:
+        w = neumann_inverse_hvp(g_aux, inner, d_theta, terms=terms, alpha=alpha)
+    else:
+        w = inverse_hvp(g_aux, inner, d_theta)
+    cross = mixed_vp(g_aux, inner, outer, w)
+    return [e - c for e, c in zip(explicit, cross, strict=True)]

@@ -1,0 +1,440 @@
+r"""Energy networks, inference networks and primary losses for energy-based structured prediction (seed 004).
+
+Seed 004 trains an energy network E_φ(x, y) and an inference network A_θ(x) as a bi-level problem: θ minimises the
+auxiliary loss (eq. 6), φ minimises a primary loss through the implicit gradient of eq. 3-4
+(:mod:`latentstruct.implicit`, Algorithm 1). This module holds the networks and the losses; the training loop lives
+elsewhere.
+
+Sign convention: **E is an energy — lower is better** — everywhere in this module
+------------------------------------------------------------------------------------
+The seed says so ("trained to assign the correct output y a lower energy", "predictions ... with the lowest energy"),
+and its losses only make sense that way: the hinge [Δ − E(ȳ) + E(y)]₊ vanishes when the gold energy is lower by the
+margin, and eq. 6 adds +λ E(x, A_θ(x)), pulling the inference network towards low energy. The *parameterisations*
+below are written as E = −S with S the seed's bracketed expression (a score). Since every term of S is linear in its
+last-layer weights (U, W, v, b), the leading minus is a reparameterisation (U → −U, ...) and leaves the model family
+unchanged; it is chosen so that the unary weights are genuine *logits* (high = the label/tag is on): the MLC feature
+network can then be pretrained with an independent logistic loss through :meth:`MLCEnergy.local_logits` and keep its
+meaning inside E, and with the pairwise/global terms at zero, argmin_y E is the per-label / per-token argmax of the
+logits. (Tu & Gimpel 2018 write their sequence energy with the same leading minus; the seed's eq. 7 and its MLC
+formula omit it.) y is always the *relaxed* output: y ∈ [0, 1]^L, or one row of the simplex per token.
+
+Energies
+--------
+* :class:`MLCEnergy` — the SPEN energy of Belanger & McCallum (2016) as used in the seed's MLC experiments
+  ("E = yᵀWb(x) + vᵀσ(My)"), for y ``[*, B, L]`` and x ``[B, D]``:
+
+      F(x) = ReLU MLP (feature_hidden, default 150-150),     ℓ_i(x) = b_iᵀ F(x) + β_i   (local_logits)
+      E_φ(x, y) = −[ Σ_i y_i ℓ_i(x)  +  vᵀ softplus(C y + c) ]                                       (E-MLC)
+
+  σ of the seed / g of SPEN is taken as softplus (SPEN's choice); the per-label bias β_i is an extra unary term
+  (SPEN's local energy has none) that the logistic pretraining needs. The global ("label") term has
+  ``global_hidden`` = 16 units.
+
+* :class:`SequenceEnergy` — eq. 7 of the seed (Tu & Gimpel 2018), for y ``[*, B, n, T]`` with lengths ``[B]`` and
+  token features b(x, t) ``[B, n, H]`` (from :class:`BiLSTMFeatures`, computed once by the caller):
+
+      E_φ(x, y) = −[ Σ_{t=1}^{N} Σ_j y_{t,j} U_jᵀ b(x, t)  +  Σ_{t=1}^{N+1} y_{t−1}ᵀ W̃ y_t ]              (7)
+
+  with N the example's length, y_0 = ⟨s⟩ and y_{N+1} = ⟨/s⟩ one-hot start/end symbols; the transitions out of ⟨s⟩
+  and into ⟨/s⟩ are two vectors ``start`` and ``end`` [T] and W̃ restricted to real tags is ``transition`` [T, T].
+  Positions t > N contribute nothing, whatever y and b hold there (y is masked, so the last real tag is the one
+  that meets ⟨/s⟩).
+
+Feature and inference networks
+------------------------------
+* :class:`BiLSTMFeatures` — word embeddings (+ optional embeddings of extra per-token feature vocabularies, e.g. POS
+  and chunk tags for the seed's NER+) → one BiLSTM layer, ``hidden`` = 100 units per direction → b(x, t)
+  ``[B, n, 2·hidden]``, exactly 0 at padding. One class serves the energy's b(x, t), the inference network and the
+  BiLSTM baseline (each with its own instance: φ and θ must be disjoint for the implicit gradient).
+* :class:`MLCInferenceNet` — A_θ(x) = sigmoid(MLP(x)) ``[B, L]``, the MLP shaped like F plus a linear output layer.
+* :class:`SequenceInferenceNet` — A_θ(x)_t = softmax(V b_θ(x, t) + c) per token ``[B, n, T]`` (rows at padded
+  positions are 0). Trained with :func:`sequence_nll` alone it *is* the BiLSTM baseline of Table 3.
+
+Task losses Δ (the seed's "score function" s, used as a cost)
+-------------------------------------------------------------
+The seed calls s(ȳ, y) a score "of how good y' is", but uses it where only a *cost* makes sense: as the margin in
+L_SSVM and added to −E(ȳ_k) in L_CD, and with ȳ_0 = y in L_CD it must vanish at the gold output for Appendix D's
+softplus reduction to hold. So s = Δ here: Δ(y, y) = 0 and Δ grows as ȳ gets worse.
+
+* MLC: Δ = 1 − F1(ȳ, y) per example. :func:`f1_loss` rounds ȳ at 0.5 first (the discrete task loss, no gradient);
+  :func:`soft_f1_loss` is 1 − 2⟨ȳ, y⟩/(Σȳ + Σy) on the relaxed ȳ (differentiable; equal to f1_loss on {0, 1}
+  inputs; equal to the continuous F1 of Gygli et al. 2017, 2Σmin(ȳ, y)/(Σmin + Σmax), when y is binary). Empty ȳ
+  and empty y count as F1 = 1.
+* Sequences: :func:`hamming_loss` Σ_{t ≤ N} (1 − ⟨ȳ_t, y_t⟩): the number of wrong tags for one-hot ȳ, the expected
+  number under independent per-token categoricals ȳ_t for relaxed ȳ; ``normalize=True`` divides by N (1 − token
+  accuracy, the citation experiment's task loss).
+
+Primary losses ("Primary Loss Design" of the seed; all return the batch mean by default)
+-----------------------------------------------------------------------------------------
+The functions take energy *values*, so they serve both energies; ``energy_bar`` = E_φ(x, ȳ) with ȳ the inference
+network's output (or samples from it), ``energy_gold`` = E_φ(x, y).
+
+* :func:`ssvm_loss` — margin-rescaled hinge (Tsochantaridis et al. 2004), the seed's L_SSVM:
+
+      L_SSVM = [Δ(ȳ, y) − E_φ(x, ȳ) + E_φ(x, y)]₊                                                       (P1)
+
+* :func:`cd_loss` — the seed's task-augmented contrastive divergence, with ȳ_0 = y and K negatives ȳ_1..ȳ_K drawn
+  from the inference network (:func:`bernoulli_samples` for MLC, :func:`categorical_samples` for sequences):
+
+      L_CD = −log [ exp(−E_φ(x, y)) / Σ_{k=0}^{K} exp(−E_φ(x, ȳ_k) + Δ(ȳ_k, y)) ]
+           = E_φ(x, y) + logsumexp_{k=0..K} (−E_φ(x, ȳ_k) + Δ(ȳ_k, y))                                   (P2)
+
+  The seed prints L_CD without the leading minus (the log-probability of y, to be maximised); we return the
+  quantity to *minimise*, whose K = 1 case is Appendix D's softplus(Δ(ȳ_1, y) + E(y) − E(ȳ_1)) — a soft L_SSVM.
+  Δ(ȳ_0, y) = Δ(y, y) = 0 is used for the k = 0 term. Samples equal to y are kept (they are draws of A_θ).
+
+* :func:`dvn_loss` — the value-network loss of Gygli, Norouzi & Angelova (2017) with the energy as the value's
+  logit: v(x, ȳ) = sigmoid(−E_φ(x, ȳ)), regressed by cross-entropy onto the task score v* = 1 − Δ_soft(ȳ, y) ∈ [0, 1]
+  (soft F1 for MLC, token accuracy for sequences):
+
+      L_DVN = −v* log v(x, ȳ) − (1 − v*) log(1 − v(x, ȳ))                                                 (P3)
+
+  The seed names L_DVN (Table 1) without a formula; this is DVN's own loss in our sign convention. v* is a target:
+  it is detached.
+
+* :func:`auxiliary_loss` — eq. 6, L_aux = L_MLE(y, A_θ(x)) + λ E_φ(x, A_θ(x)), with L_MLE = :func:`multilabel_nll`
+  (the seed's MBCE, summed over labels) or :func:`sequence_nll` (token cross-entropy summed over real tokens).
+
+What is detached, and where gradients go
+----------------------------------------
+The losses detach nothing but the DVN target; the caller decides through ȳ:
+
+* *Implicit gradient (Algorithm 1).* L_prim must keep its dependence on θ: ȳ = A_θ(x) is passed **attached**, so that
+  ∂L_prim/∂θ (the vector that H⁻¹ multiplies in eq. 4) exists. θ is never *updated* with L_prim — only the φ-gradient
+  of :func:`latentstruct.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
+  :func:`categorical_samples`) carry no gradient to θ, so with L_CD the implicit term of eq. 4 only sees θ through
+  whatever else is attached; ``straight_through=True`` gives the samples the straight-through gradient of the
+  probabilities (forward value hard, backward identity to A_θ(x)) — the seed does not say which it used.
+* *Explicit/alternating training (the "independent optimisation" of Appendix D, Tu et al. 2020).* Pass ȳ.detach():
+  L_prim.backward() then reaches φ only.
+* :func:`f1_loss` (rounded) has no gradient; :func:`soft_f1_loss` and :func:`hamming_loss` reach θ through ȳ.
+* L_aux reaches θ (through A_θ(x), by both terms) and φ (through E_φ); in Algorithm 1 only its θ-gradient is used
+  for the inner steps, and its mixed derivative ∂²L_aux/∂φ∂θ for eq. 4.
+
+Where the seed is ambiguous (our reading)
+----------------------------------------
+* s is called a score but used as a cost (see "Task losses"): s = Δ, with Δ(y, y) = 0.
+* L_CD is printed as a log-likelihood (no minus), and Appendix D's "log 1/(1 + e^a) = softplus(a)" drops a sign;
+  the quantity minimised here is −log(ratio), which makes Appendix D's right-hand side correct.
+* The unnumbered L_aux of "Bi-level interpretation", −(s + E(x, F_θ(x)) + λ E(x, A_θ(x))), would have θ *raise*
+  the energy of its own outputs, against eq. 5 (θ maximises −E(x, A_θ(x))) and eq. 6; we follow eq. 6 (+λE).
+* The MLC energy is written E_θ with parameters "θ"; they are the energy's, φ. Its σ is not named: softplus.
+* K (number of CD negatives) and whether the samples carry a gradient to θ are not given: both are arguments.
+
+References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
+D. Belanger, A. McCallum (2016), "Structured prediction energy networks", ICML. L. Tu, K. Gimpel (2018), "Learning
+approximate inference networks for structured prediction", ICLR. M. Gygli, M. Norouzi, A. Angelova (2017), "Deep
+value networks learn to evaluate and iteratively refine structured outputs", ICML. I. Tsochantaridis, T. Hofmann,
+T. Joachims, Y. Altun (2004), "Support vector machine learning for interdependent and structured output spaces".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentstruct.models.text import BiLSTMEncoder, Embedder, check_lengths, length_mask
+
+__all__ = [
+    "BiLSTMFeatures",
+    "MLCEnergy",
+    "MLCInferenceNet",
+    "SequenceEnergy",
+    "SequenceInferenceNet",
+    "auxiliary_loss",
+    "bernoulli_samples",
+    "categorical_samples",
+    "cd_loss",
+    "dvn_loss",
+    "f1_loss",
+    "hamming_loss",
+    "multilabel_nll",
+    "sequence_nll",
+    "soft_f1_loss",
+    "ssvm_loss",
+]
+
+
+# ------------------------------------------------------------------------------------------------------- helpers
+
+
+def _relu_mlp(input_dim: int, hidden: Sequence[int]) -> nn.Sequential:
+    """(Linear → ReLU) for each width in ``hidden``; the identity when ``hidden`` is empty."""
+    sizes = [input_dim, *hidden]
+    layers: list[nn.Module] = []
+    for d_in, d_out in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(d_in, d_out), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def _reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "mean":
+        return values.mean()
+    if reduction == "sum":
+        return values.sum()
+    if reduction == "none":
+        return values
+    raise ValueError(f"unknown reduction {reduction!r}; choose mean, sum or none")
+
+
+# ---------------------------------------------------------------------------------------------- energy networks
+
+
+class MLCEnergy(nn.Module):
+    """SPEN energy for multi-label classification (E-MLC in the module docstring); lower is better.
+
+    ``forward(x [B, input_dim], y [*, B, L]) → E [*, B]`` for relaxed y ∈ [0, 1]^L; leading sample dimensions of y
+    (e.g. K negative samples ``[K, B, L]``) share one feature pass.
+    """
+
+    def __init__(
+        self, input_dim: int, num_labels: int, feature_hidden: Sequence[int] = (150, 150), global_hidden: int = 16
+    ) -> None:
+        super().__init__()
+        if not feature_hidden:
+            raise ValueError("feature_hidden needs at least one layer")
+        self.num_labels = num_labels
+        self.features = _relu_mlp(input_dim, feature_hidden)  # F
+        self.local = nn.Linear(feature_hidden[-1], num_labels)  # b_i (rows) and β_i
+        self.label_proj = nn.Linear(num_labels, global_hidden)  # C, c
+        self.label_weight = nn.Linear(global_hidden, 1, bias=False)  # v
+
+    def feature_parameters(self) -> list[nn.Parameter]:
+        """Parameters of F and of the local head: what the independent-logistic pretraining of SPEN trains."""
+        return [*self.features.parameters(), *self.local.parameters()]
+
+    def local_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """ℓ(x) = b_iᵀF(x) + β_i ``[B, L]``: per-label logits (pretrain with :func:`multilabel_nll`)."""
+        return self.local(self.features(x))
+
+    def global_score(self, y: torch.Tensor) -> torch.Tensor:
+        """vᵀ softplus(C y + c) ``[*, B]`` for y ``[*, B, L]`` (enters E with a minus)."""
+        return self.label_weight(F.softplus(self.label_proj(y))).squeeze(-1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return -((y * self.local_logits(x)).sum(-1) + self.global_score(y))
+
+
+class SequenceEnergy(nn.Module):
+    """Eq. 7 of the seed (linear-chain energy on relaxed tags); lower is better.
+
+    ``forward(features [B, n, H], y [*, B, n, T], lengths [B]) → E [*, B]``; ``features`` are b(x, t) (e.g. from
+    :class:`BiLSTMFeatures`); positions ``≥ lengths[b]`` contribute nothing. Parameters: ``unary`` (U, no bias, as in
+    eq. 7), ``transition`` W [T, T] (W[i, j]: tag i followed by tag j), ``start`` and ``end`` [T]; the last three
+    start at zero (no transition preference).
+    """
+
+    def __init__(self, feature_dim: int, num_tags: int) -> None:
+        super().__init__()
+        self.num_tags = num_tags
+        self.unary = nn.Linear(feature_dim, num_tags, bias=False)
+        self.transition = nn.Parameter(torch.zeros(num_tags, num_tags))
+        self.start = nn.Parameter(torch.zeros(num_tags))
+        self.end = nn.Parameter(torch.zeros(num_tags))
+
+    def unary_scores(self, features: torch.Tensor) -> torch.Tensor:
+        """U_jᵀ b(x, t) ``[B, n, T]``: per-token tag logits (enter E with a minus)."""
+        return self.unary(features)
+
+    def pairwise_score(self, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Σ_{t=1}^{N+1} y_{t−1}ᵀ W̃ y_t with the start/end symbols, ``[*, B]`` for y ``[*, B, n, T]`` (y masked)."""
+        b, n = y.shape[-3], y.shape[-2]
+        lengths = check_lengths(lengths, b, n, y.device)
+        ym = y * length_mask(lengths, n, y.device).unsqueeze(-1).to(y.dtype)
+        inner = torch.einsum("...ti,ij,...tj->...", ym[..., :-1, :], self.transition, ym[..., 1:, :])
+        last = F.one_hot(lengths - 1, n).to(y.dtype).unsqueeze(-1)  # [B, n, 1]: the position meeting ⟨/s⟩
+        return inner + ym[..., 0, :] @ self.start + (ym * last).sum(-2) @ self.end
+
+    def forward(self, features: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        b, n = y.shape[-3], y.shape[-2]
+        if features.shape[:2] != (b, n):
+            raise ValueError(f"features {tuple(features.shape)} and y {tuple(y.shape)} disagree on [B, n]")
+        lengths = check_lengths(lengths, b, n, y.device)
+        mask = length_mask(lengths, n, y.device).unsqueeze(-1).to(y.dtype)
+        unary = (y * mask * self.unary_scores(features)).sum((-1, -2))
+        return -(unary + self.pairwise_score(y, lengths))
+
+
+# ----------------------------------------------------------------------------------- features, inference nets
+
+
+class BiLSTMFeatures(nn.Module):
+    """Token features b(x, t): embeddings of the words (+ of ``extra_vocab_sizes`` per-token feature ids, each
+    ``extra_dim`` wide) → one BiLSTM layer of ``hidden`` units per direction → ``[B, n, 2·hidden]``, 0 at padding.
+
+    ``forward(ids [B, n], lengths [B], extra=(ids_1 [B, n], ...))``. ``pretrained`` word vectors are copied in (and
+    frozen when ``freeze``), as in :class:`~latentstruct.models.text.Embedder`; id 0 is padding everywhere.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        emb_dim: int = 100,
+        hidden: int = 100,
+        extra_vocab_sizes: Sequence[int] = (),
+        extra_dim: int = 20,
+        pretrained: torch.Tensor | None = None,
+        freeze: bool = True,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.words = Embedder(vocab_size, emb_dim, pretrained=pretrained, freeze=freeze)
+        self.extras = nn.ModuleList(Embedder(v, extra_dim) for v in extra_vocab_sizes)
+        self.encoder = BiLSTMEncoder(emb_dim + extra_dim * len(extra_vocab_sizes), 2 * hidden, dropout=dropout)
+        self.out_dim = 2 * hidden
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        if len(extra) != len(self.extras):
+            raise ValueError(f"expected {len(self.extras)} extra feature id tensors, got {len(extra)}")
+        x = torch.cat([self.words(ids), *(emb(e) for emb, e in zip(self.extras, extra, strict=True))], -1)
+        return self.encoder(x, lengths)
+
+
+class MLCInferenceNet(nn.Module):
+    """A_θ(x) = sigmoid(Linear(ReLU-MLP(x))) ``[B, L]`` (the MLP shaped like the energy's F)."""
+
+    def __init__(self, input_dim: int, num_labels: int, hidden: Sequence[int] = (150, 150)) -> None:
+        super().__init__()
+        self.body = _relu_mlp(input_dim, hidden)
+        self.head = nn.Linear(hidden[-1] if hidden else input_dim, num_labels)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, L]`` logits; the MLE term of eq. 6 is :func:`multilabel_nll` of these."""
+        return self.head(self.body(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(x))
+
+
+class SequenceInferenceNet(nn.Module):
+    """A_θ(x)_t = softmax(Linear(b_θ(x, t))) ``[B, n, T]``, with b_θ a feature module (:class:`BiLSTMFeatures`,
+    having ``out_dim``) owned by this network; rows at padded positions are 0."""
+
+    def __init__(self, features: nn.Module, num_tags: int) -> None:
+        super().__init__()
+        self.features = features
+        self.head = nn.Linear(features.out_dim, num_tags)
+
+    def logits(self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """``[B, n, T]`` per-token logits; the MLE term of eq. 6 is :func:`sequence_nll` of these."""
+        return self.head(self.features(ids, lengths, extra))
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        probs = torch.softmax(self.logits(ids, lengths, extra), -1)
+        return probs * length_mask(lengths, ids.shape[1], ids.device).unsqueeze(-1).to(probs.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------- task losses
+
+
+def soft_f1_loss(y_bar: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """1 − 2⟨ȳ, y⟩/(Σȳ + Σy) over the last dimension, ``[*, B]``; differentiable in ȳ; 0 when both are empty."""
+    inter = (y_bar * y).sum(-1)
+    denom = y_bar.sum(-1) + y.sum(-1)
+    f1 = torch.where(denom > 0, 2 * inter / denom.clamp_min(torch.finfo(denom.dtype).tiny), torch.ones_like(denom))
+    return 1 - f1
+
+
+def f1_loss(y_bar: torch.Tensor, y: torch.Tensor, threshold: float = 0.5) -> torch.Tensor:
+    """Δ = 1 − F1 of the discrete vectors, ȳ rounded at ``threshold`` (y binary), ``[*, B]``; no gradient."""
+    with torch.no_grad():
+        return soft_f1_loss((y_bar >= threshold).to(y.dtype), y)
+
+
+def hamming_loss(y_bar: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+    """Σ_{t < N} (1 − ⟨ȳ_t, y_t⟩) for ȳ, y ``[*, B, n, T]``, ``[*, B]``; divided by N when ``normalize``."""
+    b, n = y_bar.shape[-3], y_bar.shape[-2]
+    lengths = check_lengths(lengths, b, n, y_bar.device)
+    mask = length_mask(lengths, n, y_bar.device).to(y_bar.dtype)
+    wrong = ((1 - (y_bar * y).sum(-1)) * mask).sum(-1)
+    return wrong / lengths.to(wrong.dtype) if normalize else wrong
+
+
+# ------------------------------------------------------------------------------------------- negative sampling
+
+
+def bernoulli_samples(
+    probs: torch.Tensor, num_samples: int, generator: torch.Generator | None = None, straight_through: bool = False
+) -> torch.Tensor:
+    """K draws of independent Bernoulli(probs) ``[K, *probs.shape]`` (values 0/1, probs' dtype). No gradient, unless
+    ``straight_through``: then the value is the hard draw and the gradient that of ``probs`` (identity)."""
+    shape = (num_samples, *probs.shape)
+    u = torch.rand(shape, generator=generator, dtype=probs.dtype, device=probs.device)
+    hard = (u < probs.detach()).to(probs.dtype)
+    return hard + (probs - probs.detach()) if straight_through else hard  # exact 0/1 values forward
+
+
+def categorical_samples(
+    probs: torch.Tensor, num_samples: int, generator: torch.Generator | None = None, straight_through: bool = False
+) -> torch.Tensor:
+    """K one-hot draws per row of ``probs`` ``[..., T]`` (categorical over the last dimension, rows need not be
+    normalised; an all-zero row — padding — gives tag 0), ``[K, ..., T]``. Gradient as in :func:`bernoulli_samples`.
+    """
+    p = probs.detach()
+    cdf = p.cumsum(-1)
+    u = torch.rand((num_samples, *p.shape[:-1], 1), generator=generator, dtype=p.dtype, device=p.device)
+    index = (cdf <= u * cdf[..., -1:]).sum(-1).clamp_max(p.shape[-1] - 1)  # inverse CDF
+    hard = F.one_hot(index, p.shape[-1]).to(probs.dtype)
+    return hard + (probs - probs.detach()) if straight_through else hard  # exact 0/1 values forward
+
+
+# ------------------------------------------------------------------------------------------------- primary losses
+
+
+def ssvm_loss(
+    energy_bar: torch.Tensor, energy_gold: torch.Tensor, delta: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """(P1) margin-rescaled hinge [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ from ``[B]`` values; zero once the gold energy is
+    lower than E(x, ȳ) by at least Δ."""
+    return _reduce(F.relu(delta - energy_bar + energy_gold), reduction)
+
+
+def cd_loss(
+    energy_gold: torch.Tensor, energy_neg: torch.Tensor, delta_neg: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """(P2) E(x, y) + logsumexp over k = 0..K of (−E(x, ȳ_k) + Δ(ȳ_k, y)), ȳ_0 = y with Δ(y, y) = 0.
+
+    ``energy_gold`` ``[B]``; ``energy_neg``, ``delta_neg`` ``[K, B]`` for the K negatives. The negative log of the
+    seed's L_CD ratio: to be minimised; K = 1 gives softplus(Δ + E(y) − E(ȳ_1)) (Appendix D)."""
+    if energy_neg.ndim != energy_gold.ndim + 1 or energy_neg.shape != delta_neg.shape:
+        raise ValueError(
+            f"energy_neg and delta_neg must be [K, *energy_gold.shape]; got {tuple(energy_neg.shape)}, "
+            f"{tuple(delta_neg.shape)} and {tuple(energy_gold.shape)}"
+        )
+    logits = torch.cat([-energy_gold.unsqueeze(0), -energy_neg + delta_neg], 0)
+    return _reduce(energy_gold + torch.logsumexp(logits, 0), reduction)
+
+
+def dvn_loss(energy_bar: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """(P3) cross-entropy between the value sigmoid(−E(x, ȳ)) and the task score ``target`` = 1 − Δ(ȳ, y) ∈ [0, 1]
+    (Gygli et al. 2017), from ``[B]`` values; ``target`` is detached."""
+    target = target.detach()
+    if bool(((target < 0) | (target > 1)).any()):
+        raise ValueError("the DVN target (a task score) must lie in [0, 1]")
+    return _reduce(F.binary_cross_entropy_with_logits(-energy_bar, target, reduction="none"), reduction)
+
+
+# ---------------------------------------------------------------------------------------- auxiliary loss (eq. 6)
+
+
+def multilabel_nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed's MBCE: Σ_j −y_j log a_j − (1 − y_j) log(1 − a_j), a = sigmoid(logits); ``[B, L]`` → ``[B]``."""
+    return F.binary_cross_entropy_with_logits(logits, y, reduction="none").sum(-1)
+
+
+def sequence_nll(logits: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Token cross-entropy −Σ_{t < N} Σ_j y_{t,j} log softmax(logits_t)_j for one-hot (or soft) gold y
+    ``[B, n, T]``, summed over the real tokens, ``[B]``."""
+    b, n = y.shape[0], y.shape[1]
+    lengths = check_lengths(lengths, b, n, y.device)
+    mask = length_mask(lengths, n, y.device).to(logits.dtype)
+    return (-(y * torch.log_softmax(logits, -1)).sum(-1) * mask).sum(-1)
+
+
+def auxiliary_loss(nll: torch.Tensor, energy_bar: torch.Tensor, lam: float, reduction: str = "mean") -> torch.Tensor:
+    """Eq. 6: L_aux = L_MLE(y, A_θ(x)) + λ E_φ(x, A_θ(x)), from ``[B]`` values (``nll`` of A_θ's logits, the energy
+    of its output)."""
+    return _reduce(nll + lam * energy_bar, reduction)

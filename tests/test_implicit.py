@@ -1,0 +1,266 @@
+"""Implicit gradients of seed 004 (eq. 3-4): Hessian-vector products against finite differences, the implicit gradient
+against the analytic total derivative of a quadratic bi-level problem, the Neumann series' convergence, and the
+implicit gradient against autograd through a long unrolled inner optimisation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latentstruct.implicit import (
+    exact_inverse_hvp,
+    grad_or_zeros,
+    hvp,
+    implicit_gradient,
+    mixed_vp,
+    neumann_inverse_hvp,
+)
+
+DT = torch.float64
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_gen(seed), dtype=DT)
+
+
+def _flat(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in ts])
+
+
+# --------------------------------------------------------------------------------------- HVPs vs finite differences
+
+
+def _smooth_loss(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """A non-quadratic scalar of three tensors with every second derivative non-zero (c enters bilinearly)."""
+    m = _randn(3, 4, seed=1)
+    return torch.tanh(a @ m @ b).pow(2).sum() + (a.exp() * c).sum() + torch.log1p((b * b).sum()) * (c * c).sum()
+
+
+def _fd_grad_direction(fn, params: list[torch.Tensor], v: list[torch.Tensor], wrt: list[torch.Tensor], eps=1e-6):
+    """(∇_wrt L(params + εv) − ∇_wrt L(params − εv)) / 2ε, the central difference of a gradient along v."""
+
+    def grads(sign: float) -> list[torch.Tensor]:
+        with torch.no_grad():
+            for p, d in zip(params, v, strict=True):
+                p.add_(sign * eps * d)
+        g = torch.autograd.grad(fn(), wrt, allow_unused=True)
+        with torch.no_grad():
+            for p, d in zip(params, v, strict=True):
+                p.sub_(sign * eps * d)
+        return [torch.zeros_like(w) if x is None else x for x, w in zip(g, wrt, strict=True)]
+
+    plus, minus = grads(1.0), grads(-1.0)
+    return [(p - m) / (2 * eps) for p, m in zip(plus, minus, strict=True)]
+
+
+def test_hvp_matches_finite_differences():
+    a = _randn(3, seed=2).requires_grad_()
+    b = _randn(4, seed=3).requires_grad_()
+    c = _randn(3, seed=4).requires_grad_()
+    theta = [a, b]
+    v = [_randn(3, seed=5), _randn(4, seed=6)]
+    fn = lambda: _smooth_loss(a, b, c)  # noqa: E731
+    got = hvp(fn(), theta, v)
+    want = _fd_grad_direction(fn, theta, v, theta)
+    assert torch.allclose(_flat(got), _flat(want), atol=1e-7, rtol=1e-6)
+    # reusing precomputed first gradients gives the same product
+    grads = torch.autograd.grad(fn(), theta, create_graph=True)
+    assert torch.allclose(_flat(hvp(list(grads), theta, v)), _flat(got), atol=1e-12)
+
+
+def test_mixed_vp_matches_finite_differences():
+    a = _randn(3, seed=7).requires_grad_()
+    b = _randn(4, seed=8).requires_grad_()
+    c = _randn(3, seed=9).requires_grad_()
+    unused = _randn(2, seed=10).requires_grad_()
+    v = [_randn(3, seed=11), _randn(4, seed=12)]
+    fn = lambda: _smooth_loss(a, b, c)  # noqa: E731
+    got = mixed_vp(fn(), [a, b], [c, unused], v)
+    # (∂²L/∂φ∂θ) v = d/dε ∇_φ L(θ + εv, φ)
+    want = _fd_grad_direction(fn, [a, b], v, [c, unused])
+    assert torch.allclose(_flat(got), _flat(want), atol=1e-7, rtol=1e-6)
+    assert torch.equal(got[1], torch.zeros(2, dtype=DT))
+    assert _flat(got).abs().max() > 0.1  # a non-trivial cross term
+
+
+def test_grad_or_zeros_handles_unused_and_graphless_outputs():
+    x = torch.ones(2, dtype=DT, requires_grad=True)
+    y = torch.ones(3, dtype=DT, requires_grad=True)
+    g = grad_or_zeros((x * x).sum(), [x, y])
+    assert torch.equal(g[0], 2 * x.detach()) and torch.equal(g[1], torch.zeros(3, dtype=DT))
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in grad_or_zeros([torch.zeros(2, dtype=DT)], [x], [x]))
+
+
+# ------------------------------------------------------------------------------------ the quadratic bi-level problem
+
+
+class Quadratic:
+    """θ ∈ R^n (two tensors), φ ∈ R^m (two tensors, plus one that appears in no loss):
+
+        L_aux(θ, φ)  = ½ θᵀAθ − θᵀBφ + ½ ‖φ‖²                       θ*(φ) = A⁻¹Bφ
+        L_prim(θ, φ) = ½ ‖Cθ − d‖² + eᵀφ + ½ φᵀDφ
+
+    so that  dL_prim/dφ = (A⁻¹B)ᵀ Cᵀ(Cθ* − d) + e + Dφ  (the implicit part, then the explicit ∂L_prim/∂φ).
+    A is SPD with eigenvalues in [1, 10]."""
+
+    n1, n2, m1, m2 = 3, 2, 2, 2
+
+    def __init__(self) -> None:
+        n, m = self.n1 + self.n2, self.m1 + self.m2
+        q, _ = torch.linalg.qr(_randn(n, n, seed=20))
+        self.eigs = torch.linspace(1.0, 10.0, n, dtype=DT)
+        self.A = q @ torch.diag(self.eigs) @ q.T
+        self.B = _randn(n, m, seed=21)
+        self.C = _randn(4, n, seed=22)
+        self.d = _randn(4, seed=23)
+        self.e = _randn(m, seed=24)
+        dd = _randn(m, m, seed=25)
+        self.D = dd @ dd.T
+        self.phi_value = _randn(m, seed=26)
+
+    def params(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Leaves (θ at its optimum θ*(φ), φ): θ = [θ1, θ2], φ = [φ1, φ2, unused]."""
+        theta_star = torch.linalg.solve(self.A, self.B @ self.phi_value)
+        theta = [t.clone().requires_grad_() for t in theta_star.split([self.n1, self.n2])]
+        phi = [t.clone().requires_grad_() for t in self.phi_value.split([self.m1, self.m2])]
+        return theta, phi + [torch.zeros(3, dtype=DT, requires_grad=True)]
+
+    def losses(self, theta: list[torch.Tensor], phi: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        t, f = torch.cat(theta), torch.cat(phi[:2])
+        aux = 0.5 * t @ self.A @ t - t @ self.B @ f + 0.5 * f @ f
+        r = self.C @ t - self.d
+        prim = 0.5 * r @ r + self.e @ f + 0.5 * f @ self.D @ f
+        return prim, aux
+
+    def total_derivative(self) -> torch.Tensor:
+        f = self.phi_value
+        theta_star = torch.linalg.solve(self.A, self.B @ f)
+        dtheta_dphi = torch.linalg.solve(self.A, self.B)  # [n, m]
+        return dtheta_dphi.T @ self.C.T @ (self.C @ theta_star - self.d) + self.e + self.D @ f
+
+    def explicit(self) -> torch.Tensor:
+        return self.e + self.D @ self.phi_value
+
+
+def _implicit(problem: Quadratic, **kwargs) -> list[torch.Tensor]:
+    theta, phi = problem.params()
+    prim, aux = problem.losses(theta, phi)
+    return implicit_gradient(prim, aux, theta, phi, **kwargs)
+
+
+def test_implicit_gradient_with_exact_inverse_is_the_total_derivative():
+    problem = Quadratic()
+    got = _implicit(problem, inverse_hvp=exact_inverse_hvp)
+    want = problem.total_derivative()
+    assert [g.shape for g in got] == [(2,), (2,), (3,)]
+    assert torch.equal(got[2], torch.zeros(3, dtype=DT))  # φ that no loss uses
+    assert torch.allclose(_flat(got[:2]), want, atol=1e-10)
+    # the test can tell: the explicit part alone, or the implicit term with the wrong sign, is far off
+    implicit_part = want - problem.explicit()
+    assert implicit_part.norm() > 0.5
+    assert not torch.allclose(_flat(got[:2]), problem.explicit() - implicit_part, atol=1e-2)
+
+
+def test_neumann_series_converges_to_the_total_derivative():
+    problem = Quadratic()
+    want = problem.total_derivative()
+    alpha = 1.0 / problem.eigs.max().item()  # eigenvalues of I − αA in [0, 0.9]
+    errors = [(_flat(_implicit(problem, terms=k, alpha=alpha)[:2]) - want).norm().item() for k in (0, 5, 20, 50, 200)]
+    assert all(a > b for a, b in zip(errors, errors[1:], strict=False)), errors
+    assert errors[0] > 0.1 and errors[-1] < 1e-8 * want.norm().item(), errors
+
+
+def test_neumann_inverse_hvp_matches_solve_and_diverges_past_two_over_lambda_max():
+    problem = Quadratic()
+    theta, phi = problem.params()
+    _, aux = problem.losses(theta, phi)
+    grads = torch.autograd.grad(aux, theta, create_graph=True)
+    v = [_randn(3, seed=30), _randn(2, seed=31)]
+    want = torch.linalg.solve(problem.A, _flat(v))
+    lam_max = problem.eigs.max().item()
+    assert torch.allclose(_flat(exact_inverse_hvp(list(grads), theta, v)), want, atol=1e-12)
+    good = _flat(neumann_inverse_hvp(list(grads), theta, v, terms=300, alpha=1.5 / lam_max))
+    assert torch.allclose(good, want, atol=1e-10)
+    # α > 2/λ_max: the top eigen-direction is amplified by |1 − αλ_max| > 1 at every term
+    short = _flat(neumann_inverse_hvp(list(grads), theta, v, terms=10, alpha=2.5 / lam_max))
+    long = _flat(neumann_inverse_hvp(list(grads), theta, v, terms=40, alpha=2.5 / lam_max))
+    assert (long - want).norm() > 100 * (short - want).norm()
+
+
+def test_implicit_gradient_is_explicit_when_primary_ignores_theta():
+    problem = Quadratic()
+    theta, phi = problem.params()
+    _, aux = problem.losses(theta, phi)
+    prim = problem.losses([t.detach() for t in theta], phi)[0]  # ȳ detached: no ∂L_prim/∂θ
+    got = implicit_gradient(prim, aux, theta, phi, terms=5, alpha=0.1)
+    assert torch.allclose(_flat(got[:2]), problem.explicit(), atol=1e-12)
+
+
+def test_overlapping_parameter_lists_are_rejected():
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(ValueError, match="disjoint"):
+        implicit_gradient((x * x).sum(), (x * x).sum(), [x], [x])
+
+
+# -------------------------------------------------------------------- against autograd through an unrolled solver
+
+
+def _reweighted_logistic(n: int = 12, d: int = 3, seed: int = 40):
+    """Inner: per-example weights exp(φ_w) on a logistic regression with an L2 term and a linear tilt by φ_t —
+    strongly convex and smooth in θ, non-linear in φ. Outer: a held-out logistic loss plus an explicit term in φ."""
+    g = _gen(seed)
+    x = torch.randn(n, d, generator=g, dtype=DT)
+    t = (torch.rand(n, generator=g, dtype=DT) < 0.5).to(DT)
+    xv = torch.randn(n, d, generator=g, dtype=DT)
+    tv = (torch.rand(n, generator=g, dtype=DT) < 0.5).to(DT)
+    bce = torch.nn.functional.binary_cross_entropy_with_logits
+
+    def aux(theta: torch.Tensor, phi_w: torch.Tensor, phi_t: torch.Tensor) -> torch.Tensor:
+        per = bce(x @ theta, t, reduction="none")
+        return (phi_w.exp() * per).mean() + 0.5 * 0.3 * theta @ theta - theta @ phi_t
+
+    def prim(theta: torch.Tensor, phi_w: torch.Tensor, phi_t: torch.Tensor) -> torch.Tensor:
+        return bce(xv @ theta, tv) + 0.1 * (phi_w * phi_w).sum() + 0.2 * phi_t.sum()
+
+    return aux, prim, d, n
+
+
+def test_implicit_gradient_matches_unrolled_optimisation():
+    aux, prim, d, n = _reweighted_logistic()
+    phi_w = (0.3 * _randn(n, seed=41)).requires_grad_()
+    phi_t = (0.5 * _randn(d, seed=42)).requires_grad_()
+    # unrolled: θ_{k+1} = θ_k − η ∇_θ L_aux(θ_k, φ), differentiated end to end w.r.t. φ
+    theta = torch.zeros(d, dtype=DT, requires_grad=True)
+    for _ in range(300):
+        (g,) = torch.autograd.grad(aux(theta, phi_w, phi_t), theta, create_graph=True)
+        theta = theta - 1.0 * g
+    unrolled = torch.autograd.grad(prim(theta, phi_w, phi_t), [phi_w, phi_t])
+    # implicit: at the converged θ (a fresh leaf, no history)
+    theta_star = theta.detach().requires_grad_()
+    (stationarity,) = torch.autograd.grad(aux(theta_star, phi_w, phi_t), theta_star)
+    assert stationarity.norm() < 1e-12
+    exact = implicit_gradient(
+        prim(theta_star, phi_w, phi_t),
+        aux(theta_star, phi_w, phi_t),
+        [theta_star],
+        [phi_w, phi_t],
+        inverse_hvp=exact_inverse_hvp,
+    )
+    neumann = implicit_gradient(
+        prim(theta_star, phi_w, phi_t),
+        aux(theta_star, phi_w, phi_t),
+        [theta_star],
+        [phi_w, phi_t],
+        terms=300,
+        alpha=1.0,
+    )
+    explicit = torch.autograd.grad(prim(theta_star, phi_w, phi_t), [phi_w, phi_t])
+    want = _flat(list(unrolled))
+    assert torch.allclose(_flat(exact), want, atol=1e-9, rtol=1e-7)
+    assert torch.allclose(_flat(neumann), want, atol=1e-8, rtol=1e-6)
+    # and the implicit term matters here
+    assert (_flat(list(explicit)) - want).norm() > 0.05 * want.norm()
