@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 from test_images import write_cifar, write_mnist
+from test_listops_task import write_listops
 from test_text_tasks import write_snli, write_sst
 
 import latentstruct.train as train_module
@@ -50,10 +51,12 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     write_cifar(tmp_path / "cifar10" / "cifar-10-batches-py", n_per_batch=3)
     write_sst(tmp_path / "sst")  # and the text datasets from generated files in the official formats
     write_snli(tmp_path / "snli")
+    write_listops(tmp_path / "listops")
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
         tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []
         tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
+        tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
         cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below

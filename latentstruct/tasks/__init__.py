@@ -3,8 +3,10 @@
 from latentstruct.tasks.base import Task
 from latentstruct.tasks.classification import LatentClassifier
 from latentstruct.tasks.knn import KNN
+from latentstruct.tasks.listops import ListOps
 from latentstruct.tasks.sorting import Sorting
 from latentstruct.tasks.text import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.vae import SemiSupervisedVAE
 
-__all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI", "SemiSupervisedVAE"]
+__all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI", "SemiSupervisedVAE",
+           "ListOps"]
