@@ -50,15 +50,6 @@ def write_listops(folder: Path, n: int = 12, seed: int = 7) -> Path:
     return folder
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread is fastest, and spares a loaded machine's cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def short(monkeypatch):
     """Generated train / valid expressions kept short (operators nest ≤ 2 deep, ≤ 3 arguments): fast charts."""
