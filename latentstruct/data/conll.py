@@ -61,18 +61,16 @@ Vocabularies and tensors
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_binary
+from latentstruct.data.files import first_file, open_text
 from latentstruct.data.text import Vocab, glove_cache
 
 __all__ = [
@@ -115,12 +113,6 @@ class Sentence(NamedTuple):
 # --- files ---------------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _open_text(path: str | Path) -> Iterator[IO[str]]:
-    with open_binary(path) as raw:
-        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
-
-
 def read_conll(path: str | Path) -> list[Sentence]:
     """Read a 4-column CoNLL-2003 file (plain or compressed) into sentences; ``-DOCSTART-`` lines are skipped."""
     sentences: list[Sentence] = []
@@ -131,7 +123,7 @@ def read_conll(path: str | Path) -> list[Sentence]:
             sentences.append(Sentence(*(list(column) for column in zip(*rows, strict=True))))
             rows.clear()
 
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             fields = line.split()
             if len(fields) == 4 and fields[0] != "-DOCSTART-":

@@ -11,13 +11,14 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import io
 import lzma
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_binary", "first_file"]
+__all__ = ["open_binary", "open_text", "first_file"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -47,6 +48,14 @@ def open_binary(path: str | Path) -> Iterator[IO[bytes]]:
             yield stack.enter_context(archive.open(members[0]))
         else:
             yield stack.enter_context(open(path, "rb"))
+
+
+@contextlib.contextmanager
+def open_text(path: str | Path) -> Iterator[IO[str]]:
+    """Open ``path`` as UTF-8 text (undecodable bytes replaced, ``\n`` line ends), decompressed by
+    :func:`open_binary`."""
+    with open_binary(path) as raw:
+        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
 def first_file(candidates: Iterable[Path]) -> Path | None:

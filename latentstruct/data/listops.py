@@ -64,8 +64,8 @@ from pathlib import Path
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file
-from latentstruct.data.text import _open_text, pad_batch
+from latentstruct.data.files import first_file, open_text
+from latentstruct.data.text import pad_batch
 
 __all__ = [
     "LISTOPS_VOCAB",
@@ -185,7 +185,7 @@ def read_listops(path: str | Path) -> list[tuple[list[str], int]]:
     """``(tokens, label)`` for every non-blank ``label<TAB>expression`` line of ``path`` (plain or compressed). The
     label must be an integer 0-9 and the expression well formed (:func:`parse_expression`); errors name file:line."""
     examples = []
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():

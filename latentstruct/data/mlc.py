@@ -76,20 +76,18 @@ Metrics
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_binary
+from latentstruct.data.files import first_file, open_text
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -147,12 +145,6 @@ class MultiLabelData(NamedTuple):
 
 
 # --- ARFF ----------------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _open_text(path: str | Path) -> Iterator[IO[str]]:
-    with open_binary(path) as raw:
-        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
 def _attribute_name(rest: str, where: str) -> str:
@@ -233,7 +225,7 @@ def read_arff(
     vals: list[float] = []
     n = 0
     in_data = False
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("%"):

@@ -95,21 +95,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import random
 import re
 import tempfile
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO
 
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_binary
+from latentstruct.data.files import first_file, open_text
 
 __all__ = [
     "SNLI_LABELS",
@@ -137,13 +135,6 @@ SST_BINARY_SIZES: dict[str, int] = {"train": 6920, "valid": 872, "test": 1821}
 _SPLIT_NAMES = {"train": "train", "dev": "valid", "test": "test"}
 
 # --- files ---------------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _open_text(path: str | Path) -> Iterator[IO[str]]:
-    """Open ``path`` as UTF-8 text, decompressed by :func:`~latentstruct.data.files.open_binary`."""
-    with open_binary(path) as raw:
-        yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
 
 
 # --- SST -----------------------------------------------------------------------------------------------------------
@@ -209,7 +200,7 @@ def read_sst(path: str | Path, binary: bool = True) -> list[tuple[list[str], int
     """Read an SST tree file (plain or compressed): ``[(tokens, label)]`` for every sentence, binary (0/1, neutral
     dropped) or fine-grained (0-4)."""
     out: list[tuple[list[str], int]] = []
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -309,7 +300,7 @@ def _snli_example(
 def read_snli_jsonl(path: str | Path, max_tokens: int = 100) -> list[tuple[list[str], list[str], int]]:
     """Read an official ``snli_1.0_*.jsonl`` file: ``[(premise tokens, hypothesis tokens, label)]``."""
     out = []
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -335,7 +326,7 @@ def read_snli_tsv(
     out = []
     columns = (0, 1, 2)
     split = (lambda s: s.split()) if tokenized else tokenize
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -447,7 +438,7 @@ def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[
     where the file has none, and for the specials) and the number of vocabulary words found."""
     specials = {Vocab.PAD, Vocab.UNK}
     rows: dict[int, list[float]] = {}
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip(" \r\n")
             if not line:
