@@ -174,6 +174,8 @@ class ListOpsConf:
     seed: int = _help("generator and split seed (issue #7: 42)", 42)
     max_train_tokens: int = _help("drop training expressions with more leaves (Havrylov et al. 2019: 130)", 130)
     subset: int | None = _help("keep the first this many training expressions (smoke runs); null = all", None)
+    max_eval_tokens: int | None = _help("keep only valid / test expressions with at most this many leaves (reduced "
+                                        "runs; null = all, the official protocol)", None)
 
 
 # ------------------------------------------------------------------------------------------------------ task

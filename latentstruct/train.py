@@ -207,8 +207,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 row = {"step": step, "epoch": phase.epochs_before + in_phase / phase.per_epoch,
                        "train/loss": float(loss_sum) / loss_count}
                 train_seconds += time.perf_counter() - tick
-                for split in ("valid", "test"):
-                    row.update({f"{split}/{k}": v for k, v in model.evaluate(splits[split], tc.batch_size).items()})
+                evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
+                row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
                 row["wall_seconds"] = time.perf_counter() - start
                 history.append(row)
                 loss_sum, loss_count = 0.0, 0

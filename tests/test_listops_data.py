@@ -333,5 +333,11 @@ def test_listops_dataset(tmp_path: Path) -> None:
     small = listops_dataset(tmp_path, n_train=400, n_valid=60, seed=5, max_train_tokens=25, subset=7)
     assert small.size("train") == 7
     assert torch.equal(small.splits["train"]["y"], data.splits["train"]["y"][:7])
+    short = listops_dataset(tmp_path, n_train=400, n_valid=60, seed=5, max_train_tokens=25, max_eval_tokens=6)
+    assert torch.equal(short.splits["train"]["y"], data.splits["train"]["y"])
+    for name in ("valid", "test"):
+        keep = data.splits[name]["lengths"] <= 6
+        assert 0 < short.size(name) < data.size(name)
+        assert torch.equal(short.splits[name]["y"], data.splits[name]["y"][keep])
     with pytest.raises(FileNotFoundError):
         listops_dataset(tmp_path / "nowhere")

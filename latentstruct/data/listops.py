@@ -408,12 +408,14 @@ def listops_dataset(
     seed: int = 42,
     max_train_tokens: int = 130,
     subset: int | None = None,
+    max_eval_tokens: int | None = None,
 ) -> TensorSplits:
     """ListOps as :class:`~latentstruct.data.base.TensorSplits` (module docstring). Each split ``{"x": int64 [N, L]
     ids padded with 0, "lengths": int64 [N], "y": int64 [N] labels 0-9, "spans": int16 [N, L - 1, 2]}`` (the gold
     constituents, padded with -1; :func:`spans_to_trees` rebuilds ``[B, L, L]`` trees). ``dims`` = ``vocab_size``
     (16), ``num_classes`` (10); ``extras`` = ``itos`` (:data:`LISTOPS_VOCAB`). ``subset`` keeps the first that many
-    training examples (smoke runs)."""
+    training examples (smoke runs). ``max_eval_tokens`` keeps only the valid and test expressions of at most that many
+    leaves (reduced runs on short expressions; ``None`` = all, the official protocol)."""
     root = Path(data_dir) / folder
     path = first_file([root / "test_d20s.tsv", root / "test_d20s.tsv.gz"])
     if path is None:
@@ -427,6 +429,8 @@ def listops_dataset(
     train = [ex for ex in train if len(leaves(ex[0])) <= max_train_tokens]
     if subset is not None:
         train = train[:subset]
+    if max_eval_tokens is not None:
+        valid, test = ([ex for ex in part if len(leaves(ex[0])) <= max_eval_tokens] for part in (valid, test))
     splits = {name: _split_tensors(data) for name, data in (("train", train), ("valid", valid), ("test", test))}
     dims = {"vocab_size": len(LISTOPS_VOCAB), "num_classes": 10}
     return TensorSplits(splits, dims=dims, extras={"itos": list(LISTOPS_VOCAB)})

@@ -7,6 +7,9 @@ encoder, scorer, structure, estimator, decoder; sorting: structure and estimator
 * ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
 * ``evaluate(data, batch_size)`` → ``{metric: value}`` under no_grad, restoring the train/eval mode; it must hold
   ``acc`` (×100, higher is better): the progress bar shows it and ``trainer.select=best`` maximises ``valid/acc``;
+* ``evaluate_splits({name: data}, batch_size)`` → ``{name: {metric: value}}``: what ``train.py`` calls at every
+  evaluation, with ``valid`` then ``test``; by default ``evaluate`` on each split independently. A task whose test
+  metric depends on the validation split (the multi-label F1 at the threshold chosen on ``valid``) overrides it;
 * ``use_training_data(train)``: called once after building with the training split (on the device); tasks that
   predict from the training examples themselves (the kNN classifier) keep it, the others ignore it;
 * ``begin_step(phase, step)``: called before every training step with the index of the current phase of
@@ -46,6 +49,13 @@ class Task(nn.Module):
     def begin_step(self, phase: int, step: int) -> None:
         """Where training is, before each step: ``phase`` indexes ``trainer.phases``, ``step`` counts the steps
         already taken in it (see the module docstring); ignored by default."""
+
+    def evaluate_splits(
+        self, splits: dict[str, dict[str, torch.Tensor]], batch_size: int | None = None
+    ) -> dict[str, dict[str, float]]:
+        """The metrics of every split of ``splits`` (in its order: ``valid``, then ``test``); by default
+        :meth:`evaluate` on each one alone."""
+        return {name: self.evaluate(data, batch_size) for name, data in splits.items()}
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
