@@ -28,6 +28,12 @@ SNLI_ARGS ?=
 VAE_DATASET ?= semisupervised_mnist
 VAE_SEEDS ?= 301
 VAE_ARGS ?=
+# The ListOps table (issue #7): seeds of the merge-parser / LSTM runs and of the chart runs, extra overrides of all
+# runs and of the chart runs only (e.g. the reduced CPU run in results/listops/table.md, see its notes).
+LISTOPS_SEEDS ?= 301,302,303
+LISTOPS_CHART_SEEDS ?= 301,302,303
+LISTOPS_ARGS ?=
+LISTOPS_CHART_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -38,7 +44,7 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
-	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-spigot-sst table-spigot-snli \
+	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-spigot-sst table-spigot-snli \
 	bench-structures clean
 
 help: ## list the targets
@@ -119,6 +125,15 @@ table-direct-vae: install ## seed 003 semi-supervised VAE: direct vs GSM x 5 lab
 	$(BIN)/python -m latentstruct.tables experiments/direct/vae.yaml --runs $(RUNS)/direct_vae
 	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/vae.yaml --runs $(RUNS)/direct_vae \
 		--metric test/acc --out results/direct/vae.png
+
+table-listops: install ## issue #7 ListOps: LSTM, gold trees, merge parsers, chart x 7 estimators -> results/listops/
+	$(BIN)/python -m latentstruct.train +sweep=listops_chart 'trainer.seed=$(LISTOPS_CHART_SEEDS)' $(LISTOPS_ARGS) \
+		$(LISTOPS_CHART_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train +sweep=listops 'trainer.seed=$(LISTOPS_SEEDS)' $(LISTOPS_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.listops_report self-f1 --runs $(RUNS)/listops
+	$(BIN)/python -m latentstruct.tables experiments/listops/table.yaml --runs $(RUNS)/listops
+	$(BIN)/python -m latentstruct.listops_report reference-trees --runs $(RUNS)/listops --out results/listops/reference_trees.md
+	$(BIN)/python -m latentstruct.listops_report figure --runs $(RUNS)/listops --out results/listops/trees.png
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

@@ -302,13 +302,16 @@ def test_experiments_carry_their_settings():
     assert _compose("+experiment=listops/gold").latent.value == "gold"
 
 
-def test_sweep_covers_every_experiment_and_three_seeds():
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=["+sweep=listops"], return_hydra_config=True)
-    params = cfg.hydra.sweeper.params
-    assert sorted(params["+experiment"].split(",")) == sorted(f"listops/{e}" for e in EXPERIMENTS)
-    assert params["trainer.seed"] == "301,302,303"
-    assert cfg.hydra.sweep.dir.endswith("/listops")
+def test_sweeps_cover_every_experiment_and_three_seeds():
+    experiments = []
+    for sweep in ("listops", "listops_chart"):
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("train", overrides=[f"+sweep={sweep}"], return_hydra_config=True)
+        params = cfg.hydra.sweeper.params
+        experiments += params["+experiment"].split(",")
+        assert params["trainer.seed"] == "301,302,303"
+        assert cfg.hydra.sweep.dir.endswith("/listops")  # one directory for the table
+    assert sorted(experiments) == sorted(f"listops/{e}" for e in EXPERIMENTS)
 
 
 def test_invalid_combinations_are_refused():
