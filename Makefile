@@ -70,19 +70,19 @@ lint: install ## ruff on the package and the tests
 table-spigot-synthetic: spigot-table2 spigot-inner-steps ## seed 001 Table 2 + Figures 2-3 into results/spigot/
 
 spigot-table2: install ## Table 2 (13 methods x K in {3,10} x 4 seeds) and Figure 2 (learning curves)
-	$(BIN)/python -m latentstruct.train +sweep=spigot_table2 $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=spigot_table2 $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table2.yaml --runs $(RUNS)/spigot_table2 \
 		--out results/spigot/table2.md
 	$(BIN)/python -m latentstruct.figures learning-curves --runs $(RUNS)/spigot_table2 \
 		--out results/spigot/figure2_learning_curves.png
 
 spigot-inner-steps: install ## Figure 3: k in {1,5,10} inner steps x eta grid, best eta per k, at K = 10
-	$(BIN)/python -m latentstruct.train +sweep=spigot_inner_steps trainer.seed=$(INNER_SEEDS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=spigot_inner_steps trainer.seed=$(INNER_SEEDS) $(SWEEP)
 	$(BIN)/python -m latentstruct.figures inner-steps --runs $(RUNS)/spigot_inner_steps \
 		--out results/spigot/figure3_inner_steps.png
 
 table-spigot-sst: install ## seed 001 Table 3, SST: 9 methods x SST_SEEDS -> results/spigot/table3_sst.md (+ _time.md)
-	$(BIN)/python -m latentstruct.train +sweep=spigot_sst 'trainer.seed=$(SST_SEEDS)' $(SST_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=spigot_sst 'trainer.seed=$(SST_SEEDS)' $(SST_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst.yaml --runs $(RUNS)/spigot_sst
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_sst_time.yaml --runs $(RUNS)/spigot_sst
 	mkdir -p results/spigot/trees
@@ -94,7 +94,7 @@ table-spigot-sst: install ## seed 001 Table 3, SST: 9 methods x SST_SEEDS -> res
 
 table-spigot-snli: install ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> results/spigot/table3_snli.md (+ _time.md)
 	@# Failed runs (e.g. without the SNLI training split) still make a table, which lists their errors.
-	$(BIN)/python -m latentstruct.train +sweep=spigot_snli 'trainer.seed=$(SNLI_SEEDS)' $(SNLI_ARGS) $(SWEEP) \
+	$(BIN)/python -m latentstruct.train --multirun +sweep=spigot_snli 'trainer.seed=$(SNLI_SEEDS)' $(SNLI_ARGS) $(SWEEP) \
 		|| echo "*** some SNLI runs failed: see the table's list of errors"
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli.yaml --runs $(RUNS)/spigot_snli --allow-empty
 	$(BIN)/python -m latentstruct.tables experiments/spigot/table3_snli_time.yaml --runs $(RUNS)/spigot_snli \
@@ -103,33 +103,33 @@ table-spigot-snli: install ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> r
 table-direct-sorting: direct-sorting direct-sorting-time ## seed 002 sorting numbers: accuracy by d and time per step -> results/direct/
 
 direct-sorting: install ## 4 methods x d in {5,...,100} x SORT_SEEDS repetitions -> results/direct/sorting.md
-	$(BIN)/python -m latentstruct.train +sweep=direct_sorting 'trainer.seed=$(SORT_SEEDS)' $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=direct_sorting 'trainer.seed=$(SORT_SEEDS)' $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/direct/sorting.yaml --runs $(RUNS)/direct_sorting
 	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/sorting.yaml --runs $(RUNS)/direct_sorting \
 		--metric test/acc --out results/direct/sorting.png
 
 direct-sorting-time: install ## 200 timed steps per method at d in {10,40,100}, one run at a time -> results/direct/sorting_time.md
-	$(BIN)/python -m latentstruct.train +sweep=direct_sorting_time hydra/launcher=joblib hydra.launcher.n_jobs=1 \
+	$(BIN)/python -m latentstruct.train --multirun +sweep=direct_sorting_time hydra/launcher=joblib hydra.launcher.n_jobs=1 \
 		trainer.threads=1 trainer.progress=false trainer.resume=true paths.multirun_dir=$(RUNS)
 	$(BIN)/python -m latentstruct.tables experiments/direct/sorting_time.yaml --runs $(RUNS)/direct_sorting_time
 
 table-direct-knn: install ## seed 002 k-NN: 5 methods x k in {1,3,5,9} on KNN_DATASET -> results/direct/knn.md, knn_time.md
-	$(BIN)/python -m latentstruct.train +sweep=direct_knn dataset=$(KNN_DATASET) $(KNN_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=direct_knn dataset=$(KNN_DATASET) $(KNN_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/direct/knn.yaml --runs $(RUNS)/direct_knn
 	$(BIN)/python -m latentstruct.tables experiments/direct/knn_time.yaml --runs $(RUNS)/direct_knn
 	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/knn.yaml --runs $(RUNS)/direct_knn \
 		--metric test/acc --out results/direct/knn.png
 
 table-direct-vae: install ## seed 003 semi-supervised VAE: direct vs GSM x 5 label counts on VAE_DATASET -> results/direct/vae.md
-	$(BIN)/python -m latentstruct.train +sweep=direct_vae dataset=$(VAE_DATASET) 'trainer.seed=$(VAE_SEEDS)' $(VAE_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=direct_vae dataset=$(VAE_DATASET) 'trainer.seed=$(VAE_SEEDS)' $(VAE_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/direct/vae.yaml --runs $(RUNS)/direct_vae
 	$(BIN)/python -m latentstruct.figures setting-curves --spec experiments/direct/vae.yaml --runs $(RUNS)/direct_vae \
 		--metric test/acc --out results/direct/vae.png
 
 table-listops: install ## issue #7 ListOps: LSTM, gold trees, merge parsers, chart x 7 estimators -> results/listops/
-	$(BIN)/python -m latentstruct.train +sweep=listops_chart 'trainer.seed=$(LISTOPS_CHART_SEEDS)' $(LISTOPS_ARGS) \
+	$(BIN)/python -m latentstruct.train --multirun +sweep=listops_chart 'trainer.seed=$(LISTOPS_CHART_SEEDS)' $(LISTOPS_ARGS) \
 		$(LISTOPS_CHART_ARGS) $(SWEEP)
-	$(BIN)/python -m latentstruct.train +sweep=listops 'trainer.seed=$(LISTOPS_SEEDS)' $(LISTOPS_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.train --multirun +sweep=listops 'trainer.seed=$(LISTOPS_SEEDS)' $(LISTOPS_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.listops_report self-f1 --runs $(RUNS)/listops
 	$(BIN)/python -m latentstruct.tables experiments/listops/table.yaml --runs $(RUNS)/listops
 	$(BIN)/python -m latentstruct.listops_report reference-trees --runs $(RUNS)/listops --out results/listops/reference_trees.md
