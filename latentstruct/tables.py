@@ -21,7 +21,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-__all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "build_table", "write_markdown", "main"]
+__all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "metric_id", "build_table",
+           "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
                   "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
@@ -64,6 +65,9 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
         row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
+        derived = run_dir / "derived.json"
+        if derived.is_file():
+            row.update({f"derived.{k}": v for k, v in json.loads(derived.read_text()).items()})
         row.update({field: record.get(field) for field in _RECORD_FIELDS})
         row["run_dir"] = str(run_dir)
         row["completed"] = record.get("status") == "completed"
@@ -99,7 +103,7 @@ def filter_runs(runs: pd.DataFrame, match: dict | None) -> pd.DataFrame:
 
 
 def aggregate(values, how: str = "median_se") -> tuple[float, float]:
-    """(centre, error) of ``values`` by ``median_se``, ``mean_se`` or ``mean_std``.
+    """(centre, error) of ``values`` by ``median_se``, ``mean_se``, ``mean_std`` or ``max`` (the best run; error 0).
 
     The std is the sample std (ddof=1); the error is 0 for a single value and NaN for none.
     """
@@ -107,10 +111,11 @@ def aggregate(values, how: str = "median_se") -> tuple[float, float]:
     if s.empty:
         return math.nan, math.nan
     std = float(s.std(ddof=1)) if len(s) > 1 else 0.0
-    centres = {"median_se": s.median(), "mean_se": s.mean(), "mean_std": s.mean()}
+    centres = {"median_se": s.median(), "mean_se": s.mean(), "mean_std": s.mean(), "max": s.max()}
     if how not in centres:
         raise ValueError(f"unknown aggregate {how!r}; choose one of {sorted(centres)}")
-    return float(centres[how]), (std if how == "mean_std" else std / math.sqrt(len(s)))
+    error = {"mean_std": std, "max": 0.0}.get(how, std / math.sqrt(len(s)))
+    return float(centres[how]), error
 
 
 def _reference(spec: dict) -> dict:
@@ -148,11 +153,11 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
         for metric in spec["metrics"]:
             column = _metric_column(metric["name"])
             values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
-            ours, ours_err = aggregate(values, how)
-            paper, paper_err = ref.get((row["name"], setting["name"], metric["name"]), (math.nan, math.nan))
+            ours, ours_err = aggregate(values, metric.get("aggregate", how))
+            paper, paper_err = ref.get((row["name"], setting["name"], metric_id(metric)), (math.nan, math.nan))
             allowed = max(tol.get("abs", 0.0), tol.get("err_factor", 0.0) * math.hypot(ours_err, paper_err))
             known = spec.get("verdict", True) and not (math.isnan(ours) or math.isnan(paper))
-            out.append({"row": row["name"], "setting": setting["name"], "metric": metric["name"],
+            out.append({"row": row["name"], "setting": setting["name"], "metric": metric_id(metric),
                         "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
                         "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
                         "diff": ours - paper, "tol": allowed if known else math.nan,
@@ -162,7 +167,8 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-CENTRE_LABELS = {"median_se": "median ± s.e.", "mean_se": "mean ± s.e.", "mean_std": "mean ± std"}
+CENTRE_LABELS = {"median_se": "median ± s.e.", "mean_se": "mean ± s.e.", "mean_std": "mean ± std",
+                 "max": "max over runs"}
 
 
 def _distinct(values: pd.Series) -> str:
@@ -171,10 +177,18 @@ def _distinct(values: pd.Series) -> str:
     return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
 
 
+def metric_id(metric: dict) -> str:
+    """A spec metric's key in the long table and in reference.csv: its ``name``, or ``name:aggregate`` when it sets
+    its own aggregate (so ``test/acc`` and ``test/acc:max`` are two metrics)."""
+    return f"{metric['name']}:{metric['aggregate']}" if metric.get("aggregate") else metric["name"]
+
+
 def _metric_column(name: str) -> str:
-    """A spec's metric ``name`` is a key of metrics.json's ``metrics`` (``test/acc``), or ``record.<field>`` for a
-    record field (``record.seconds_per_step``)."""
-    return name.removeprefix("record.") if name.startswith("record.") else f"metric.{name}"
+    """A spec's metric ``name`` is a key of metrics.json's ``metrics`` (``test/acc``), ``record.<field>`` for a
+    record field (``record.seconds_per_step``), or ``derived.<name>`` for a key of the run's derived.json."""
+    if name.startswith("record."):
+        return name.removeprefix("record.")
+    return name if name.startswith("derived.") else f"metric.{name}"
 
 
 def _fmt(x: float, digits: int = 2) -> str:
@@ -222,11 +236,12 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
 
     ``layout: wide`` (default): one table, a line per row and a column per (setting, metric); ``per_metric``: one
     table per metric, a column per setting; ``sections`` (a list of ``{title, settings: [setting names]}``) splits
-    the settings into titled tables (per metric). A metric's ``digits`` (default 2) sets the decimals of its cells.
+    the settings into titled tables (per metric). A metric's ``digits`` (default 2) sets the decimals of its cells,
+    and its ``aggregate`` (e.g. ``max``: the best run, printed without ±) overrides the spec's for that metric.
     """
     centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
     paper = bool(spec.get("reference"))
-    legend = (f"Each cell: **ours** {centre} (runs) · paper · Δ = ours − paper · "
+    legend = (f"Each cell: **ours** {centre} (runs) · paper (where it has a number) · Δ = ours − paper · "
               + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
               if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
     used = _used(spec, runs)
@@ -234,13 +249,16 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     cell = df.set_index(["row", "setting", "metric"])
 
     def text(row: dict, setting: str, metric: dict) -> str:
-        c, digits = cell.loc[(row["name"], setting, metric["name"])], metric.get("digits", 2)
+        c, digits = cell.loc[(row["name"], setting, metric_id(metric))], metric.get("digits", 2)
         failed = f", {c.n_failed} failed" if c.n_failed else ""
-        ours = f"**{_fmt(c.ours, digits)}** ± {_fmt(c.ours_err, digits)} ({c.n_runs}{failed})"
+        spread = "" if metric.get("aggregate") == "max" else f" ± {_fmt(c.ours_err, digits)}"
+        ours = f"**{_fmt(c.ours, digits)}**{spread} ({c.n_runs}{failed})"
         ours = ours if c.n_runs else f"— (0{failed})"
         verdict = {True: " ✓", False: " ✗"}.get(c.agrees, "")
-        return (f"{ours} · {_fmt(c.paper, digits)} ± {_fmt(c.paper_err, digits)} · {_fmt(c['diff'], digits)}"
-                f"{verdict}" if paper else ours)
+        if not paper or math.isnan(c.paper):
+            return ours  # no paper number for this cell: ours alone
+        theirs = _fmt(c.paper, digits) + ("" if math.isnan(c.paper_err) else f" ± {_fmt(c.paper_err, digits)}")
+        return f"{ours} · {theirs} · {_fmt(c['diff'], digits)}{verdict}"
 
     if spec.get("sections"):
         several = len(spec["metrics"]) > 1
@@ -252,7 +270,9 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     else:
         groups = [("", [(s["name"], m) for s in spec["settings"] for m in spec["metrics"]])]
     for heading, cols in groups:
-        header = ["Model"] + [s if heading else f"{s} {m.get('label', m['name'])}" for s, m in cols]
+        one = len(spec["settings"]) == 1  # a single setting: the metric names the column
+        header = ["Model"] + [s if heading else m.get("label", m["name"]) if one else f"{s} {m.get('label', m['name'])}"
+                              for s, m in cols]
         lines += ["", *([heading, ""] if heading else []), "| " + " | ".join(header) + " |",
                   "|" + "---|" * len(header)]
         lines += ["| " + " | ".join([row.get("label", row["name"])] + [text(row, s, m) for s, m in cols]) + " |"

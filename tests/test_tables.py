@@ -315,3 +315,42 @@ def test_cells_mixing_run_lengths_are_flagged(tmp_path):
     df = tables.build_table(spec, tmp_path / "same")
     md = tables.write_markdown(df, spec, tmp_path / "u.md", tables.load_runs(tmp_path / "same")).read_text()
     assert "mixing" not in md
+
+
+def test_derived_metrics_and_a_per_metric_max(tmp_path):
+    """``derived.<key>`` reads the run's derived.json (absent: no value); a metric's own ``aggregate: max`` takes the
+    best run and prints no ±, while the other metrics keep the spec's aggregate."""
+    for seed, acc in ((1, 90.0), (2, 94.0), (3, 95.0)):
+        run = _run(tmp_path / "runs", f"r{seed}", "synthetic_spigot", acc=acc, seed=seed)
+        if seed < 3:
+            (run / "derived.json").write_text(json.dumps({"self_f1": 40.0 + seed}))
+    spec = tables.load_spec(_spec(tmp_path))
+    spec["aggregate"] = "mean_std"
+    spec["metrics"] = [{"name": "test/acc"}, {"name": "test/acc", "aggregate": "max", "label": "max"},
+                       {"name": "derived.self_f1"}]
+    runs = tables.load_runs(tmp_path / "runs")
+    assert runs.sort_values("seed")["derived.self_f1"].tolist()[:2] == [41.0, 42.0]
+    df = tables.build_table(spec, runs)
+    spigot = df[df["row"] == "spigot"].reset_index(drop=True)
+    assert spigot["metric"].tolist() == ["test/acc", "test/acc:max", "derived.self_f1"]
+    assert spigot.loc[0, "ours"] == pytest.approx(93.0) and spigot.loc[0, "ours_err"] == pytest.approx(2.6458, 1e-3)
+    assert (spigot.loc[1, "ours"], spigot.loc[1, "ours_err"]) == (95.0, 0.0)
+    assert spigot.loc[2, "ours"] == pytest.approx(41.5) and spigot.loc[2, "n_runs"] == 2
+    md = tables.write_markdown(df, spec, tmp_path / "t.md", runs).read_text()
+    assert "**95.00** (3)" in md and "**93.00** ± 2.65 (3)" in md
+    with pytest.raises(ValueError, match="unknown aggregate"):
+        tables.aggregate([1.0], "min")
+
+
+def test_listops_spec_covers_the_reference_and_every_experiment():
+    """Issue #7: every ListOps experiment is a row; every paper number lands in a cell (incl. ``test/acc:max``)."""
+    spec = tables.load_spec(REPO / "experiments" / "listops" / "table.yaml")
+    experiments = {p.stem for p in (REPO / "configs" / "experiment" / "listops").glob("*.yaml")} - {
+        "common", "chart_common"}
+    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"listops/{e}" for e in experiments}
+    ref = pd.read_csv(spec["reference_path"], dtype=str)
+    cells = {(r["name"], s["name"], tables.metric_id(m))
+             for r in spec["rows"] for s in spec["settings"] for m in spec["metrics"]}
+    assert set(zip(ref["row"], ref["setting"], ref["metric"], strict=True)) <= cells
+    df = tables.build_table(spec, pd.DataFrame())
+    assert df["paper"].notna().sum() == len(ref) == 13
