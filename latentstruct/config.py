@@ -89,6 +89,25 @@ class VAETheta(str, Enum):
     elbo = "elbo"
 
 
+class EnergyMethod(str, Enum):
+    mbce = "mbce"
+    implicit = "implicit"
+    explicit = "explicit"
+    infnet = "infnet"
+    spen = "spen"
+
+
+class EnergyPrimary(str, Enum):
+    ssvm = "ssvm"
+    cd = "cd"
+    dvn = "dvn"
+
+
+class InnerOptimizer(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+
+
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SyntheticClustersConf:
@@ -176,6 +195,20 @@ class ListOpsConf:
     subset: int | None = _help("keep the first this many training expressions (smoke runs); null = all", None)
     max_eval_tokens: int | None = _help("keep only valid / test expressions with at most this many leaves (reduced "
                                         "runs; null = all, the official protocol)", None)
+
+
+@dataclass
+class MLCConf:
+    _target_: str = "latentstruct.data.mlc.mlc_dataset"
+    name: str = _help("bibtex, delicious, eurlex, bookmarks, or any <name> read from <data_dir>/<name>/: "
+                      "<name>-train.arff + <name>-test.arff (or <name>.arff) and <name>.xml (data/mlc.py)",
+                      MISSING)
+    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
+    seed: int = _help("seed of the fixed re-split permutation (the same split for every run)", 0)
+    sizes: list[int] | None = _help("train / valid / test sizes adding up to the labelled examples; null = seed 004's "
+                                    "Table 6 (bibtex, delicious, eurlex; bookmarks has none)", None)
+    folder: str | None = _help("the dataset folder, relative to data_dir unless absolute; null = <name>", None)
+    drop_empty: bool = _help("drop the examples without any label before splitting (gives the paper's sizes)", True)
 
 
 # ------------------------------------------------------------------------------------------------------ task
@@ -286,6 +319,34 @@ class VAETaskConf(TaskConf):
     gsm_hard: bool = _help("gsm: straight-through (one-hot forward, relaxed gradient)", False)
     kl_discrete: bool = _help("train on KL(q(z|x) ‖ uniform), as the seed's objective does; false: as the authors' "
                               "direct code did, only report it", True)
+
+
+@dataclass
+class MLCEnergyTaskConf(TaskConf):
+    _target_: str = "latentstruct.tasks.MultiLabelEnergy"
+    method: EnergyMethod = _help("mbce (the MLP A alone), implicit (seed 004 Algorithm 1), explicit (the same loop, φ "
+                                 "with ∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5), spen (Belanger & McCallum "
+                                 "2016, SSVM)", "implicit")
+    primary: EnergyPrimary = _help("implicit / explicit: the primary loss L_prim, ssvm, cd or dvn", "cd")
+    feature_hidden: list[int] = _help("the energy's feature MLP F, also the shape of A and F (seed 004 / SPEN: "
+                                      "150-150; 250-250 for delicious)", [150, 150])
+    global_hidden: int = _help("units of the global energy term vᵀ softplus(Cy + c) (16; 10 for delicious)", 16)
+    lam: float = _help("λ of eq. 6 (L_aux = L_MLE + λ E(x, A(x))) and of eq. 5 (infnet); our choice", 1.0)
+    inner_steps: int = _help("T_inner: inner steps on θ per batch (Algorithm 1); our choice", 1)
+    inner_optimizer: InnerOptimizer = _help("the inference networks' optimizer (inner steps, pretraining, InfNet "
+                                            "ascent): sgd (Algorithm 1's plain steps) or adam", "adam")
+    inner_lr: float = _help("its learning rate; our choice", 1e-3)
+    neumann_terms: int = _help("implicit: terms of the von Neumann series for H⁻¹ (Appendix A; not given); our "
+                               "choice: on bibtex 20 terms reach ~2/3 of the series' limit", 20)
+    neumann_alpha: float = _help("implicit: its step α (Lorraine et al. 2020; not given); our choice: α λ_max ≈ 0.6 "
+                                 "for H's largest eigenvalue measured on bibtex (~125); the series diverges when "
+                                 "α λ_max > 2", 5e-3)
+    num_samples: int = _help("cd: K negatives drawn from A(x) (not given by the seed); our choice", 10)
+    straight_through: bool = _help("cd: straight-through gradient of the samples to θ (without it ∂L_CD/∂θ = 0 and "
+                                   "implicit = explicit; the seed does not say)", True)
+    infnet_ce: float = _help("infnet: weight of the inference networks' MBCE in their ascent (InfNet+'s +CE)", 0.0)
+    spen_steps: int = _help("spen: projected gradient steps of (loss-augmented) inference; our choice", 10)
+    spen_lr: float = _help("spen: their step size; our choice", 0.1)
 
 
 # ------------------------------------------------------------------------------------------- model parts
@@ -410,7 +471,8 @@ class TrainerConf:
     batch_size: int | None = _help("examples per step; null = the full training set", None)
     drop_last: bool = _help("skip the smaller last batch of each epoch (for tasks needing full batches: knn)", False)
     eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None)
-    select: Select = _help("report the last evaluation or the best by valid/acc", "last")
+    select: Select = _help("report the last evaluation or the best by valid/acc (among the evaluations of the last "
+                           "phase of trainer.phases)", "last")
     seed: int = _help("model seed (initialisation, noise, shuffling)", 301)
     resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
     force: bool = _help("re-run even if metrics.json says completed", False)
@@ -477,6 +539,7 @@ _SCHEMAS = {
     ("dataset", "base_snli"): SNLIConf,
     ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("dataset", "base_listops"): ListOpsConf,
+    ("dataset", "base_mlc"): MLCConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
@@ -485,6 +548,7 @@ _SCHEMAS = {
     ("task", "base_nli"): NLITaskConf,
     ("task", "base_vae"): VAETaskConf,
     ("task", "base_listops"): ListOpsTaskConf,
+    ("task", "base_mlc_energy"): MLCEnergyTaskConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

@@ -235,7 +235,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     # ---- write
     select = option_name(tc.select)
-    chosen = max(history, key=lambda r: r["valid/acc"]) if select == "best" else history[-1]
+    # best: among the evaluations of the last phase (earlier phases, e.g. pretraining, are not the model trained)
+    last_phase = [r for r in history if r["step"] > phases[-1].start] or history
+    chosen = max(last_phase, key=lambda r: r["valid/acc"]) if select == "best" else history[-1]
     metrics = {k: v for k, v in chosen.items() if k.startswith(("valid/", "test/"))}
     record = {
         "status": "completed",

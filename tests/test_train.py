@@ -16,12 +16,14 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
+from test_energy_task import write_mlc
 from test_images import write_cifar, write_mnist
 from test_listops_task import write_listops
 from test_text_tasks import write_snli, write_sst
 
 import latentstruct.train as train_module
 from latentstruct.data.images import DATASETS
+from latentstruct.tasks import Task
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,11 +54,14 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     write_sst(tmp_path / "sst")  # and the text datasets from generated files in the official formats
     write_snli(tmp_path / "snli")
     write_listops(tmp_path / "listops")
+    for name in ("bibtex", "delicious", "eurlex", "bookmarks"):
+        write_mlc(tmp_path, name, n_train=8, n_test=4)
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
         tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []
         tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
         tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
+        tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
         cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
@@ -233,3 +238,18 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, monkeypa
     # Extending the run is a resumption of the same run.
     record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10", "trainer.resume=true")
     assert record["steps"] == 30
+
+
+def test_best_is_selected_among_the_evaluations_of_the_last_phase(tmp_path, monkeypatch):
+    """trainer.select=best never reports an evaluation of an earlier phase (e.g. pretraining), however good."""
+    scores = iter([90.0, 10.0, 30.0, 20.0])  # one evaluation per epoch: phase 0 (2 epochs), then phase 1 (2)
+
+    def fake(self, splits, batch_size=None):
+        acc = next(scores)
+        return {name: {"acc": acc} for name in splits}
+
+    monkeypatch.setattr(Task, "evaluate_splits", fake)
+    record = _run(tmp_path, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
+                  "trainer.select=best",
+                  "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
+    assert record["metrics"]["valid/acc"] == 30.0 and record["best_step"] == 6

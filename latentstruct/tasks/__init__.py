@@ -2,6 +2,7 @@
 
 from latentstruct.tasks.base import Task
 from latentstruct.tasks.classification import LatentClassifier
+from latentstruct.tasks.energy import BilevelEnergyTask, MultiLabelEnergy
 from latentstruct.tasks.knn import KNN
 from latentstruct.tasks.listops import ListOps
 from latentstruct.tasks.sorting import Sorting
@@ -9,4 +10,4 @@ from latentstruct.tasks.text import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.vae import SemiSupervisedVAE
 
 __all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI", "SemiSupervisedVAE",
-           "ListOps"]
+           "ListOps", "BilevelEnergyTask", "MultiLabelEnergy"]

@@ -1,0 +1,476 @@
+r"""Energy-based structured prediction trained as a bi-level problem with implicit gradients (seed 004), and its
+baselines, as a task of the framework.
+
+The networks and the losses are :mod:`latentstruct.models.energy` (read its docstring: **E is an energy, lower is
+better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.implicit`. This module holds the
+*training procedures*. :class:`BilevelEnergyTask` writes them once over a few hooks (the energy of (x, ȳ), the
+inference network's relaxed output and its MLE loss, the task cost Δ, negative samples, SPEN's start and
+projection); :class:`MultiLabelEnergy` fills the hooks in for multi-label classification with
+:class:`~latentstruct.models.energy.MLCEnergy` and :class:`~latentstruct.models.energy.MLCInferenceNet` (a sequence
+task subclasses the same base with the sequence energy and inference network).
+
+Parameters: φ = the energy network's (``energy_net``); θ = the inference networks' (``infnet`` = A, and for
+``infnet`` also ``cost_net`` = F). ``train.py``'s optimizer (``optim``) only ever sees φ — :meth:`param_groups`
+returns φ alone as ``default`` (A for ``mbce``, which has no energy) — while θ is stepped inside :meth:`forward` by
+the task's own *inference optimizer* (``inner_optimizer`` ∈ {sgd, adam}, ``inner_lr``), whose state is part of the
+module's ``state_dict`` (``get_extra_state``) and so of every checkpoint.
+
+Methods (``method``), for a training batch (x, y)
+-------------------------------------------------
+* ``mbce`` — the seed's MBCE row: A_θ alone, loss = mean_b L_MLE(y, A_θ(x)) (:func:`multilabel_nll`), stepped by
+  ``optim`` (A is the ``default`` group here).
+* ``implicit`` — Algorithm 1. ``inner_steps`` = T_inner steps of the inference optimizer on θ with
+
+      L_aux(θ, φ) = mean_b [ L_MLE(y, A_θ(x)) + λ E_φ(x, A_θ(x)) ]                                          (6)
+
+  then the primary loss L_prim(θ, φ) (``primary``) at the new θ, and its implicit gradient
+
+      g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
+
+  (:func:`~latentstruct.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series with
+  step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
+  L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
+  rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
+  The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
+  ``ssvm`` [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ with ȳ = A_θ(x); ``dvn`` the DVN cross-entropy of sigmoid(−E(x, ȳ))
+  against 1 − Δ(ȳ, y) (target detached); ``cd`` the task-augmented contrastive divergence over K = ``num_samples``
+  negatives drawn from A_θ(x) (Bernoulli for MLC). Hard samples carry no gradient to θ, so with ``cd`` the implicit
+  term needs ``straight_through`` (the samples' values are hard, their gradient that of A_θ(x)); without it
+  ∂L_CD/∂θ = 0 and ``implicit`` reduces to ``explicit``. Δ is the relaxed cost (soft F1 for MLC), equal to the
+  discrete one on hard samples.
+* ``explicit`` — the same loop, but g = ∂L_prim/∂φ only: the "independent optimisation" of Tu, Pang & Gimpel
+  (2020) that the seed's Appendix D contrasts with (an ablation isolating the implicit term).
+* ``infnet`` — Tu & Gimpel (2018), eq. 5 of the seed, with a cost-augmented inference network F and a test-time
+  inference network A (θ = both):
+
+      min_φ max_{F,A} mean_b [Δ(F(x), y) − E(x, F(x)) + E(x, y)]₊ + λ [−E(x, A(x)) + E(x, y)]₊           (5)
+
+  alternating per batch one ascent step of the inference optimizer on (F, A) — on −objective + ``infnet_ce`` ×
+  mean_b (L_MLE(F) + L_MLE(A)), the "+CE" of InfNet+ (Tu, Pang & Gimpel 2020) — and one descent step of ``optim``
+  on φ, the objective recomputed at the new F(x), A(x) detached. Δ is the differentiable soft cost. Predicts with A.
+* ``spen`` — SPEN (Belanger & McCallum 2016) with the SSVM hinge: loss-augmented inference by ``spen_steps``
+  projected gradient steps of size ``spen_lr`` minimising E_φ(x, ȳ) − Δ(ȳ, y) from ȳ₀ = sigmoid of the energy's
+  local logits (MLC; :meth:`spen_start`), ȳ kept in [0, 1] (:meth:`project`); then the hinge
+  [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ with ȳ detached, descended on φ. Prediction: as many steps minimising E alone
+  from the same start. No inference network.
+
+Pretraining (``trainer.phases``)
+--------------------------------
+SPEN pretrains its feature network with an independent logistic loss (the issue: "F … pretrained with independent
+logistic loss"). When the run has **two** phases (``pretrain=True``; :meth:`from_config` sets it from
+``len(trainer.phases) == 2``), phase 0 trains the energy's feature network and local logits on
+:meth:`energy_pretrain_loss` (the MBCE of ``MLCEnergy.local_logits``), through ``optim`` — the global energy
+parameters get no gradient, so Adam leaves them untouched — and, for the methods with inference networks, those
+networks on their MLE loss through the inference optimizer (one step per batch); phase 1 is the method.
+:meth:`begin_step` tells the task which phase it is in. Without phases there is no pretraining. ``mbce`` has no
+energy: every phase trains A on its MLE loss.
+
+Evaluation (:meth:`MultiLabelEnergy.evaluate_splits`)
+-----------------------------------------------------
+Predictions are probabilities: A(x), or SPEN's inference output. The threshold is chosen on **valid** with
+:func:`~latentstruct.data.mlc.best_threshold` (never on test: the reference scripts of these experiments tuned it on
+the test file; we do not) and applied to every split. Per split: ``f1`` = example-F1 × 100 at that threshold,
+``acc`` = the same F1, so that ``trainer.select=best`` picks the epoch by validation F1 — among the evaluations of
+the last phase only (train.py), so a run reports an epoch of its method, never the pretrained networks (with
+early stopping on valid, a method that only degrades its pretrained A would otherwise be reported as that A);
+``f1_05`` = example-F1 × 100 at 0.5, ``threshold``, ``loss`` = the MBCE of the predictions (summed over labels, mean
+over examples), ``infer_seconds`` = the wall time of the prediction pass over the split (the seed's Table 5
+"inference time per epoch").
+
+References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
+L. Tu, K. Gimpel (2018), ICLR; L. Tu, R. Y. Pang, K. Gimpel (2020), "Improving joint training of inference networks
+and structured prediction energy networks"; D. Belanger, A. McCallum (2016), ICML; M. Gygli, M. Norouzi,
+A. Angelova (2017), ICML.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentstruct.config import option_name
+from latentstruct.data.base import iterate_batches
+from latentstruct.data.mlc import DEFAULT_THRESHOLDS, best_threshold, f1_at_threshold
+from latentstruct.implicit import grad_or_zeros, implicit_gradient
+from latentstruct.models.energy import (
+    MLCEnergy,
+    MLCInferenceNet,
+    auxiliary_loss,
+    bernoulli_samples,
+    cd_loss,
+    dvn_loss,
+    multilabel_nll,
+    soft_f1_loss,
+    ssvm_loss,
+)
+from latentstruct.tasks.base import Task
+
+__all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "MultiLabelEnergy"]
+
+METHODS = ("mbce", "implicit", "explicit", "infnet", "spen")
+PRIMARY_LOSSES = ("ssvm", "cd", "dvn")
+INNER_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass
+class EnergyOutput:
+    loss: torch.Tensor  # scalar for train.py: its value and its φ-gradient are those of the module docstring
+    primary: torch.Tensor | None = None  # detached: L_prim (implicit, explicit), the eq. 5 objective (infnet)
+    aux: torch.Tensor | None = None  # detached: L_aux after the inner steps (implicit, explicit)
+
+
+def _with_gradient(value: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A scalar equal to ``value`` whose gradient w.r.t. ``params`` is ``grads`` (and nothing else)."""
+    dot = sum((p * g.detach()).sum() for p, g in zip(params, grads, strict=True))
+    return value.detach() + (dot - dot.detach())  # the bracket is exactly 0: the value is value's, bit for bit
+
+
+class BilevelEnergyTask(Task):
+    """The training procedures of the module docstring over abstract hooks; subclasses supply the networks and the
+    hooks (:class:`MultiLabelEnergy`).
+
+    Args:
+        energy_net: E_φ (None for ``mbce``). infnet: A_θ (None for ``spen``). cost_net: F (``infnet`` only).
+        method, primary: see :data:`METHODS`, :data:`PRIMARY_LOSSES`.
+        lam: λ of eq. 6 (and of eq. 5 for ``infnet``).
+        inner_steps: T_inner. inner_optimizer, inner_lr: the optimizer of θ (inner steps, pretraining, InfNet
+            ascent).
+        neumann_terms, neumann_alpha: the von Neumann series of H⁻¹ (``implicit``).
+        num_samples, straight_through: the CD negatives.
+        infnet_ce: weight of the inference networks' MLE loss in the InfNet ascent (InfNet+'s CE term).
+        spen_steps, spen_lr: SPEN's projected-gradient inference.
+        pretrain: phase 0 of ``trainer.phases`` pretrains (module docstring).
+    """
+
+    def __init__(
+        self,
+        energy_net: nn.Module | None,
+        infnet: nn.Module | None,
+        cost_net: nn.Module | None = None,
+        method: str = "implicit",
+        primary: str = "cd",
+        lam: float = 1.0,
+        inner_steps: int = 1,
+        inner_optimizer: str = "adam",
+        inner_lr: float = 1e-3,
+        neumann_terms: int = 20,
+        neumann_alpha: float = 5e-3,
+        num_samples: int = 10,
+        straight_through: bool = True,
+        infnet_ce: float = 0.0,
+        spen_steps: int = 10,
+        spen_lr: float = 0.1,
+        pretrain: bool = False,
+    ):
+        super().__init__()
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if primary not in PRIMARY_LOSSES:
+            raise ValueError(f"primary must be one of {PRIMARY_LOSSES}, got {primary!r}")
+        if inner_optimizer not in INNER_OPTIMIZERS:
+            raise ValueError(f"inner_optimizer must be one of {INNER_OPTIMIZERS}, got {inner_optimizer!r}")
+        if inner_steps < 0 or neumann_terms < 0 or num_samples < 1 or spen_steps < 0:
+            raise ValueError("need inner_steps, neumann_terms, spen_steps >= 0 and num_samples >= 1")
+        if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
+            raise ValueError("need inner_lr, neumann_alpha, spen_lr > 0 and lam, infnet_ce >= 0")
+        needs = {"mbce": (False, True, False), "implicit": (True, True, False), "explicit": (True, True, False),
+                 "infnet": (True, True, True), "spen": (True, False, False)}[method]
+        for name, module, needed in zip(("energy_net", "infnet", "cost_net"), (energy_net, infnet, cost_net), needs,
+                                        strict=True):
+            if (module is not None) != needed:
+                raise ValueError(f"method={method} {'needs' if needed else 'takes no'} {name}")
+        self.energy_net, self.infnet, self.cost_net = energy_net, infnet, cost_net
+        self.method, self.primary = method, primary
+        self.lam, self.inner_steps = float(lam), int(inner_steps)
+        self.neumann_terms, self.neumann_alpha = int(neumann_terms), float(neumann_alpha)
+        self.num_samples, self.straight_through = int(num_samples), bool(straight_through)
+        self.infnet_ce = float(infnet_ce)
+        self.spen_steps, self.spen_lr = int(spen_steps), float(spen_lr)
+        self.pretrain = bool(pretrain)
+        self._pretraining = False
+        theta = self.inference_parameters()
+        self._inner_opt: torch.optim.Optimizer | None = None
+        if theta and method != "mbce":  # mbce's A is train.py's `default` group
+            opt = torch.optim.SGD if inner_optimizer == "sgd" else torch.optim.Adam
+            self._inner_opt = opt(theta, lr=inner_lr)
+
+    # ---------------------------------------------------------------------------------------------- hooks
+    def energy(self, batch: dict[str, torch.Tensor], y: torch.Tensor) -> torch.Tensor:
+        """E_φ(x, y) ``[*, B]`` for relaxed outputs y ``[*, B, ...]`` (leading sample dimensions share x)."""
+        raise NotImplementedError
+
+    def inference(self, net: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(net's relaxed output ȳ ``[B, ...]``, its MLE loss L_MLE(y, ȳ) ``[B]``) from one forward pass."""
+        raise NotImplementedError
+
+    def cost(self, y_bar: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The task cost Δ(ȳ, y) ``[*, B]``, differentiable in ȳ, in [0, 1], Δ(y, y) = 0."""
+        raise NotImplementedError
+
+    def negatives(self, probs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``num_samples`` negatives drawn from the relaxed output ``probs`` ``[K, B, ...]`` (straight-through
+        gradient when ``straight_through``)."""
+        raise NotImplementedError
+
+    def gold(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The gold output y ``[B, ...]`` in the relaxed output's encoding."""
+        raise NotImplementedError
+
+    def energy_pretrain_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B]``: the independent (local) MLE loss that pretrains the energy's feature network."""
+        raise NotImplementedError
+
+    def spen_start(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """SPEN's starting point ȳ₀ ``[B, ...]`` (detached)."""
+        raise NotImplementedError
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        """Projection onto the relaxed output set (SPEN's projected gradient)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ interface
+    def energy_parameters(self) -> list[nn.Parameter]:
+        """φ."""
+        return [] if self.energy_net is None else list(self.energy_net.parameters())
+
+    def inference_parameters(self) -> list[nn.Parameter]:
+        """θ: A's, then F's (``infnet``)."""
+        return [p for m in (self.infnet, self.cost_net) if m is not None for p in m.parameters()]
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """φ only (A for ``mbce``): θ is stepped by the task's own optimizer."""
+        return {"default": self.inference_parameters() if self.method == "mbce" else self.energy_parameters()}
+
+    def begin_step(self, phase: int, step: int) -> None:
+        self._pretraining = self.pretrain and phase == 0
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The inference optimizer's state (θ's Adam moments), so that a resumed run continues exactly."""
+        return {} if self._inner_opt is None else {"inner_optimizer": copy.deepcopy(self._inner_opt.state_dict())}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        if self._inner_opt is not None:
+            self._inner_opt.load_state_dict(state["inner_optimizer"])
+
+    # ----------------------------------------------------------------------------------------- training
+    def _step_theta(self, loss: torch.Tensor) -> None:
+        """One step of the inference optimizer on θ with ∇_θ loss (no gradient is left on φ or θ)."""
+        theta = self.inference_parameters()
+        grads = torch.autograd.grad(loss, theta, allow_unused=True)
+        for p, g in zip(theta, grads, strict=True):
+            p.grad = g
+        self._inner_opt.step()
+        for p in theta:
+            p.grad = None
+
+    def aux_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Eq. 6 at the current (θ, φ), batch mean."""
+        y_bar, nll = self.inference(self.infnet, batch)
+        return auxiliary_loss(nll, self.energy(batch, y_bar), self.lam)
+
+    def primary_loss(self, batch: dict[str, torch.Tensor], y_bar: torch.Tensor) -> torch.Tensor:
+        """L_prim (``primary``) with ȳ as given (attached or not: the caller decides), batch mean."""
+        gold = self.gold(batch).to(y_bar.dtype)
+        if self.primary == "cd":
+            neg = self.negatives(y_bar, batch)
+            energies = self.energy(batch, torch.cat([gold.unsqueeze(0), neg]))  # one feature pass
+            return cd_loss(energies[0], energies[1:], self.cost(neg, batch))
+        energies = self.energy(batch, torch.stack([y_bar, gold]))
+        delta = self.cost(y_bar, batch)
+        if self.primary == "ssvm":
+            return ssvm_loss(energies[0], energies[1], delta)
+        return dvn_loss(energies[0], (1 - delta).clamp(0, 1))  # clamp: rounding must not leave [0, 1]
+
+    def inference_objective(self, batch: dict[str, torch.Tensor], detach: bool = False) -> torch.Tensor:
+        """The eq. 5 objective (``infnet``), batch mean; F(x), A(x) detached when ``detach``."""
+        f_out, _ = self.inference(self.cost_net, batch)
+        a_out, _ = self.inference(self.infnet, batch)
+        if detach:
+            f_out, a_out = f_out.detach(), a_out.detach()
+        gold = self.gold(batch).to(a_out.dtype)
+        e_f, e_a, e_gold = self.energy(batch, torch.stack([f_out, a_out, gold]))
+        return (F.relu(self.cost(f_out, batch) - e_f + e_gold) + self.lam * F.relu(-e_a + e_gold)).mean()
+
+    def infnet_ascent_step(self, batch: dict[str, torch.Tensor]) -> None:
+        """One step of the inference optimizer raising the eq. 5 objective (+ ``infnet_ce`` × MLE, lowered)."""
+        loss = -self.inference_objective(batch)
+        if self.infnet_ce:
+            nll = self.inference(self.cost_net, batch)[1] + self.inference(self.infnet, batch)[1]
+            loss = loss + self.infnet_ce * nll.mean()
+        self._step_theta(loss)
+
+    def spen_inference(self, batch: dict[str, torch.Tensor], augmented: bool = False) -> torch.Tensor:
+        """``spen_steps`` projected gradient steps on E(x, ȳ) (− Δ(ȳ, y) when ``augmented``) from
+        :meth:`spen_start`; returns ȳ detached. Leaves no gradient on the parameters."""
+        y = self.spen_start(batch)
+        with torch.enable_grad():
+            for _ in range(self.spen_steps):
+                y = y.detach().requires_grad_(True)
+                objective = self.energy(batch, y)
+                if augmented:
+                    objective = objective - self.cost(y, batch)
+                (grad,) = torch.autograd.grad(objective.sum(), y)  # examples are independent: per-example ∇
+                y = self.project(y - self.spen_lr * grad)
+        return y.detach()
+
+    def _pretrain_step(self, batch: dict[str, torch.Tensor]) -> EnergyOutput:
+        if self._inner_opt is not None:
+            nll = sum(self.inference(net, batch)[1].mean() for net in (self.infnet, self.cost_net) if net is not None)
+            self._step_theta(nll)
+        return EnergyOutput(self.energy_pretrain_loss(batch).mean())
+
+    def _bilevel_step(self, batch: dict[str, torch.Tensor]) -> EnergyOutput:
+        for _ in range(self.inner_steps):
+            self._step_theta(self.aux_loss(batch))
+        theta, phi = self.inference_parameters(), self.energy_parameters()
+        y_bar, nll = self.inference(self.infnet, batch)
+        prim = self.primary_loss(batch, y_bar)
+        aux = auxiliary_loss(nll, self.energy(batch, y_bar), self.lam)
+        if self.method == "implicit":
+            grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha)
+        else:
+            grads = [g.detach() for g in grad_or_zeros(prim, phi)]
+        return EnergyOutput(_with_gradient(prim, phi, grads), prim.detach(), aux.detach())
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> EnergyOutput:
+        if self.method == "mbce":
+            return EnergyOutput(self.inference(self.infnet, batch)[1].mean())
+        if self._pretraining:
+            return self._pretrain_step(batch)
+        if self.method in ("implicit", "explicit"):
+            return self._bilevel_step(batch)
+        if self.method == "infnet":
+            self.infnet_ascent_step(batch)
+            objective = self.inference_objective(batch, detach=True)
+            return EnergyOutput(objective, objective.detach())
+        # spen
+        y_bar = self.spen_inference(batch, augmented=True)
+        gold = self.gold(batch).to(y_bar.dtype)
+        energies = self.energy(batch, torch.stack([y_bar, gold]))
+        return EnergyOutput(ssvm_loss(energies[0], energies[1], self.cost(y_bar, batch)))
+
+    # ---------------------------------------------------------------------------------------- prediction
+    def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The relaxed prediction ``[B, ...]``: SPEN's inference, else A(x)."""
+        if self.method == "spen":
+            return self.spen_inference(batch)
+        return self.inference(self.infnet, batch)[0]
+
+    @torch.no_grad()
+    def predict_split(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> tuple[torch.Tensor, float]:
+        """(:meth:`predict` over a whole split, the wall seconds it took), in eval mode."""
+        was_training = self.training
+        self.eval()
+        start = time.perf_counter()
+        preds = torch.cat([self.predict(batch) for batch in iterate_batches(data, batch_size or 1000)])
+        seconds = time.perf_counter() - start
+        self.train(was_training)
+        return preds, seconds
+
+
+class MultiLabelEnergy(BilevelEnergyTask):
+    """Multi-label classification (seed 004 Table 1): E = :class:`MLCEnergy` (feature MLP ``feature_hidden``,
+    ``global_hidden`` global units), A (and F) = :class:`MLCInferenceNet` of the same shape; Δ = soft F1 loss;
+    negatives = Bernoulli draws of A(x). Batches hold ``x`` ``[B, input_dim]`` and ``y`` ``[B, num_labels]`` in
+    {0, 1} (:func:`~latentstruct.data.mlc.mlc_dataset`). Other arguments: :class:`BilevelEnergyTask`."""
+
+    def __init__(
+        self,
+        input_dim: int,
+        num_labels: int,
+        method: str = "implicit",
+        feature_hidden: Sequence[int] = (150, 150),
+        global_hidden: int = 16,
+        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+        **kwargs: Any,
+    ):
+        hidden = tuple(int(h) for h in feature_hidden)
+        energy = None if method == "mbce" else MLCEnergy(input_dim, num_labels, hidden, global_hidden)
+        infnet = None if method == "spen" else MLCInferenceNet(input_dim, num_labels, hidden)
+        cost_net = MLCInferenceNet(input_dim, num_labels, hidden) if method == "infnet" else None
+        super().__init__(energy, infnet, cost_net, method=method, **kwargs)
+        self.thresholds = tuple(float(t) for t in thresholds)
+
+    @classmethod
+    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> MultiLabelEnergy:
+        """Reads ``task`` and the number of ``trainer.phases`` (two: pretraining, then the method); the sizes come
+        from the data (``dataset=bibtex|delicious|eurlex|bookmarks``)."""
+        if "input_dim" not in dims or "num_labels" not in dims:
+            raise ValueError("task=mlc_energy needs a multi-label dataset (dataset=bibtex, delicious, ...)")
+        phases = len(cfg.trainer.phases)
+        if phases > 2:
+            raise ValueError(f"task=mlc_energy takes no phases, or two (pretraining, then the method); got {phases}")
+        t = cfg.task
+        return cls(
+            input_dim=dims["input_dim"], num_labels=dims["num_labels"], method=option_name(t.method),
+            feature_hidden=tuple(t.feature_hidden), global_hidden=t.global_hidden, primary=option_name(t.primary),
+            lam=t.lam, inner_steps=t.inner_steps, inner_optimizer=option_name(t.inner_optimizer),
+            inner_lr=t.inner_lr, neumann_terms=t.neumann_terms, neumann_alpha=t.neumann_alpha,
+            num_samples=t.num_samples, straight_through=t.straight_through, infnet_ce=t.infnet_ce,
+            spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
+        )
+
+    # hooks
+    def energy(self, batch, y):
+        return self.energy_net(batch["x"], y)
+
+    def inference(self, net, batch):
+        logits = net.logits(batch["x"])
+        return torch.sigmoid(logits), multilabel_nll(logits, batch["y"])
+
+    def cost(self, y_bar, batch):
+        return soft_f1_loss(y_bar, batch["y"].to(y_bar.dtype))
+
+    def negatives(self, probs, batch):
+        return bernoulli_samples(probs, self.num_samples, straight_through=self.straight_through)
+
+    def gold(self, batch):
+        return batch["y"]
+
+    def energy_pretrain_loss(self, batch):
+        return multilabel_nll(self.energy_net.local_logits(batch["x"]), batch["y"])
+
+    def spen_start(self, batch):
+        return torch.sigmoid(self.energy_net.local_logits(batch["x"])).detach()
+
+    def project(self, y):
+        return y.clamp(0, 1)
+
+    # evaluation
+    def evaluate_splits(
+        self, splits: dict[str, dict[str, torch.Tensor]], batch_size: int | None = None
+    ) -> dict[str, dict[str, float]]:
+        """Per split: ``f1`` (example-F1 × 100 at the threshold chosen on ``valid``), ``acc`` (the same), ``f1_05``
+        (at 0.5), ``threshold``, ``loss`` (MBCE of the predictions), ``infer_seconds``. Without a ``valid`` split
+        the threshold is 0.5 (it is never chosen on another split)."""
+        preds = {name: self.predict_split(data, batch_size) for name, data in splits.items()}
+        threshold = 0.5
+        if "valid" in splits:
+            threshold, _ = best_threshold(preds["valid"][0], splits["valid"]["y"], self.thresholds)
+        out = {}
+        for name, (probs, seconds) in preds.items():
+            gold = splits[name]["y"]
+            eps = 1e-6  # SPEN's outputs can be exactly 0 or 1
+            mbce = F.binary_cross_entropy(probs.clamp(eps, 1 - eps), gold.to(probs.dtype), reduction="none").sum(-1)
+            f1 = 100 * f1_at_threshold(probs, gold, threshold)
+            out[name] = {
+                "acc": f1,
+                "f1": f1,
+                "f1_05": 100 * f1_at_threshold(probs, gold, 0.5),
+                "threshold": threshold,
+                "loss": float(mbce.mean()),
+                "infer_seconds": seconds,
+            }
+        return out
+
+    def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
+        """The metrics of one split with the threshold chosen on that split itself (use :meth:`evaluate_splits`
+        for the protocol: threshold chosen on valid)."""
+        return self.evaluate_splits({"valid": data}, batch_size)["valid"]
