@@ -181,6 +181,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter() - elapsed
     loss_sum, loss_count = 0.0, 0  # summed on the device: no host sync per step
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
+    phase_seconds, phase_steps, tick_step = [0.0] * len(phases), [0] * len(phases), step  # the same, per phase
     model.train()
     bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
     tick = time.perf_counter()
@@ -206,7 +207,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 # float() waits for the device, so the clock then includes every queued training step.
                 row = {"step": step, "epoch": phase.epochs_before + in_phase / phase.per_epoch,
                        "train/loss": float(loss_sum) / loss_count}
-                train_seconds += time.perf_counter() - tick
+                seconds = time.perf_counter() - tick
+                train_seconds += seconds
+                phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless eval_every
+                phase_steps[index] += step - tick_step  # straddles a phase boundary)
                 evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
                 row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
                 row["wall_seconds"] = time.perf_counter() - start
@@ -227,7 +231,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                         "config": config,
                     },
                 )
-                tick = time.perf_counter()
+                tick, tick_step = time.perf_counter(), step
             if step >= max_steps or step == phase.start + phase.steps:
                 break
     bar.close()
@@ -248,8 +252,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         **env,
         "wall_seconds": time.perf_counter() - start,
         "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
-        # per epoch of the last phase's split (the only one without trainer.phases)
-        "seconds_per_epoch": train_seconds / (step - first_step) * phases[-1].per_epoch if step > first_step else None,
+        # per epoch of the last phase (the only one without trainer.phases), from that phase's steps
+        "seconds_per_epoch": phase_seconds[-1] / phase_steps[-1] * phases[-1].per_epoch if phase_steps[-1] else None,
         "steps": step,
         "selection": select,
     }

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -253,3 +254,20 @@ def test_best_is_selected_among_the_evaluations_of_the_last_phase(tmp_path, monk
                   "trainer.select=best",
                   "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
     assert record["metrics"]["valid/acc"] == 30.0 and record["best_step"] == 6
+
+
+def test_seconds_per_epoch_times_the_last_phase_only(tmp_path, monkeypatch):
+    """With trainer.phases, seconds_per_epoch is an epoch of the last phase (the method), not an average that
+    includes the steps of earlier phases (e.g. a pretraining of another cost). A fake clock: a step of phase 0
+    takes 10 s, one of phase 1 takes 1 s, nothing else takes time."""
+    clock = [0.0]
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def tick(self, phase, step):
+        clock[0] += 10.0 if phase == 0 else 1.0
+
+    monkeypatch.setattr(Task, "begin_step", tick)
+    record = _run(tmp_path, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
+                  "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
+    assert record["seconds_per_step"] == 5.5  # (4 × 10 + 4 × 1) / 8
+    assert record["seconds_per_epoch"] == 2.0  # 2 steps per epoch of phase 1
