@@ -34,6 +34,10 @@ LISTOPS_SEEDS ?= 301,302,303
 LISTOPS_CHART_SEEDS ?= 301,302,303
 LISTOPS_ARGS ?=
 LISTOPS_CHART_ARGS ?=
+# The multi-label energy table (seed 004 Table 1 / 5): datasets, seeds, extra overrides.
+MLC_DATASETS ?= bibtex,delicious
+MLC_SEEDS ?= 301,302,303
+MLC_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -44,7 +48,7 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
-	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-spigot-sst table-spigot-snli \
+	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-spigot-sst table-spigot-snli \
 	bench-structures clean
 
 help: ## list the targets
@@ -134,6 +138,12 @@ table-listops: install ## issue #7 ListOps: LSTM, gold trees, merge parsers, cha
 	$(BIN)/python -m latentstruct.tables experiments/listops/table.yaml --runs $(RUNS)/listops
 	$(BIN)/python -m latentstruct.listops_report reference-trees --runs $(RUNS)/listops --out results/listops/reference_trees.md
 	$(BIN)/python -m latentstruct.listops_report figure --runs $(RUNS)/listops --out results/listops/trees.png
+
+table-energy-mlc: install ## seed 004 Table 1 + 5: 7 methods x MLC_DATASETS x MLC_SEEDS -> results/energy/mlc.md, mlc_time.md
+	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_mlc 'dataset=$(MLC_DATASETS)' 'trainer.seed=$(MLC_SEEDS)' \
+		$(MLC_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/energy/mlc.yaml --runs $(RUNS)/energy_mlc
+	$(BIN)/python -m latentstruct.tables experiments/energy/mlc_time.yaml --runs $(RUNS)/energy_mlc
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \
