@@ -108,6 +108,15 @@ class InnerOptimizer(str, Enum):
     adam = "adam"
 
 
+class SequenceEnergyMethod(str, Enum):
+    mbce = "mbce"
+    implicit = "implicit"
+    explicit = "explicit"
+    infnet = "infnet"
+    spen = "spen"
+    crf = "crf"
+
+
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SyntheticClustersConf:
@@ -209,6 +218,17 @@ class MLCConf:
                                     "Table 6 (bibtex, delicious, eurlex; bookmarks has none)", None)
     folder: str | None = _help("the dataset folder, relative to data_dir unless absolute; null = <name>", None)
     drop_empty: bool = _help("drop the examples without any label before splitting (gives the paper's sizes)", True)
+
+
+@dataclass
+class CoNLLConf(_TextDatasetConf):
+    _target_: str = "latentstruct.data.conll.conll_dataset"
+    folder: str = _help("the CoNLL-2003 folder (train/valid/test.txt[.gz], 4 columns: token POS chunk NER), relative "
+                        "to data_dir unless absolute", "conll2003")
+    scheme: str = _help("tagging scheme of the model's tags: bioes (17 tags) or iob2 (9); the files are IOB2", "bioes")
+    features: bool = _help("also give the POS and chunk columns as per-token ids (seed 004's NER+)", False)
+    min_count: int = _help("words seen fewer times in train map to <unk>", 1)
+    repair_tags: bool = _help("read ill-formed IOB2 (or IOB1 files) as conlleval does instead of refusing it", False)
 
 
 # ------------------------------------------------------------------------------------------------------ task
@@ -345,6 +365,38 @@ class MLCEnergyTaskConf(TaskConf):
     straight_through: bool = _help("cd: straight-through gradient of the samples to θ (without it ∂L_CD/∂θ = 0 and "
                                    "implicit = explicit; the seed does not say)", True)
     infnet_ce: float = _help("infnet: weight of the inference networks' MBCE in their ascent (InfNet+'s +CE)", 0.0)
+    spen_steps: int = _help("spen: projected gradient steps of (loss-augmented) inference; our choice", 10)
+    spen_lr: float = _help("spen: their step size; our choice", 0.1)
+
+
+@dataclass
+class NEREnergyTaskConf(TaskConf):
+    _target_: str = "latentstruct.tasks.SequenceLabelEnergy"
+    method: SequenceEnergyMethod = _help(
+        "mbce (the BiLSTM baseline: A alone, token cross-entropy), implicit (seed 004 Algorithm 1), explicit (φ with "
+        "∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5; + infnet_ce: InfNet+), spen (SSVM, projected gradient "
+        "on the simplices), crf (the BiLSTM-CRF, exact: NLL by the forward algorithm, Viterbi)", "implicit")
+    primary: EnergyPrimary = _help("implicit / explicit: the primary loss L_prim, ssvm, cd or dvn", "cd")
+    hidden: int = _help("BiLSTM units per direction of every feature network (the issue / Tu & Gimpel 2018: 100); "
+                        "word vectors: embedding.dim (100 in the experiments)", 100)
+    feature_dim: int = _help("NER+ (dataset.features=true): size of the POS and of the chunk embeddings; our choice",
+                             20)
+    dropout: float = _help("dropout on the BiLSTM outputs; our choice", 0.0)
+    normalize_cost: bool = _help("Δ = token Hamming loss divided by the length (false: the number of wrong tags, on "
+                                 "the scale of the energy, a sum over tokens)", False)
+    lam: float = _help("λ of eq. 6 and eq. 5; our choice (as for MLC)", 1.0)
+    inner_steps: int = _help("T_inner (Algorithm 1); our choice (as for MLC)", 1)
+    inner_optimizer: InnerOptimizer = _help("the inference networks' optimizer (inner steps, pretraining, InfNet "
+                                            "ascent): sgd or adam", "adam")
+    inner_lr: float = _help("its learning rate; our choice (as for MLC)", 1e-3)
+    neumann_terms: int = _help("implicit: terms of the von Neumann series for H⁻¹; our choice (as for MLC)", 20)
+    neumann_alpha: float = _help("implicit: its step α (as for MLC); the series diverges when α λ_max(H) > 2: "
+                                 "λ_max ≤ 215 measured on CoNLL (configs/task/ner_energy.yaml)", 5e-3)
+    num_samples: int = _help("cd: K sequences drawn per sentence from A(x); our choice (as for MLC)", 10)
+    straight_through: bool = _help("cd: straight-through gradient of the samples to θ (needed for an implicit term)",
+                                   True)
+    infnet_ce: float = _help("infnet: weight of the inference networks' token cross-entropy in their ascent "
+                             "(InfNet+)", 0.0)
     spen_steps: int = _help("spen: projected gradient steps of (loss-augmented) inference; our choice", 10)
     spen_lr: float = _help("spen: their step size; our choice", 0.1)
 
@@ -540,6 +592,7 @@ _SCHEMAS = {
     ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("dataset", "base_listops"): ListOpsConf,
     ("dataset", "base_mlc"): MLCConf,
+    ("dataset", "base_conll"): CoNLLConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
@@ -549,6 +602,7 @@ _SCHEMAS = {
     ("task", "base_vae"): VAETaskConf,
     ("task", "base_listops"): ListOpsTaskConf,
     ("task", "base_mlc_energy"): MLCEnergyTaskConf,
+    ("task", "base_ner_energy"): NEREnergyTaskConf,
     ("encoder", "base_encoder"): IdentityEncoderConf,
     ("scorer", "base_scorer"): LinearScorerConf,
     ("structure", "base_structure"): CategoricalConf,

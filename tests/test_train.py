@@ -17,6 +17,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
+from test_energy_ner import write_conll
 from test_energy_task import write_mlc
 from test_images import write_cifar, write_mnist
 from test_listops_task import write_listops
@@ -57,6 +58,7 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     write_listops(tmp_path / "listops")
     for name in ("bibtex", "delicious", "eurlex", "bookmarks"):
         write_mlc(tmp_path, name, n_train=8, n_test=4)
+    write_conll(tmp_path, n_train=4, n_valid=2, n_test=2)
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
         tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []

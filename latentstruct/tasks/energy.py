@@ -33,11 +33,11 @@ Methods (``method``), for a training batch (x, y)
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
   The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
   ``ssvm`` [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ with ȳ = A_θ(x); ``dvn`` the DVN cross-entropy of sigmoid(−E(x, ȳ))
-  against 1 − Δ(ȳ, y) (target detached); ``cd`` the task-augmented contrastive divergence over K = ``num_samples``
-  negatives drawn from A_θ(x) (Bernoulli for MLC). Hard samples carry no gradient to θ, so with ``cd`` the implicit
-  term needs ``straight_through`` (the samples' values are hard, their gradient that of A_θ(x)); without it
-  ∂L_CD/∂θ = 0 and ``implicit`` reduces to ``explicit``. Δ is the relaxed cost (soft F1 for MLC), equal to the
-  discrete one on hard samples.
+  against 1 − Δ(ȳ, y) (target detached; :meth:`~BilevelEnergyTask.value_target`); ``cd`` the task-augmented
+  contrastive divergence over K = ``num_samples`` negatives drawn from A_θ(x) (Bernoulli for MLC). Hard samples
+  carry no gradient to θ, so with ``cd`` the implicit term needs ``straight_through`` (the samples' values are
+  hard, their gradient that of A_θ(x)); without it ∂L_CD/∂θ = 0 and ``implicit`` reduces to ``explicit``. Δ is
+  the relaxed cost (soft F1 for MLC), equal to the discrete one on hard samples.
 * ``explicit`` — the same loop, but g = ∂L_prim/∂φ only: the "independent optimisation" of Tu, Pang & Gimpel
   (2020) that the seed's Appendix D contrasts with (an ablation isolating the implicit term).
 * ``infnet`` — Tu & Gimpel (2018), eq. 5 of the seed, with a cost-augmented inference network F and a test-time
@@ -149,6 +149,13 @@ class BilevelEnergyTask(Task):
         pretrain: phase 0 of ``trainer.phases`` pretrains (module docstring).
     """
 
+    #: the methods a task accepts; a subclass may add its own (and handle them in :meth:`forward`)
+    METHODS: tuple[str, ...] = METHODS
+    #: which of (energy_net, infnet, cost_net) each method needs
+    NETWORKS: dict[str, tuple[bool, bool, bool]] = {
+        "mbce": (False, True, False), "implicit": (True, True, False), "explicit": (True, True, False),
+        "infnet": (True, True, True), "spen": (True, False, False)}
+
     def __init__(
         self,
         energy_net: nn.Module | None,
@@ -170,8 +177,8 @@ class BilevelEnergyTask(Task):
         pretrain: bool = False,
     ):
         super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method not in self.METHODS:
+            raise ValueError(f"method must be one of {self.METHODS}, got {method!r}")
         if primary not in PRIMARY_LOSSES:
             raise ValueError(f"primary must be one of {PRIMARY_LOSSES}, got {primary!r}")
         if inner_optimizer not in INNER_OPTIMIZERS:
@@ -180,8 +187,7 @@ class BilevelEnergyTask(Task):
             raise ValueError("need inner_steps, neumann_terms, spen_steps >= 0 and num_samples >= 1")
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
             raise ValueError("need inner_lr, neumann_alpha, spen_lr > 0 and lam, infnet_ce >= 0")
-        needs = {"mbce": (False, True, False), "implicit": (True, True, False), "explicit": (True, True, False),
-                 "infnet": (True, True, True), "spen": (True, False, False)}[method]
+        needs = self.NETWORKS[method]
         for name, module, needed in zip(("energy_net", "infnet", "cost_net"), (energy_net, infnet, cost_net), needs,
                                         strict=True):
             if (module is not None) != needed:
@@ -211,7 +217,8 @@ class BilevelEnergyTask(Task):
         raise NotImplementedError
 
     def cost(self, y_bar: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The task cost Δ(ȳ, y) ``[*, B]``, differentiable in ȳ, in [0, 1], Δ(y, y) = 0."""
+        """The task cost Δ(ȳ, y) ``[*, B]``, differentiable in ȳ, ≥ 0, Δ(y, y) = 0 (in [0, 1] unless
+        :meth:`value_target` is overridden)."""
         raise NotImplementedError
 
     def negatives(self, probs: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -222,6 +229,11 @@ class BilevelEnergyTask(Task):
     def gold(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The gold output y ``[B, ...]`` in the relaxed output's encoding."""
         raise NotImplementedError
+
+    def value_target(self, y_bar: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """DVN's regression target, a task score in [0, 1] ``[*, B]``: 1 − Δ(ȳ, y) by default (a task whose Δ is not
+        in [0, 1], e.g. an unnormalised Hamming loss, returns its own normalised score)."""
+        return (1 - self.cost(y_bar, batch)).clamp(0, 1)  # clamp: rounding must not leave [0, 1]
 
     def energy_pretrain_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[B]``: the independent (local) MLE loss that pretrains the energy's feature network."""
@@ -283,10 +295,9 @@ class BilevelEnergyTask(Task):
             energies = self.energy(batch, torch.cat([gold.unsqueeze(0), neg]))  # one feature pass
             return cd_loss(energies[0], energies[1:], self.cost(neg, batch))
         energies = self.energy(batch, torch.stack([y_bar, gold]))
-        delta = self.cost(y_bar, batch)
         if self.primary == "ssvm":
-            return ssvm_loss(energies[0], energies[1], delta)
-        return dvn_loss(energies[0], (1 - delta).clamp(0, 1))  # clamp: rounding must not leave [0, 1]
+            return ssvm_loss(energies[0], energies[1], self.cost(y_bar, batch))
+        return dvn_loss(energies[0], self.value_target(y_bar, batch))
 
     def inference_objective(self, batch: dict[str, torch.Tensor], detach: bool = False) -> torch.Tensor:
         """The eq. 5 objective (``infnet``), batch mean; F(x), A(x) detached when ``detach``."""

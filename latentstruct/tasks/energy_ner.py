@@ -1,0 +1,334 @@
+r"""Sequence labelling (CoNLL-2003 NER, seed 004 Table 3) with an energy network and an inference network, as a task
+of the framework: the hooks of :class:`~latentstruct.tasks.energy.BilevelEnergyTask` filled in for tag sequences,
+plus an exact BiLSTM-CRF reference point.
+
+The training procedures (``mbce``, ``implicit`` / ``explicit`` × {ssvm, cd, dvn}, ``infnet``, ``spen``) are the base
+class's, unchanged (read :mod:`latentstruct.tasks.energy`); this module only says what E, A, Δ, the negatives and
+SPEN's relaxed set are for sequences. **E is an energy — lower is better** (:mod:`latentstruct.models.energy`).
+
+Batches (:func:`~latentstruct.data.conll.conll_dataset`): ``x`` word ids ``[B, n]`` (pad 0), ``lengths`` ``[B]``,
+``y`` tag ids ``[B, n]`` (pad :data:`~latentstruct.data.conll.TAG_PAD`), and for NER+ ``pos`` and ``chunk`` ids
+``[B, n]``. Every batch is first cut to its own longest sentence (:meth:`SequenceLabelEnergy.trim`); positions past
+``lengths`` never influence an example (the BiLSTMs are packed, every sum is masked).
+
+The pieces
+----------
+* E_φ(x, ȳ) (:class:`SequenceEnergyNet`): eq. 7 with start/end transitions
+  (:class:`~latentstruct.models.energy.SequenceEnergy`) on token features b(x, t) from its own
+  :class:`~latentstruct.models.energy.BiLSTMFeatures` (word embeddings, + POS and chunk embeddings for NER+ → one
+  BiLSTM layer, ``hidden`` = 100 per direction). φ = all of it.
+* A_θ(x) (and InfNet's cost-augmented F): :class:`~latentstruct.models.energy.SequenceInferenceNet`, a BiLSTM of the
+  same shape + a linear layer + a softmax per token. The relaxed output ȳ ``[B, n, T]`` holds one simplex row per
+  real token (rows at padding are 0). L_MLE = :func:`~latentstruct.models.energy.sequence_nll` (token cross-entropy
+  summed over the sentence); alone (``mbce``) it is the **BiLSTM baseline** of Table 3.
+* Δ(ȳ, y) = :func:`~latentstruct.models.energy.hamming_loss`, by default **not normalised**: the (expected, for
+  relaxed ȳ) number of wrong tags. The energy is a sum over tokens, so its differences grow with the sentence; a
+  margin (SSVM, InfNet) or a task augmentation (CD) that is the per-sentence *count* keeps the same scale (the usual
+  margin-rescaled structured hinge for tagging), while a normalised Δ ≤ 1 would make the margin negligible on long
+  sentences. ``normalize_cost=True`` divides by the length. DVN needs a score in [0, 1]: its target
+  (:meth:`value_target`) is the token accuracy 1 − Δ/N whatever ``normalize_cost`` says.
+* CD negatives: K = ``num_samples`` sequences drawn per token from the categorical A_θ(x)_t
+  (:func:`~latentstruct.models.energy.categorical_samples`; straight-through to θ when ``straight_through``) — the
+  sequence analogue of the seed's Bernoulli samples.
+* SPEN: inference by ``spen_steps`` steps of projected gradient on each token's simplex, the projection being the
+  **Euclidean projection onto the simplex** (sparsemax, :meth:`~latentstruct.structures.Categorical.sparsemap`), from
+  ȳ₀ = the softmax of the energy's own unary logits U b(x, t). b(x, t) does not depend on ȳ, so it is computed once
+  per inference (without a graph: the steps differentiate in ȳ only). Pretraining (two ``trainer.phases``) trains
+  the energy's BiLSTM and U with the token cross-entropy of those logits (:meth:`energy_pretrain_loss`), and A (F)
+  with L_MLE, as for MLC.
+* ``crf`` (not a method of the base class): the **BiLSTM-CRF**, exact, the energy itself read as a CRF:
+  p(y | x) ∝ exp(−E_φ(x, y)) over one-hot tag sequences. The part scores are
+  :meth:`~latentstruct.structures.SequenceTagging.parts` of (U b(x, t), W, start, end) — exactly −E on a one-hot
+  sequence — so the loss is NLL = log Z(x) + E_φ(x, y) (log Z by the forward algorithm of
+  :class:`~latentstruct.structures.SequenceTagging`), trained by ``optim`` on φ, and the prediction is Viterbi.
+  This is the same model family as every energy method here, trained by exact maximum likelihood.
+
+Evaluation (:meth:`SequenceLabelEnergy.evaluate`)
+-------------------------------------------------
+The predicted tag of each token is the argmax of its row of the prediction: A(x) (every method with an inference
+network), SPEN's inference output, or the Viterbi sequence (one-hot, ``crf``) — no threshold, nothing chosen on
+valid. Per split: ``f1`` = conlleval's span F1 (:func:`~latentstruct.data.conll.span_f1`, exact, on the BIOES
+tags; ill-formed sequences read as conlleval reads them), ``acc`` = the same (so ``trainer.select=best`` picks the
+epoch by valid F1), ``precision``, ``recall``, ``token_acc`` (×100, over real tokens), ``infer_seconds`` (wall time
+of the prediction pass over the split).
+
+Devices: the implicit gradient differentiates ∇_θ L_aux again (Hessian-vector products) through A's LSTM; cuDNN's
+LSTM backward is not differentiable, so ``implicit`` runs its training step with cuDNN off (PyTorch's own LSTM
+kernels, twice differentiable). Everything else uses cuDNN.
+
+References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004),
+eq. 5-7, Table 3. L. Tu, K. Gimpel (2018), "Learning approximate inference networks for structured prediction",
+ICLR (the sequence energy and inference networks). G. Lample et al. (2016), "Neural architectures for named entity
+recognition", NAACL (the BiLSTM-CRF). W. Wang, M. Carreira-Perpiñán (2013) and J. Duchi et al. (2008) (Euclidean
+projection onto the simplex).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from latentstruct.config import option_name
+from latentstruct.data.conll import span_f1, tag_names
+from latentstruct.models.energy import (
+    BiLSTMFeatures,
+    SequenceEnergy,
+    SequenceInferenceNet,
+    categorical_samples,
+    hamming_loss,
+    sequence_nll,
+)
+from latentstruct.models.text import length_mask
+from latentstruct.structures import Categorical, SequenceTagging
+from latentstruct.tasks.energy import METHODS, BilevelEnergyTask, EnergyOutput
+
+__all__ = ["EXTRA_FEATURES", "SEQUENCE_METHODS", "SequenceEnergyNet", "SequenceLabelEnergy"]
+
+#: the base class's methods, plus the exact BiLSTM-CRF
+SEQUENCE_METHODS: tuple[str, ...] = (*METHODS, "crf")
+#: the per-token feature columns a batch may carry (the seed's NER+: POS and chunk tags), in this order
+EXTRA_FEATURES: tuple[str, ...] = ("pos", "chunk")
+
+
+class SequenceEnergyNet(nn.Module):
+    """E_φ of eq. 7 with its own feature network: ``features`` (b(x, t), a :class:`BiLSTMFeatures`) and ``energy``
+    (:class:`SequenceEnergy` on them). ``token_features(ids, lengths, extra)`` → ``[B, n, 2·hidden]``;
+    ``forward(features, y [*, B, n, T], lengths)`` → E ``[*, B]``."""
+
+    def __init__(self, features: BiLSTMFeatures, num_tags: int) -> None:
+        super().__init__()
+        self.features = features
+        self.energy = SequenceEnergy(features.out_dim, num_tags)
+
+    def token_features(
+        self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()
+    ) -> torch.Tensor:
+        return self.features(ids, lengths, extra)
+
+    def forward(self, features: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.energy(features, y, lengths)
+
+    def crf_parts(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Part scores ``[B, n, T, T]`` (:class:`SequenceTagging`'s layout) whose sum along a tag sequence is
+        −E_φ(x, y) of that sequence, one-hot."""
+        e = self.energy
+        return SequenceTagging.parts(e.unary_scores(features), e.transition, e.start, e.end, lengths)
+
+
+class SequenceLabelEnergy(BilevelEnergyTask):
+    """Sequence labelling with an energy (module docstring). ``method`` ∈ :data:`SEQUENCE_METHODS`.
+
+    Args:
+        vocab_size, num_tags: sizes from the data. emb_dim: word embedding size (``pretrained``'s when given).
+        hidden: BiLSTM units per direction (every feature network: E's, A's, F's).
+        extra_features: ``{batch key: vocabulary size}`` of per-token feature ids fed to every BiLSTM (NER+:
+            ``pos`` and ``chunk``), each embedded in ``extra_dim`` dimensions.
+        pretrained, freeze: word vectors ``[vocab_size, emb_dim]`` copied into every embedding table (frozen when
+            ``freeze``). dropout: on the BiLSTM outputs.
+        normalize_cost: Δ = Hamming loss / length instead of the count.
+        tags: the tag names, index = tag id (default: CoNLL's BIOES inventory when ``num_tags`` = 17).
+        kwargs: :class:`BilevelEnergyTask` (primary, lam, inner_steps, ...).
+    """
+
+    METHODS = SEQUENCE_METHODS
+    NETWORKS = {**BilevelEnergyTask.NETWORKS, "crf": (True, False, False)}
+
+    def __init__(
+        self,
+        vocab_size: int,
+        num_tags: int,
+        method: str = "implicit",
+        emb_dim: int = 100,
+        hidden: int = 100,
+        extra_features: Mapping[str, int] | None = None,
+        extra_dim: int = 20,
+        pretrained: torch.Tensor | None = None,
+        freeze: bool = True,
+        dropout: float = 0.0,
+        normalize_cost: bool = False,
+        tags: Sequence[str] | None = None,
+        **kwargs: Any,
+    ):
+        extra = dict(extra_features or {})
+        unknown = set(extra) - set(EXTRA_FEATURES)
+        if unknown:
+            raise ValueError(f"unknown extra features {sorted(unknown)}; choose among {EXTRA_FEATURES}")
+
+        def features() -> BiLSTMFeatures:
+            return BiLSTMFeatures(vocab_size, emb_dim, hidden, list(extra.values()), extra_dim, pretrained, freeze,
+                                  dropout)
+
+        energy = None if method == "mbce" else SequenceEnergyNet(features(), num_tags)
+        infnet = None if method in ("spen", "crf") else SequenceInferenceNet(features(), num_tags)
+        cost_net = SequenceInferenceNet(features(), num_tags) if method == "infnet" else None
+        super().__init__(energy, infnet, cost_net, method=method, **kwargs)
+        self.num_tags = int(num_tags)
+        self.extra_keys = tuple(extra)
+        self.normalize_cost = bool(normalize_cost)
+        if tags is None:
+            tags = tag_names("bioes") if num_tags == 17 else [f"T{i}" for i in range(num_tags)]
+        if len(tags) != num_tags:
+            raise ValueError(f"{len(tags)} tag names for {num_tags} tags")
+        self.tags = list(tags)
+        self.structure = SequenceTagging(num_tags)
+        self._simplex = Categorical()
+
+    @classmethod
+    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> SequenceLabelEnergy:
+        """Reads ``task``, ``embedding`` (``dim``, ``freeze``; the vectors come in ``extras["embeddings"]`` when
+        ``embedding.pretrained`` names a GloVe file) and the number of ``trainer.phases`` (two: pretraining, then
+        the method); sizes, the tag names and the POS / chunk vocabularies (``dataset.features=true``) come from
+        the data."""
+        extras = extras or {}
+        if "vocab_size" not in dims or "num_tags" not in dims:
+            raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003)")
+        phases = len(cfg.trainer.phases)
+        if phases > 2:
+            raise ValueError(f"task=ner_energy takes no phases, or two (pretraining, then the method); got {phases}")
+        t = cfg.task
+        pretrained = extras.get("embeddings")
+        extra = {k: dims[f"{k}_vocab_size"] for k in EXTRA_FEATURES if dims.get(f"{k}_vocab_size", 0)}
+        return cls(
+            vocab_size=dims["vocab_size"], num_tags=dims["num_tags"], method=option_name(t.method),
+            emb_dim=pretrained.shape[1] if pretrained is not None else cfg.embedding.dim, hidden=t.hidden,
+            extra_features=extra, extra_dim=t.feature_dim, pretrained=pretrained, freeze=cfg.embedding.freeze,
+            dropout=t.dropout, normalize_cost=t.normalize_cost, tags=extras.get("tag_names"),
+            primary=option_name(t.primary), lam=t.lam, inner_steps=t.inner_steps,
+            inner_optimizer=option_name(t.inner_optimizer), inner_lr=t.inner_lr, neumann_terms=t.neumann_terms,
+            neumann_alpha=t.neumann_alpha, num_samples=t.num_samples, straight_through=t.straight_through,
+            infnet_ce=t.infnet_ce, spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
+        )
+
+    # -------------------------------------------------------------------------------------------- helpers
+    def energy_parameters(self) -> list[nn.Parameter]:
+        """φ (trainable ones: frozen pretrained vectors are not differentiated)."""
+        return [p for p in super().energy_parameters() if p.requires_grad]
+
+    def inference_parameters(self) -> list[nn.Parameter]:
+        """θ (trainable ones)."""
+        return [p for p in super().inference_parameters() if p.requires_grad]
+
+    @staticmethod
+    def trim(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch cut to its longest sentence (the splits are padded to their own longest)."""
+        n = int(batch["lengths"].max())
+        return {k: v[:, :n] if v.dim() >= 2 else v for k, v in batch.items()}
+
+    def _extra(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        missing = [k for k in self.extra_keys if k not in batch]
+        if missing:
+            raise ValueError(f"the model reads per-token features {missing} that the batch lacks "
+                             "(dataset.features=true)")
+        return tuple(batch[k] for k in self.extra_keys)
+
+    def _mask(self, batch: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """``[B, n, 1]``: 1 at real tokens."""
+        x = batch["x"]
+        return length_mask(batch["lengths"], x.shape[1], x.device).unsqueeze(-1).to(dtype)
+
+    def energy_features(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """b(x, t) of the energy ``[B, n, 2·hidden]`` (the batch may carry them precomputed, ``_energy_features``)."""
+        cached = batch.get("_energy_features")
+        if cached is not None:
+            return cached
+        return self.energy_net.token_features(batch["x"], batch["lengths"], self._extra(batch))
+
+    def _double_backward_context(self, batch: dict[str, torch.Tensor]):
+        if self.method == "implicit" and batch["x"].is_cuda:
+            return torch.backends.cudnn.flags(enabled=False)  # cuDNN's LSTM backward has no derivative
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def energy(self, batch, y):
+        return self.energy_net(self.energy_features(batch), y, batch["lengths"])
+
+    def inference(self, net, batch):
+        logits = net.logits(batch["x"], batch["lengths"], self._extra(batch))
+        probs = torch.softmax(logits, -1) * self._mask(batch, logits.dtype)
+        return probs, sequence_nll(logits, self.gold(batch).to(logits.dtype), batch["lengths"])
+
+    def cost(self, y_bar, batch):
+        return hamming_loss(y_bar, self.gold(batch).to(y_bar.dtype), batch["lengths"], normalize=self.normalize_cost)
+
+    def value_target(self, y_bar, batch):
+        accuracy = 1 - hamming_loss(y_bar, self.gold(batch).to(y_bar.dtype), batch["lengths"], normalize=True)
+        return accuracy.clamp(0, 1)
+
+    def negatives(self, probs, batch):
+        return categorical_samples(probs, self.num_samples, straight_through=self.straight_through)
+
+    def gold(self, batch):
+        """One-hot gold tags ``[B, n, T]`` (float), rows at padding 0."""
+        one_hot = F.one_hot(batch["y"].clamp(0, self.num_tags - 1), self.num_tags).to(torch.get_default_dtype())
+        return one_hot * self._mask(batch, one_hot.dtype)
+
+    def energy_pretrain_loss(self, batch):
+        logits = self.energy_net.energy.unary_scores(self.energy_features(batch))
+        return sequence_nll(logits, self.gold(batch).to(logits.dtype), batch["lengths"])
+
+    def spen_start(self, batch):
+        logits = self.energy_net.energy.unary_scores(self.energy_features(batch))
+        return (torch.softmax(logits, -1) * self._mask(batch, logits.dtype)).detach()
+
+    def project(self, y):
+        """Euclidean projection of every token's row onto the probability simplex (sparsemax)."""
+        return self._simplex.sparsemap(y.reshape(-1, y.shape[-1])).view(y.shape)
+
+    def spen_inference(self, batch, augmented=False):
+        with torch.no_grad():  # b(x, t) does not depend on ȳ: one feature pass for all the steps
+            features = self.energy_net.token_features(batch["x"], batch["lengths"], self._extra(batch))
+        return super().spen_inference({**batch, "_energy_features": features}, augmented)
+
+    # -------------------------------------------------------------------------------------------------- CRF
+    def crf_nll(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """−log p(y | x) ``[B]`` with p ∝ exp(−E_φ(x, ·)) over tag sequences: log Z(x) + E_φ(x, y)."""
+        features = self.energy_features(batch)
+        parts = self.energy_net.crf_parts(features, batch["lengths"])
+        gold = self.gold(batch).to(parts.dtype)
+        return self.structure.log_partition(parts, batch["lengths"]) + self.energy_net(features, gold,
+                                                                                       batch["lengths"])
+
+    def viterbi(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """argmin_y E_φ(x, y) over tag sequences, one-hot ``[B, n, T]`` (rows at padding 0)."""
+        parts = self.energy_net.crf_parts(self.energy_features(batch), batch["lengths"])
+        tags = SequenceTagging.tags(self.structure.map(parts, batch["lengths"]))  # -1 at padding
+        return F.one_hot(tags.clamp_min(0), self.num_tags).to(parts.dtype) * self._mask(batch, parts.dtype)
+
+    # ------------------------------------------------------------------------------------- train / predict
+    def forward(self, batch: dict[str, torch.Tensor]) -> EnergyOutput:
+        batch = self.trim(batch)
+        if self.method == "crf" and not self._pretraining:
+            return EnergyOutput(self.crf_nll(batch).mean())
+        with self._double_backward_context(batch):
+            return super().forward(batch)
+
+    def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B, n, T]`` (n the batch's width): Viterbi one-hot (``crf``), SPEN's inference, else A(x)."""
+        width = batch["x"].shape[1]
+        batch = self.trim(batch)
+        out = self.viterbi(batch) if self.method == "crf" else super().predict(batch)
+        return F.pad(out, (0, 0, 0, width - out.shape[1]))
+
+    def predict_tags(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> tuple[torch.Tensor, float]:
+        """(per-token argmax of :meth:`predict` ``[N, n]`` long, the seconds the prediction pass took)."""
+        preds, seconds = self.predict_split(data, batch_size)
+        return preds.argmax(-1), seconds
+
+    @torch.no_grad()
+    def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
+        """Span F1 (conlleval) and the rest of the module docstring's metrics of one split."""
+        pred, seconds = self.predict_tags(data, batch_size)
+        gold, lengths = data["y"], data["lengths"]
+        mask = length_mask(lengths, gold.shape[1], gold.device)
+        token_acc = 100 * float(((pred == gold) & mask).sum()) / max(int(mask.sum()), 1)
+        names = self.tags
+        pred_seqs = [[names[t] for t in row[:n]] for row, n in zip(pred.tolist(), lengths.tolist(), strict=True)]
+        gold_seqs = [[names[t] for t in row[:n]] for row, n in zip(gold.tolist(), lengths.tolist(), strict=True)]
+        precision, recall, f1 = span_f1(pred_seqs, gold_seqs)
+        return {"acc": f1, "f1": f1, "precision": precision, "recall": recall, "token_acc": token_acc,
+                "infer_seconds": seconds}
