@@ -88,16 +88,22 @@ def load_run(run_dir: str | Path, data_dir: str | None = None) -> tuple[ListOps,
     return model.eval(), data, OmegaConf.to_container(cfg)
 
 
-def _batches(split: dict[str, torch.Tensor], size: int = 256) -> Iterator[dict[str, torch.Tensor]]:
-    """The split sorted by length in batches of ``size``, each trimmed to its longest example (a fixed order, so that
-    two runs' trees of the same split line up)."""
-    order = split["lengths"].argsort(stable=True)
-    for start in range(0, len(order), size):
-        idx = order[start : start + size]
-        n = int(split["lengths"][idx].max())
+def _batches(split: dict[str, torch.Tensor], size: int = 256, cells: int = 1 << 22) -> Iterator[dict]:
+    """The split sorted by length in batches of at most ``size`` examples and ``cells`` B·n² tree cells (the official
+    test set reaches n = 939), each trimmed to its longest example: a fixed order, so that two runs' trees of the
+    same split line up."""
+    lengths = split["lengths"]
+    order = lengths.argsort(stable=True)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and end - start < size and (end - start + 1) * int(lengths[order[end]]) ** 2 <= cells:
+            end += 1
+        idx = order[start:end]
         batch = {k: v[idx] for k, v in split.items()}
-        batch["x"] = batch["x"][:, :n]
+        batch["x"] = batch["x"][:, : int(lengths[idx].max())]
         yield batch
+        start = end
 
 
 def parse_split(model: ListOps, split: dict[str, torch.Tensor]) -> list[torch.Tensor]:

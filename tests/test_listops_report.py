@@ -99,3 +99,12 @@ def test_cli_and_derived_metrics_in_the_tables(tmp_path):
     assert "random trees" in (tmp_path / "ref.md").read_text()
     with pytest.raises(FileNotFoundError):
         listops_report.main(["figure", "--runs", str(root), "--out", str(tmp_path / "f.png"), "--seed", "9"])
+
+
+def test_batches_cover_the_split_once_in_length_order_within_the_cell_cap():
+    lengths = torch.tensor([3, 939, 5, 200, 200, 2] + [10] * 600)
+    split = {"lengths": lengths, "x": torch.zeros(len(lengths), 939, dtype=torch.long), "y": torch.arange(len(lengths))}
+    batches = list(listops_report._batches(split, size=256, cells=1 << 22))
+    assert sorted(torch.cat([b["y"] for b in batches]).tolist()) == list(range(len(lengths)))
+    assert [(len(b["y"]), b["x"].shape[1]) for b in batches] == [(256, 10), (256, 10), (93, 200), (1, 939)]
+    assert all(len(b["y"]) * b["x"].shape[1] ** 2 <= 1 << 22 or len(b["y"]) == 1 for b in batches)
