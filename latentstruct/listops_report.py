@@ -308,7 +308,7 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
             draw_trees(axes[r][c], tokens, trees[c], f"{name}  (F1 {f1:.0f}, label {int(batch['y'][c])})"
                        if r else f"{name}  (label {int(batch['y'][c])})", color)
     fig.suptitle(f"ListOps test expressions: true trees (black) and each method's tree (seed {seed})", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
