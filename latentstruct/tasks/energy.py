@@ -260,6 +260,22 @@ class BilevelEnergyTask(Task):
         """φ only (A for ``mbce``): θ is stepped by the task's own optimizer."""
         return {"default": self.inference_parameters() if self.method == "mbce" else self.energy_parameters()}
 
+    @staticmethod
+    def training_kwargs(cfg: Any, task: str) -> dict[str, Any]:
+        """The base class's arguments from ``cfg.task`` (method, primary loss, inner optimisation, Neumann series,
+        samples, InfNet, SPEN) and ``pretrain`` from the number of ``trainer.phases`` (none, or two: pretraining,
+        then the method); ``task`` names the task in the error."""
+        phases = len(cfg.trainer.phases)
+        if phases > 2:
+            raise ValueError(f"task={task} takes no phases, or two (pretraining, then the method); got {phases}")
+        t = cfg.task
+        return dict(
+            method=option_name(t.method), primary=option_name(t.primary), lam=t.lam, inner_steps=t.inner_steps,
+            inner_optimizer=option_name(t.inner_optimizer), inner_lr=t.inner_lr, neumann_terms=t.neumann_terms,
+            neumann_alpha=t.neumann_alpha, num_samples=t.num_samples, straight_through=t.straight_through,
+            infnet_ce=t.infnet_ce, spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
+        )
+
     def begin_step(self, phase: int, step: int) -> None:
         self._pretraining = self.pretrain and phase == 0
 
@@ -415,18 +431,9 @@ class MultiLabelEnergy(BilevelEnergyTask):
         from the data (``dataset=bibtex|delicious|eurlex|bookmarks``)."""
         if "input_dim" not in dims or "num_labels" not in dims:
             raise ValueError("task=mlc_energy needs a multi-label dataset (dataset=bibtex, delicious, ...)")
-        phases = len(cfg.trainer.phases)
-        if phases > 2:
-            raise ValueError(f"task=mlc_energy takes no phases, or two (pretraining, then the method); got {phases}")
         t = cfg.task
-        return cls(
-            input_dim=dims["input_dim"], num_labels=dims["num_labels"], method=option_name(t.method),
-            feature_hidden=tuple(t.feature_hidden), global_hidden=t.global_hidden, primary=option_name(t.primary),
-            lam=t.lam, inner_steps=t.inner_steps, inner_optimizer=option_name(t.inner_optimizer),
-            inner_lr=t.inner_lr, neumann_terms=t.neumann_terms, neumann_alpha=t.neumann_alpha,
-            num_samples=t.num_samples, straight_through=t.straight_through, infnet_ce=t.infnet_ce,
-            spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
-        )
+        return cls(input_dim=dims["input_dim"], num_labels=dims["num_labels"], feature_hidden=tuple(t.feature_hidden),
+                   global_hidden=t.global_hidden, **cls.training_kwargs(cfg, "mlc_energy"))
 
     # hooks
     def energy(self, batch, y):

@@ -73,7 +73,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.conll import span_f1, tag_names
 from latentstruct.models.energy import (
     BiLSTMFeatures,
@@ -187,21 +186,15 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         extras = extras or {}
         if "vocab_size" not in dims or "num_tags" not in dims:
             raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003)")
-        phases = len(cfg.trainer.phases)
-        if phases > 2:
-            raise ValueError(f"task=ner_energy takes no phases, or two (pretraining, then the method); got {phases}")
         t = cfg.task
         pretrained = extras.get("embeddings")
         extra = {k: dims[f"{k}_vocab_size"] for k in EXTRA_FEATURES if dims.get(f"{k}_vocab_size", 0)}
         return cls(
-            vocab_size=dims["vocab_size"], num_tags=dims["num_tags"], method=option_name(t.method),
+            vocab_size=dims["vocab_size"], num_tags=dims["num_tags"],
             emb_dim=pretrained.shape[1] if pretrained is not None else cfg.embedding.dim, hidden=t.hidden,
             extra_features=extra, extra_dim=t.feature_dim, pretrained=pretrained, freeze=cfg.embedding.freeze,
             dropout=t.dropout, normalize_cost=t.normalize_cost, tags=extras.get("tag_names"),
-            primary=option_name(t.primary), lam=t.lam, inner_steps=t.inner_steps,
-            inner_optimizer=option_name(t.inner_optimizer), inner_lr=t.inner_lr, neumann_terms=t.neumann_terms,
-            neumann_alpha=t.neumann_alpha, num_samples=t.num_samples, straight_through=t.straight_through,
-            infnet_ce=t.infnet_ce, spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
+            **cls.training_kwargs(cfg, "ner_energy"),
         )
 
     # -------------------------------------------------------------------------------------------- helpers
