@@ -39,6 +39,12 @@ LISTOPS_CHART_ARGS ?=
 MLC_DATASETS ?= bibtex,delicious
 MLC_SEEDS ?= 301,302,303
 MLC_ARGS ?=
+# The NER table (seed 004 Table 3) and the Twitter POS table (Table 9): seeds and extra overrides, e.g. the reduced
+# CPU runs of results/energy/: NER_ARGS=+preset=ner_cpu NER_SEEDS=301, POS_ARGS=+preset=pos_cpu POS_SEEDS=301.
+NER_SEEDS ?= 301,302,303
+NER_ARGS ?=
+POS_SEEDS ?= 301,302,303
+POS_ARGS ?=
 # Real datasets (see README); the shared copy beside the checkout when it exists.
 export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
@@ -49,7 +55,7 @@ SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 t
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
-	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-spigot-sst table-spigot-snli \
+	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner table-energy-pos table-spigot-sst table-spigot-snli \
 	bench-structures clean
 
 help: ## list the targets
@@ -145,6 +151,14 @@ table-energy-mlc: install ## seed 004 Table 1 + 5: 7 methods x MLC_DATASETS x ML
 		$(MLC_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/energy/mlc.yaml --runs $(RUNS)/energy_mlc
 	$(BIN)/python -m latentstruct.tables experiments/energy/mlc_time.yaml --runs $(RUNS)/energy_mlc
+
+table-energy-ner: install ## seed 004 Table 3: 9 methods x NER / NER+ x NER_SEEDS on CoNLL-2003 -> results/energy/ner.md
+	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_ner 'trainer.seed=$(NER_SEEDS)' $(NER_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/energy/ner.yaml --runs $(RUNS)/energy_ner
+
+table-energy-pos: install ## seed 004 Table 9: 9 methods x POS_SEEDS on Twitter POS -> results/energy/pos.md
+	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_pos 'trainer.seed=$(POS_SEEDS)' $(POS_ARGS) $(SWEEP)
+	$(BIN)/python -m latentstruct.tables experiments/energy/pos.yaml --runs $(RUNS)/energy_pos
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

@@ -231,6 +231,15 @@ class CoNLLConf(_TextDatasetConf):
     repair_tags: bool = _help("read ill-formed IOB2 (or IOB1 files) as conlleval does instead of refusing it", False)
 
 
+@dataclass
+class TwPOSConf(_TextDatasetConf):
+    _target_: str = "latentstruct.data.twpos.twpos_dataset"
+    folder: str = _help("the Twitter POS folder (oct27.{train,dev,test}, daily547.conll; token<TAB>tag, plain or .gz), "
+                        "relative to data_dir unless absolute", "twpos")
+    min_count: int = _help("words seen fewer times in train map to <unk>", 1)
+    check_sizes: bool = _help("refuse files whose tweet counts are not the v0.3 release's 1327 / 500 / 547", True)
+
+
 # ------------------------------------------------------------------------------------------------------ task
 @dataclass
 class TaskConf:
@@ -593,6 +602,7 @@ _SCHEMAS = {
     ("dataset", "base_listops"): ListOpsConf,
     ("dataset", "base_mlc"): MLCConf,
     ("dataset", "base_conll"): CoNLLConf,
+    ("dataset", "base_twpos"): TwPOSConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,

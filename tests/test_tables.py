@@ -356,16 +356,18 @@ def test_listops_spec_covers_the_reference_and_every_experiment():
     assert df["paper"].notna().sum() == len(ref) == 13
 
 
-@pytest.mark.parametrize("name", ["mlc", "mlc_time"])
+@pytest.mark.parametrize("name", ["mlc", "mlc_time", "ner", "pos"])
 def test_energy_specs_cover_the_reference_and_every_experiment(name):
-    """Issue #6: every MLC experiment is a row; every paper number of Tables 1 and 5 lands in a cell."""
+    """Issue #6: every MLC (NER) experiment is a row of the MLC (NER, POS) tables; every paper number of Tables 1,
+    5, 3 and 9 lands in a cell."""
     spec = tables.load_spec(REPO / "experiments" / "energy" / f"{name}.yaml")
-    experiments = {p.stem for p in (REPO / "configs" / "experiment" / "mlc").glob("*.yaml")} - {"common"}
-    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"mlc/{e}" for e in experiments}
+    group = "mlc" if name.startswith("mlc") else "ner"
+    experiments = {p.stem for p in (REPO / "configs" / "experiment" / group).glob("*.yaml")} - {"common"}
+    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"{group}/{e}" for e in experiments}
     ref = pd.read_csv(spec["reference_path"], dtype=str)
     ref = ref[ref["table"] == name]
     cells = {(r["name"], s["name"], tables.metric_id(m))
              for r in spec["rows"] for s in spec["settings"] for m in spec["metrics"]}
     assert set(zip(ref["row"], ref["setting"], ref["metric"], strict=True)) <= cells
     known = tables.build_table(spec, pd.DataFrame())["paper"].notna().sum()
-    assert known == len(ref) == {"mlc": 20, "mlc_time": 8}[name]
+    assert known == len(ref) == {"mlc": 20, "mlc_time": 8, "ner": 10, "pos": 5}[name]

@@ -82,11 +82,14 @@ __all__ = [
     "conll_dataset",
     "iob2_to_bioes",
     "load_conll",
+    "pad_ids",
     "read_conll",
+    "sample_subset",
     "span_f1",
     "spans",
     "tag_names",
     "tags_from_spans",
+    "word_vectors",
 ]
 
 #: the four CoNLL-2003 entity types
@@ -269,7 +272,7 @@ def tag_names(scheme: str = "bioes", types: Sequence[str] = CONLL_TYPES) -> list
 # --- dataset for train.py ------------------------------------------------------------------------------------------
 
 
-def _pad(seqs: list[list[int]], pad: int) -> torch.Tensor:
+def pad_ids(seqs: list[list[int]], pad: int) -> torch.Tensor:
     """int64 ``[N, max_len]``, right-padded with ``pad``."""
     out = np.full((len(seqs), max((len(s) for s in seqs), default=0)), pad, dtype=np.int64)
     for i, seq in enumerate(seqs):
@@ -277,13 +280,29 @@ def _pad(seqs: list[list[int]], pad: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
-def _limit(sentences: list[Sentence], n: int | None) -> list[Sentence]:
+def sample_subset(sentences: list, n: int | None) -> list:
     """``n`` sentences drawn without replacement by a fixed seed, kept in file order (smoke runs)."""
     if n is None or n >= len(sentences):
         return sentences
     if n < 0:
         raise ValueError(f"a subset size must be non-negative, got {n}")
     return [sentences[i] for i in sorted(random.Random(0).sample(range(len(sentences)), n))]
+
+
+def word_vectors(
+    pretrained: str | None, data_dir: str | Path, vocab: Vocab, cache_dir: str
+) -> tuple[torch.Tensor | None, str]:
+    """(GloVe rows for ``vocab`` read from ``pretrained`` — a path relative to ``data_dir`` unless absolute — or None
+    without ``pretrained``, and a line saying where the vectors came from)."""
+    if not pretrained:
+        return None, "random (trainable)"
+    path = Path(pretrained).expanduser()
+    path = path if path.is_absolute() else Path(data_dir) / path
+    if not path.is_file():
+        raise FileNotFoundError(f"pretrained={pretrained!r}: no file {path}")
+    embeddings = glove_cache(path, vocab, cache_dir)
+    found = int((embeddings.abs().sum(1) > 0).sum())
+    return embeddings, f"{path.name} ({found} of {len(vocab) - 2} words)"
 
 
 def conll_dataset(
@@ -309,7 +328,7 @@ def conll_dataset(
     root = Path(folder).expanduser()
     root = root if root.is_absolute() else Path(data_dir) / root
     raw = load_conll(root)
-    raw = {split: _limit(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
+    raw = {split: sample_subset(data, subset if split == "train" else eval_subset) for split, data in raw.items()}
     names = tag_names(scheme)
     tag_index = {tag: i for i, tag in enumerate(names)}
 
@@ -319,15 +338,7 @@ def conll_dataset(
     vocab = Vocab.build((words(s) for s in raw["train"]), min_freq=min_count)
     pos_vocab = Vocab.build(s.pos for s in raw["train"]) if features else None
     chunk_vocab = Vocab.build(s.chunk for s in raw["train"]) if features else None
-    embeddings, source = None, "random (trainable)"
-    if pretrained:
-        path = Path(pretrained).expanduser()
-        path = path if path.is_absolute() else Path(data_dir) / path
-        if not path.is_file():
-            raise FileNotFoundError(f"pretrained={pretrained!r}: no file {path}")
-        embeddings = glove_cache(path, vocab, cache_dir)
-        found = int((embeddings.abs().sum(1) > 0).sum())
-        source = f"{path.name} ({found} of {len(vocab) - 2} words)"
+    embeddings, source = word_vectors(pretrained, data_dir, vocab, cache_dir)
 
     splits = {}
     for split, sentences in raw.items():
@@ -341,13 +352,13 @@ def conll_dataset(
             except (KeyError, ValueError) as err:
                 raise ValueError(f"{split} sentence {k} ({' '.join(sentence.tokens[:8])} ...): {err}") from None
         data = {
-            "x": _pad([vocab.encode(words(s)) for s in sentences], 0),
+            "x": pad_ids([vocab.encode(words(s)) for s in sentences], 0),
             "lengths": torch.tensor([len(s.tokens) for s in sentences], dtype=torch.long),
-            "y": _pad(tag_ids, TAG_PAD),
+            "y": pad_ids(tag_ids, TAG_PAD),
         }
         if features:
-            data["pos"] = _pad([pos_vocab.encode(s.pos) for s in sentences], 0)
-            data["chunk"] = _pad([chunk_vocab.encode(s.chunk) for s in sentences], 0)
+            data["pos"] = pad_ids([pos_vocab.encode(s.pos) for s in sentences], 0)
+            data["chunk"] = pad_ids([chunk_vocab.encode(s.chunk) for s in sentences], 0)
         splits[split] = data
     dims = {
         "vocab_size": len(vocab),

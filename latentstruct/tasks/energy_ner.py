@@ -1,6 +1,6 @@
-r"""Sequence labelling (CoNLL-2003 NER, seed 004 Table 3) with an energy network and an inference network, as a task
-of the framework: the hooks of :class:`~latentstruct.tasks.energy.BilevelEnergyTask` filled in for tag sequences,
-plus an exact BiLSTM-CRF reference point.
+r"""Sequence labelling (CoNLL-2003 NER, seed 004 Table 3; Twitter POS, Table 9) with an energy network and an
+inference network, as a task of the framework: the hooks of :class:`~latentstruct.tasks.energy.BilevelEnergyTask`
+filled in for tag sequences, plus an exact BiLSTM-CRF reference point.
 
 The training procedures (``mbce``, ``implicit`` / ``explicit`` × {ssvm, cd, dvn}, ``infnet``, ``spen``) are the base
 class's, unchanged (read :mod:`latentstruct.tasks.energy`); this module only says what E, A, Δ, the negatives and
@@ -50,7 +50,8 @@ network), SPEN's inference output, or the Viterbi sequence (one-hot, ``crf``) �
 valid. Per split: ``f1`` = conlleval's span F1 (:func:`~latentstruct.data.conll.span_f1`, exact, on the BIOES
 tags; ill-formed sequences read as conlleval reads them), ``acc`` = the same (so ``trainer.select=best`` picks the
 epoch by valid F1), ``precision``, ``recall``, ``token_acc`` (×100, over real tokens), ``infer_seconds`` (wall time
-of the prediction pass over the split).
+of the prediction pass over the split). POS tagging (``dataset=twpos``, seed 004 Table 9) is scored per token: its
+dataset says ``metric = "token_acc"``, and ``acc`` is then the token accuracy (no span metrics).
 
 Devices: the implicit gradient differentiates ∇_θ L_aux again (Hessian-vector products) through A's LSTM; cuDNN's
 LSTM backward is not differentiable, so ``implicit`` runs its training step with cuDNN off (PyTorch's own LSTM
@@ -86,10 +87,12 @@ from latentstruct.models.text import length_mask
 from latentstruct.structures import Categorical, SequenceTagging
 from latentstruct.tasks.energy import METHODS, BilevelEnergyTask, EnergyOutput
 
-__all__ = ["EXTRA_FEATURES", "SEQUENCE_METHODS", "SequenceEnergyNet", "SequenceLabelEnergy"]
+__all__ = ["EXTRA_FEATURES", "METRICS", "SEQUENCE_METHODS", "SequenceEnergyNet", "SequenceLabelEnergy"]
 
 #: the base class's methods, plus the exact BiLSTM-CRF
 SEQUENCE_METHODS: tuple[str, ...] = (*METHODS, "crf")
+#: what ``acc`` may be: conlleval's span F1 (NER) or the token accuracy (POS tagging); the dataset says which
+METRICS: tuple[str, ...] = ("span_f1", "token_acc")
 #: the per-token feature columns a batch may carry (the seed's NER+: POS and chunk tags), in this order
 EXTRA_FEATURES: tuple[str, ...] = ("pos", "chunk")
 
@@ -131,6 +134,8 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             ``freeze``). dropout: on the BiLSTM outputs.
         normalize_cost: Δ = Hamming loss / length instead of the count.
         tags: the tag names, index = tag id (default: CoNLL's BIOES inventory when ``num_tags`` = 17).
+        metric: what ``acc`` (the selection metric) is: ``span_f1`` (NER, conlleval) or ``token_acc`` (POS
+            tagging: accuracy over tokens; the span metrics are then not computed).
         kwargs: :class:`BilevelEnergyTask` (primary, lam, inner_steps, ...).
     """
 
@@ -151,8 +156,11 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         dropout: float = 0.0,
         normalize_cost: bool = False,
         tags: Sequence[str] | None = None,
+        metric: str = "span_f1",
         **kwargs: Any,
     ):
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; choose among {METRICS}")
         extra = dict(extra_features or {})
         unknown = set(extra) - set(EXTRA_FEATURES)
         if unknown:
@@ -174,6 +182,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         if len(tags) != num_tags:
             raise ValueError(f"{len(tags)} tag names for {num_tags} tags")
         self.tags = list(tags)
+        self.metric = metric
         self.structure = SequenceTagging(num_tags)
         self._simplex = Categorical()
 
@@ -185,7 +194,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         the data."""
         extras = extras or {}
         if "vocab_size" not in dims or "num_tags" not in dims:
-            raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003)")
+            raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003 or dataset=twpos)")
         t = cfg.task
         pretrained = extras.get("embeddings")
         extra = {k: dims[f"{k}_vocab_size"] for k in EXTRA_FEATURES if dims.get(f"{k}_vocab_size", 0)}
@@ -194,6 +203,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             emb_dim=pretrained.shape[1] if pretrained is not None else cfg.embedding.dim, hidden=t.hidden,
             extra_features=extra, extra_dim=t.feature_dim, pretrained=pretrained, freeze=cfg.embedding.freeze,
             dropout=t.dropout, normalize_cost=t.normalize_cost, tags=extras.get("tag_names"),
+            metric=extras.get("metric", "span_f1"),
             **cls.training_kwargs(cfg, "ner_energy"),
         )
 
@@ -314,11 +324,14 @@ class SequenceLabelEnergy(BilevelEnergyTask):
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
-        """Span F1 (conlleval) and the rest of the module docstring's metrics of one split."""
+        """Span F1 (conlleval) and the rest of the module docstring's metrics of one split; with
+        ``metric="token_acc"`` only ``acc`` = ``token_acc`` and ``infer_seconds``."""
         pred, seconds = self.predict_tags(data, batch_size)
         gold, lengths = data["y"], data["lengths"]
         mask = length_mask(lengths, gold.shape[1], gold.device)
         token_acc = 100 * float(((pred == gold) & mask).sum()) / max(int(mask.sum()), 1)
+        if self.metric == "token_acc":
+            return {"acc": token_acc, "token_acc": token_acc, "infer_seconds": seconds}
         names = self.tags
         pred_seqs = [[names[t] for t in row[:n]] for row, n in zip(pred.tolist(), lengths.tolist(), strict=True)]
         gold_seqs = [[names[t] for t in row[:n]] for row, n in zip(gold.tolist(), lengths.tolist(), strict=True)]
