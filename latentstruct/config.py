@@ -89,12 +89,10 @@ class VAETheta(str, Enum):
     elbo = "elbo"
 
 
-class EnergyMethod(str, Enum):
-    mbce = "mbce"
-    implicit = "implicit"
-    explicit = "explicit"
-    infnet = "infnet"
-    spen = "spen"
+#: seed 004's training procedures (latentstruct.tasks.energy.METHODS); the sequence task adds the exact CRF
+_ENERGY_METHODS = ("mbce", "implicit", "explicit", "infnet", "spen")
+EnergyMethod = Enum("EnergyMethod", [(m, m) for m in _ENERGY_METHODS], type=str)
+SequenceEnergyMethod = Enum("SequenceEnergyMethod", [(m, m) for m in (*_ENERGY_METHODS, "crf")], type=str)
 
 
 class EnergyPrimary(str, Enum):
@@ -106,15 +104,6 @@ class EnergyPrimary(str, Enum):
 class InnerOptimizer(str, Enum):
     sgd = "sgd"
     adam = "adam"
-
-
-class SequenceEnergyMethod(str, Enum):
-    mbce = "mbce"
-    implicit = "implicit"
-    explicit = "explicit"
-    infnet = "infnet"
-    spen = "spen"
-    crf = "crf"
 
 
 # ---------------------------------------------------------------------------------------------------- dataset

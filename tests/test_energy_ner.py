@@ -343,3 +343,15 @@ def test_real_conll_smoke_run(tmp_path, experiment, features):
                             "trainer.max_steps=5", "trainer.eval_every=5", "task.neumann_terms=2", *phases))
     assert record["status"] == "completed" and record["steps"] == 5
     assert 0 <= record["metrics"]["test/f1"] <= 100 and record["metrics"]["test/token_acc"] > 0
+
+
+def test_the_config_enums_list_the_tasks_methods():
+    from latentstruct.config import EnergyMethod, SequenceEnergyMethod
+    from latentstruct.tasks.energy import METHODS
+    from latentstruct.tasks.energy_ner import SEQUENCE_METHODS
+
+    assert tuple(m.value for m in EnergyMethod) == METHODS
+    assert tuple(m.value for m in SequenceEnergyMethod) == SEQUENCE_METHODS
+    assert str(_compose("+experiment=ner/crf").task.method.value) == "crf"
+    with pytest.raises(Exception, match="crf"):
+        _compose("+experiment=mlc/mbce", "task.method=crf")
