@@ -146,19 +146,25 @@ table-listops: install ## issue #7 ListOps: LSTM, gold trees, merge parsers, cha
 	$(BIN)/python -m latentstruct.listops_report reference-trees --runs $(RUNS)/listops --out results/listops/reference_trees.md
 	$(BIN)/python -m latentstruct.listops_report figure --runs $(RUNS)/listops --out results/listops/trees.png
 
-table-energy-mlc: install ## seed 004 Table 1 + 5: 7 methods x MLC_DATASETS x MLC_SEEDS -> results/energy/mlc.md, mlc_time.md
+table-energy-mlc: install ## seed 004 Table 1 + 5: 7 methods x MLC_DATASETS x MLC_SEEDS -> results/energy/mlc.md, mlc_time.md, mlc_curves.png
 	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_mlc 'dataset=$(MLC_DATASETS)' 'trainer.seed=$(MLC_SEEDS)' \
 		$(MLC_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/energy/mlc.yaml --runs $(RUNS)/energy_mlc
 	$(BIN)/python -m latentstruct.tables experiments/energy/mlc_time.yaml --runs $(RUNS)/energy_mlc
+	$(BIN)/python -m latentstruct.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
+		--runs $(RUNS)/energy_mlc --out results/energy/mlc_curves.png
 
-table-energy-ner: install ## seed 004 Table 3: 9 methods x NER / NER+ x NER_SEEDS on CoNLL-2003 -> results/energy/ner.md
+table-energy-ner: install ## seed 004 Table 3: 9 methods x NER / NER+ x NER_SEEDS on CoNLL-2003 -> results/energy/ner.md, ner_curves.png
 	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_ner 'trainer.seed=$(NER_SEEDS)' $(NER_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/energy/ner.yaml --runs $(RUNS)/energy_ner
+	$(BIN)/python -m latentstruct.figures row-curves --spec experiments/energy/ner.yaml --metric valid/acc \
+		--runs $(RUNS)/energy_ner --out results/energy/ner_curves.png
 
-table-energy-pos: install ## seed 004 Table 9: 9 methods x POS_SEEDS on Twitter POS -> results/energy/pos.md
+table-energy-pos: install ## seed 004 Table 9: 9 methods x POS_SEEDS on Twitter POS -> results/energy/pos.md, pos_curves.png
 	$(BIN)/python -m latentstruct.train --multirun +sweep=energy_pos 'trainer.seed=$(POS_SEEDS)' $(POS_ARGS) $(SWEEP)
 	$(BIN)/python -m latentstruct.tables experiments/energy/pos.yaml --runs $(RUNS)/energy_pos
+	$(BIN)/python -m latentstruct.figures row-curves --spec experiments/energy/pos.yaml --metric valid/acc \
+		--runs $(RUNS)/energy_pos --out results/energy/pos_curves.png
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

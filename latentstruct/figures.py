@@ -7,6 +7,8 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
     python -m latentstruct.figures inner-steps --runs multirun/ --out results/spigot/inner_steps.png
     python -m latentstruct.figures setting-curves --spec experiments/direct/sorting.yaml --metric test/acc \
         --runs multirun/direct_sorting --out results/direct/sorting.png
+    python -m latentstruct.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
+        --runs multirun/energy_mlc --out results/energy/mlc_curves.png
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from matplotlib.figure import Figure
 
 from latentstruct.tables import CENTRE_LABELS, aggregate, build_table, filter_runs, load_runs, load_spec, provenance
 
-__all__ = ["learning_curves", "inner_steps", "setting_curves", "main"]
+__all__ = ["learning_curves", "inner_steps", "setting_curves", "row_curves", "main"]
 
 _LABELS = {
     "synthetic_marginals": "Softmax",
@@ -190,25 +192,73 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     return _save(fig, out)
 
 
+def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
+    """Training curves of a table spec's runs: a panel per setting (those with completed runs), a line per row —
+    ``metric`` (a column of the runs' ``history.csv``, e.g. ``valid/acc``) against the epoch, the median over the
+    cell's runs with a shaded min–max band. Shows what a table's single number hides: where a method peaks,
+    overfits or collapses, and where a pretraining phase ends. Returns the drawn curves (``setting``, ``row``,
+    ``n_runs``, the epoch or step, ``median``, ``min``, ``max``)."""
+    spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
+    runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
+    runs = runs[runs["completed"]] if "completed" in runs else runs
+    panels = []
+    for setting in spec["settings"]:
+        lines = []
+        for row in spec["rows"]:
+            cell = filter_runs(filter_runs(runs, row.get("match")), setting.get("match"))
+            frames = [pd.read_csv(p) for p in (Path(d) / "history.csv" for d in cell.get("run_dir", []))
+                      if p.is_file()]
+            frames = [f for f in frames if metric in f]
+            if frames:
+                history = pd.concat(frames)
+                x = "epoch" if "epoch" in history else "step"
+                stats = history.dropna(subset=[metric]).groupby(x)[metric].agg(["median", "min", "max"])
+                lines.append((row, len(frames), x, stats))
+        if lines:
+            panels.append((setting["name"], lines))
+    if not panels:
+        raise ValueError(f"no completed run with {metric} in its history.csv in any cell of {spec['table']}")
+    fig = Figure(figsize=(6.5 * len(panels), 4.8))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, lines) in zip(axes, panels, strict=True):
+        for row, n, _, stats in lines:
+            (line,) = ax.plot(stats.index, stats["median"], label=f"{row.get('label', row['name'])} (n={n})")
+            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
+        ax.set(xlabel=lines[0][2], ylabel=metric, title=name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("\n".join(textwrap.wrap(f"{metric} by epoch, the runs of: {spec.get('title', spec['table'])}", 110)),
+                 fontsize=9)
+    _save(fig, out)
+    return pd.concat([stats.reset_index().assign(setting=name, row=row["name"], n_runs=n)
+                      for name, lines in panels for row, n, _, stats in lines], ignore_index=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw one figure from the run records under ``--runs``."""
     parser = argparse.ArgumentParser(prog="python -m latentstruct.figures",
                                      description="Draw a paper figure (PNG) from run records.")
-    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves"],
+    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves"],
                         help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table); "
-                             "setting-curves: a table spec's --metric against its settings, a line per row")
+                             "setting-curves: a table spec's --metric against its settings, a line per row; "
+                             "row-curves: a spec's runs' --metric (a history.csv column) against the epoch, a panel "
+                             "per setting, a line per row")
     parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
     parser.add_argument("--out", required=True, help="PNG file to write")
     parser.add_argument("--num-clusters", type=int, default=10,
                         help="dataset.num_clusters of the runs to draw (default 10)")
-    parser.add_argument("--spec", help="setting-curves: the table spec (e.g. experiments/direct/sorting.yaml)")
-    parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc)")
+    parser.add_argument("--spec", help="setting-curves, row-curves: the table spec (e.g. "
+                                       "experiments/direct/sorting.yaml)")
+    parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc); row-curves: a "
+                                         "history.csv column (e.g. valid/acc)")
     args = parser.parse_args(argv)
-    if args.figure == "setting-curves" and not (args.spec and args.metric):
-        parser.error("setting-curves needs --spec and --metric")
+    if args.figure in ("setting-curves", "row-curves") and not (args.spec and args.metric):
+        parser.error(f"{args.figure} needs --spec and --metric")
     try:
         if args.figure == "setting-curves":
             setting_curves(args.spec, args.runs, args.metric, args.out)
+        elif args.figure == "row-curves":
+            row_curves(args.spec, args.runs, args.metric, args.out)
         else:
             draw = learning_curves if args.figure == "learning-curves" else inner_steps
             draw(args.runs, args.out, num_clusters=args.num_clusters)

@@ -211,6 +211,21 @@ def test_figures_write_png(tmp_path):
     assert "| SPIGOT | 5 | 1 |" in (tmp_path / "fig" / "inner.md").read_text()
 
 
+def test_row_curves_draw_a_panel_per_setting_with_runs(tmp_path):
+    root = tmp_path / "runs"
+    for seed in (1, 2):
+        _run(root, f"a{seed}", "synthetic_spigot", acc=80 + seed, seed=seed, history=True)
+    _run(root, "b1", "synthetic_other", k=10, acc=60, history=True)  # K=10: a setting the spec does not have
+    spec = tables.load_spec(_spec(tmp_path))
+    curves = figures.row_curves(spec, root, "valid/acc", tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert set(zip(curves["setting"], curves["row"], curves["n_runs"], strict=True)) == {("K=3", "spigot", 2)}
+    assert curves["step"].tolist() == [0, 50, 100]
+    assert curves["median"].tolist() == [50, 70, 81.5] and curves["max"].tolist() == [50, 70, 82]
+    with pytest.raises(ValueError, match="no completed run with valid/nope"):
+        figures.row_curves(spec, root, "valid/nope", tmp_path / "none.png")
+
+
 def test_inner_steps_skips_points_whose_eta_grid_is_incomplete(tmp_path):
     for steps in (1, 5):
         for eta in (0.1, 1.0):
