@@ -22,6 +22,7 @@ from test_energy_task import write_mlc
 from test_images import write_cifar, write_mnist
 from test_listops_task import write_listops
 from test_text_tasks import write_snli, write_sst
+from test_twpos import write_twpos
 
 import latentstruct.train as train_module
 from latentstruct.data.images import DATASETS
@@ -59,9 +60,10 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
     for name in ("bibtex", "delicious", "eurlex", "bookmarks"):
         write_mlc(tmp_path, name, n_train=8, n_test=4)
     write_conll(tmp_path, n_train=4, n_valid=2, n_test=2)
+    write_twpos(tmp_path, n=2)
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
-        tiny += ["dataset.check_sizes=false"] if group == "dataset" and option == "sst" else []
+        tiny += ["dataset.check_sizes=false"] if group == "dataset" and option in ("sst", "twpos") else []
         tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
         tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
