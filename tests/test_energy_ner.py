@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from test_energy_task import check_resume_in_the_method_phase
 
 import latentstruct.train as train_module
 from latentstruct.data.conll import TAG_PAD, span_f1, tag_names
@@ -308,29 +309,8 @@ def test_pretrained_word_vectors_reach_every_embedding_table(tmp_path):
 def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monkeypatch):
     data_dir = write_conll(tmp_path / "data")
     phases = ["trainer.phases.0.epochs=1", "trainer.phases.1.epochs=3"]
-    full = train(_toy_cfg(data_dir, tmp_path / "full", "cd", *phases))
-    real, calls = train_module.write_history, {"n": 0}
-
-    def crash_on_third_evaluation(path, history):  # after the pretraining epoch and two epochs of the method
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("killed")
-        real(path, history)
-
-    monkeypatch.setattr(train_module, "write_history", crash_on_third_evaluation)
-    with pytest.raises(KeyboardInterrupt):
-        train(_toy_cfg(data_dir, tmp_path / "crashed", "cd", *phases))
-    monkeypatch.setattr(train_module, "write_history", real)
-    resumed = train(_toy_cfg(data_dir, tmp_path / "crashed", "cd", *phases, "trainer.resume=true"))
-
-    def timeless(metrics):
-        return {k: v for k, v in metrics.items() if not k.endswith("infer_seconds")}
-
-    assert timeless(resumed["metrics"]) == timeless(full["metrics"]) and resumed["steps"] == full["steps"] == 12
-    a, b = (pd.read_csv(tmp_path / n / "history.csv") for n in ("full", "crashed"))
-    a, b = (h.drop(columns=[c for c in h.columns if c.endswith(("wall_seconds", "infer_seconds"))]) for h in (a, b))
-    assert len(a) == 4
-    pd.testing.assert_frame_equal(a, b)
+    check_resume_in_the_method_phase(lambda out, *extra: _toy_cfg(data_dir, out, "cd", *phases, *extra), tmp_path,
+                                     monkeypatch, steps=12)
 
 
 @pytest.mark.skipif(not (REAL_DATA / "conll2003").is_dir(), reason="the shared CoNLL-2003 is not here")

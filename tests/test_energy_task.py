@@ -291,13 +291,14 @@ def _toy_cfg(data_dir, out, experiment="cd", *overrides):
                     *TINY_TASK, *overrides)
 
 
-def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monkeypatch):
-    data_dir = write_mlc(tmp_path / "data")
-    phases = ["trainer.phases.0.epochs=1", "trainer.phases.1.epochs=3", "task.inner_steps=2", "task.neumann_terms=2"]
-    full = train(_toy_cfg(data_dir, tmp_path / "full", "cd", *phases))
+def check_resume_in_the_method_phase(cfg_for, tmp_path, monkeypatch, steps: int) -> None:
+    """A run killed while recording its third evaluation (after the pretraining epoch and one epoch of the method),
+    then resumed, ends with the metrics and history of an uninterrupted run (timings aside). ``cfg_for(out, *extra)``
+    builds the run's config (two phases: 1 + 3 epochs) writing to ``out``; ``steps``: the run's total."""
+    full = train(cfg_for(tmp_path / "full"))
     real, calls = train_module.write_history, {"n": 0}
 
-    def crash_on_third_evaluation(path, history):  # after the pretraining epoch and one epoch of the method
+    def crash_on_third_evaluation(path, history):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt("killed")
@@ -305,18 +306,25 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
 
     monkeypatch.setattr(train_module, "write_history", crash_on_third_evaluation)
     with pytest.raises(KeyboardInterrupt):
-        train(_toy_cfg(data_dir, tmp_path / "crashed", "cd", *phases))
+        train(cfg_for(tmp_path / "crashed"))
     monkeypatch.setattr(train_module, "write_history", real)
-    resumed = train(_toy_cfg(data_dir, tmp_path / "crashed", "cd", *phases, "trainer.resume=true"))
+    resumed = train(cfg_for(tmp_path / "crashed", "trainer.resume=true"))
 
     def timeless(metrics):
         return {k: v for k, v in metrics.items() if not k.endswith("infer_seconds")}
 
-    assert timeless(resumed["metrics"]) == timeless(full["metrics"]) and resumed["steps"] == full["steps"] == 16
+    assert timeless(resumed["metrics"]) == timeless(full["metrics"]) and resumed["steps"] == full["steps"] == steps
     a, b = (pd.read_csv(tmp_path / n / "history.csv") for n in ("full", "crashed"))
     a, b = (h.drop(columns=[c for c in h.columns if c.endswith(("wall_seconds", "infer_seconds"))]) for h in (a, b))
     assert len(a) == 4
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monkeypatch):
+    data_dir = write_mlc(tmp_path / "data")
+    phases = ["trainer.phases.0.epochs=1", "trainer.phases.1.epochs=3", "task.inner_steps=2", "task.neumann_terms=2"]
+    check_resume_in_the_method_phase(lambda out, *extra: _toy_cfg(data_dir, out, "cd", *phases, *extra), tmp_path,
+                                     monkeypatch, steps=16)
 
 
 def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
