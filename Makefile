@@ -50,13 +50,17 @@ export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu
+# bench-layers: a git revision to time beside the current tree (empty: the current tree only), e.g.
+# BENCH_BASELINE=645b4f9 for the before / after table; BENCH_LAYERS_ARGS: more options of bench/layers.py.
+BENCH_BASELINE ?=
+BENCH_LAYERS_ARGS ?=
 SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 trainer.progress=false \
 	trainer.resume=true paths.multirun_dir=$(RUNS)
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table-spigot-synthetic spigot-table2 spigot-inner-steps \
 	table-direct-sorting direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner table-energy-pos table-spigot-sst table-spigot-snli \
-	bench-structures clean
+	bench-structures bench-layers clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -174,6 +178,10 @@ $(BENCH_DEPS)/.installed:
 bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs SuPar / torch-struct -> results/bench/ (BENCH_DEVICE=cuda on a GPU)
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python -W ignore::UserWarning bench/structures.py --device $(BENCH_DEVICE) \
 		--out results/bench/structures$(if $(filter-out cpu,$(BENCH_DEVICE)),_$(BENCH_DEVICE)).md
+
+bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
+	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \
+		--out results/bench/layers.md
 
 clean: ## remove caches and single-run outputs (keeps .venv and multirun/)
 	rm -rf outputs .pytest_cache .ruff_cache

@@ -1,0 +1,542 @@
+"""Benchmark: one training step of the paper configurations, this tree next to an older commit ("before" / "now").
+
+    python bench/layers.py --out results/bench/layers.md [--baseline 645b4f9] [--repeats 1] [--steps 30]
+
+Every configuration is trained through the public entry point, ``python -m latentstruct.train +experiment=...``, in
+a subprocess, and timed by its run record: ``metrics.json``'s ``seconds_per_step`` (training time per step without
+the evaluations, README "Run records"). The configurations:
+
+* SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, default ``../shared/data`` beside the checkout;
+  batch 32 as the experiments set it): ``sst/baseline`` (the BiLSTM step every SST row is compared with),
+  ``sst/marginals``, and ``sst/sparsemap``, ``sst/spigot``, ``sst/spigot_ce`` each with the experiments' truncated
+  SparseMAP (``structure.sparsemap_max_iter=50``) and exact (``structure.sparsemap_max_iter=null``);
+* ListOps (issue #7) with ``+preset=listops_cpu`` (batch 64, sizes 64, training expressions of <= 20 leaves; at the
+  full sizes, batch 128 up to 130 leaves, two chart × SPIGOT-CE steps did not finish in 400 s on 2 CPU cores):
+  ``listops/lstm`` (the baseline), ``listops/chart_marginals`` and ``listops/chart_spigot_ce`` (BinaryTree's SparseMAP
+  is always exact).
+
+**Steady-state seconds per step.** ``seconds_per_step`` averages over every step of a run, the first one included,
+which costs several later ones (lazy initialisations, first allocations: 0.37 s against 0.066 s for the SST
+BiLSTM), so that ``seconds_per_step`` over 5 steps of it is twice the steady value and over 30 steps still 9% above.
+Each configuration is therefore run twice with the same seed, for W (``--warmup``) and for W + N steps; the first W
+steps of both runs see the same batches and the same parameters, so ``(T(W + N) - T(W)) / N``, with T =
+``seconds_per_step × steps``, is the time of steps W + 1 .. W + N alone. ``--warmup 0`` reports ``seconds_per_step``
+of the N-step run as it is. The difference carries the noise of two first steps, hence N = ``--baseline-steps``
+(100) for the baselines, whose steps are the shortest and the denominators of every ratio; ``--steps`` (30) for the
+other rows, ``--exact-steps`` (3) for exact SparseMAP on SST (seconds per step before the speed-ups).
+
+**Cheap evaluations.** One evaluation at the end (``trainer.eval_every`` = the run's steps), on
+``dataset.eval_subset`` (SST: 32 valid / 32 test sentences) or ``dataset.max_eval_tokens`` (ListOps: the valid / test
+expressions of at most 4 leaves); ListOps generates ``dataset.n_train=10000`` training expressions instead of 90,000
+(the same generator, hence the same length distribution; 15 s less per run). Embeddings are SST's default random
+trainable ones (timing does not depend on their values). Evaluations, data loading and the checkpoint written after
+the evaluation (there is no option to skip it) are outside ``seconds_per_step``. ``trainer.threads`` is fixed
+(``--threads``) and recorded. Every run goes under a temporary directory (``hydra.run.dir``), removed at the end.
+
+**Before / now.** ``--baseline REV`` checks REV out into a temporary ``git worktree`` (removed afterwards) and runs
+the same configurations there with the same Python, ``PYTHONPATH=<that worktree>`` (so that its own ``latentstruct``
+and ``configs/`` are used: checked once per tree by printing ``latentstruct.__file__``, and per run by the commit
+in ``metrics.json``), interleaved with this tree's runs (before, now, before, now, ...) so that the load of the
+machine hits both alike; the order within a pair alternates between repeats. ``--repeats K`` runs everything K
+times and reports the median. Each run's composed config (``.hydra/config.yaml``) is checked to hold every override.
+A run that fails or exceeds ``--timeout`` seconds is reported in its cell (a configuration that timed out in a tree
+is not run again there).
+
+Output: the Markdown table at ``--out`` (per configuration: seconds per step before / now, the speed-up, and the
+ratio to its task's baseline step) and every run's raw numbers in the JSON beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this tree's latentstruct (its commit heads the table), not another installed copy
+
+from latentstruct.records import environment  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmarked configuration: ``key`` names it (``--only`` matches its prefix), ``overrides`` define it;
+    ``exact`` marks exact SparseMAP rows, which run ``--exact-steps`` steps."""
+
+    key: str
+    task: str
+    method: str
+    cap: str  # "50", "exact" or "—"
+    overrides: tuple[str, ...]
+    exact: bool = False
+
+
+def configurations() -> list[Config]:
+    sst = [
+        Config("sst/baseline", "SST", "BiLSTM (baseline)", "—", ("+experiment=sst/baseline",)),
+        Config("sst/marginals", "SST", "Marginals", "—", ("+experiment=sst/marginals",)),
+    ]
+    for name, method in (("sparsemap", "SparseMAP"), ("spigot", "SPIGOT"), ("spigot_ce", "SPIGOT-CE")):
+        for cap, value in (("50", "50"), ("exact", "null")):
+            sst.append(
+                Config(
+                    f"sst/{name}@{cap}",
+                    "SST",
+                    method,
+                    cap,
+                    (f"+experiment=sst/{name}", f"structure.sparsemap_max_iter={value}"),
+                    cap == "exact",
+                )
+            )
+    listops = [
+        Config(f"listops/{name}", "ListOps", method, cap, (f"+experiment=listops/{name}", "+preset=listops_cpu"))
+        for name, method, cap in (
+            ("lstm", "LSTM (baseline)", "—"),
+            ("chart_marginals", "chart × Marginals", "—"),
+            ("chart_spigot_ce", "chart × SPIGOT-CE", "exact"),
+        )
+    ]
+    return sst + listops
+
+
+TASK_BASELINE = {"SST": "sst/baseline", "ListOps": "listops/lstm"}
+# Per task: evaluations kept small (see the module docstring).
+TASK_OVERRIDES = {
+    "SST": ("dataset.eval_subset={eval_subset}",),
+    "ListOps": ("dataset.n_train=10000", "dataset.max_eval_tokens=4"),
+}
+
+
+def run_overrides(config: Config, steps: int, threads: int, device: str, eval_subset: int) -> list[str]:
+    """Every override of one run but ``hydra.run.dir``: the configuration's, its task's cheap evaluations, then
+    the protocol (steps, one evaluation at the end, threads, device, no progress bar)."""
+    task = [o.format(eval_subset=eval_subset) for o in TASK_OVERRIDES[config.task]]
+    protocol = [
+        f"trainer.max_steps={steps}",
+        f"trainer.eval_every={steps}",
+        f"trainer.threads={threads}",
+        f"trainer.device={device}",
+        "trainer.progress=false",
+        "trainer.seed=301",
+    ]
+    return [*config.overrides, *task, *protocol]
+
+
+# -------------------------------------------------------------------------------------------------------- run records
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any]:
+    """A run's ``metrics.json`` as ``{"status", "seconds_per_step", "steps", "git_commit", "error"}``; a missing or
+    unreadable file reads as a failed run."""
+    try:
+        record = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError) as err:
+        return {"status": "failed", "error": f"no readable metrics.json ({type(err).__name__})"}
+    keys = ("status", "seconds_per_step", "steps", "git_commit", "error")
+    return {k: record.get(k) for k in keys if k in record}
+
+
+def unapplied(run_dir: Path, overrides: list[str]) -> list[str]:
+    """The ``key=value`` overrides (not ``+group=...``) whose value is not in the run's composed config."""
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    missing = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.startswith("+"):
+            continue
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node != yaml.safe_load(value):
+            missing.append(f"{override} (composed: {node!r})")
+    return missing
+
+
+def steady_seconds(warm: dict[str, Any] | None, main: dict[str, Any]) -> float:
+    """Seconds per step of the steps after the warm-up: (T(W + N) - T(W)) / N, T = seconds_per_step × steps."""
+    if warm is None:
+        return main["seconds_per_step"]
+    total = main["seconds_per_step"] * main["steps"] - warm["seconds_per_step"] * warm["steps"]
+    return total / (main["steps"] - warm["steps"])
+
+
+# ----------------------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Tree:
+    """A checkout whose ``latentstruct`` is run: "now" (this one) or "before" (a worktree of the baseline)."""
+
+    label: str
+    path: Path
+    commit: str  # full hash of its HEAD
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _env(tree: Tree, data_dir: Path, threads: int) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(tree.path), LATENTSTRUCT_DATA=str(data_dir), HYDRA_FULL_ERROR="1")
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def check_import(tree: Tree, data_dir: Path, threads: int) -> str:
+    """The ``latentstruct/__init__.py`` a subprocess of this tree imports; raises unless it is the tree's own."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import latentstruct; print(latentstruct.__file__)"],
+        cwd=tree.path,
+        env=_env(tree, data_dir, threads),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(tree.path.resolve()):
+        raise RuntimeError(f"the {tree.label} tree imports latentstruct from {out}, not from {tree.path}")
+    return out
+
+
+def run_once(
+    tree: Tree, overrides: list[str], run_dir: Path, data_dir: Path, threads: int, timeout: float
+) -> dict[str, Any]:
+    """Train one configuration in a subprocess; its record (``read_metrics``) plus ``wall`` (the whole process's
+    seconds); status ``timeout`` past ``timeout`` seconds (its process group is killed)."""
+    cmd = [sys.executable, "-m", "latentstruct.train", *overrides, f"hydra.run.dir={run_dir}"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tree.path,
+            env=_env(tree, data_dir, threads),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"status": "timeout", "wall": time.perf_counter() - start}
+        except BaseException:  # e.g. Ctrl-C, which its own session does not receive
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    wall = time.perf_counter() - start
+    record = {**read_metrics(run_dir), "wall": wall}
+    if rc != 0 or record["status"] != "completed":
+        tail = (run_dir.parent / f"{run_dir.name}.log").read_text().strip().splitlines()[-3:]
+        return {**record, "status": "failed", "error": record.get("error") or " / ".join(tail) or f"exit code {rc}"}
+    # A wrong commit or a dropped override would time something else: such a run counts as failed.
+    if record.get("git_commit") and not tree.commit.startswith(record["git_commit"]):
+        return {**record, "status": "failed", "error": f"ran commit {record['git_commit']}, not {tree.commit}"}
+    missing = unapplied(run_dir, overrides)
+    if missing:
+        return {**record, "status": "failed", "error": f"overrides not applied: {'; '.join(missing)}"}
+    return record
+
+
+def measure(tree: Tree, config: Config, steps: int, warmup: int, args, work: Path, repeat: int) -> dict[str, Any]:
+    """One repeat of one configuration in one tree: the warm-up run (if any), then the W + N-step run."""
+    runs = {}
+    for name, n in (("warm", warmup), ("main", warmup + steps)):
+        if n == 0:
+            continue
+        run_dir = work / tree.label / config.key.replace("/", "_").replace("@", "_") / f"r{repeat}_{name}{n}"
+        overrides = run_overrides(config, n, args.threads, args.device, args.eval_subset)
+        runs[name] = run_once(tree, overrides, run_dir, args.data_dir, args.threads, args.timeout)
+        if runs[name]["status"] != "completed":
+            return {"status": runs[name]["status"], "error": runs[name].get("error"), "runs": runs}
+    seconds = steady_seconds(runs.get("warm"), runs["main"])
+    return {"status": "completed", "seconds_per_step": seconds, "runs": runs}
+
+
+def steps_of(config: Config, args) -> int:
+    """Timed steps of a configuration: more for the cheap baselines (the denominators of every ratio, whose step
+    is shortest and so the most exposed to noise), fewer for exact SparseMAP."""
+    if config.key in TASK_BASELINE.values():
+        return args.baseline_steps
+    return args.exact_steps if config.exact else args.steps
+
+
+def benchmark(trees: list[Tree], configs: list[Config], args, work: Path, log=print) -> dict[str, dict[str, list]]:
+    """``results[tree label][config key]`` = one ``measure`` dict per repeat, the trees interleaved per config."""
+    results = {t.label: {c.key: [] for c in configs} for t in trees}
+    for repeat in range(args.repeats):
+        order = trees if repeat % 2 == 0 else trees[::-1]
+        for config in configs:
+            steps = steps_of(config, args)
+            for tree in order:
+                done = results[tree.label][config.key]
+                if any(m["status"] == "timeout" for m in done):
+                    done.append({"status": "skipped", "error": "timed out in an earlier repeat"})
+                    log(f"  [{repeat + 1}/{args.repeats}] {tree.label:6s} {config.key:24s} skipped", flush=True)
+                    continue
+                m = measure(tree, config, steps, args.warmup, args, work, repeat)
+                done.append(m)
+                value = f"{m['seconds_per_step']:.4f} s/step" if m["status"] == "completed" else m["status"]
+                wall = sum(r.get("wall", 0.0) for r in m.get("runs", {}).values())
+                log(
+                    f"  [{repeat + 1}/{args.repeats}] {tree.label:6s} {config.key:24s} {value}  ({wall:.0f} s)",
+                    flush=True,
+                )
+    return results
+
+
+# ------------------------------------------------------------------------------------------------------------ report
+
+
+def summarize(results: dict[str, dict[str, list]], configs: list[Config]) -> list[dict[str, Any]]:
+    """One row per configuration: per tree, the median seconds per step over completed repeats (or the status of
+    the first failure when none completed), the speed-up before / now and the ratio to the task's baseline step."""
+    rows = []
+    for config in configs:
+        row = {"key": config.key, "task": config.task, "method": config.method, "cap": config.cap}
+        for label, by_key in results.items():
+            done = by_key[config.key]
+            ok = [m["seconds_per_step"] for m in done if m["status"] == "completed"]
+            row[label] = statistics.median(ok) if ok else None
+            failed = [m for m in done if m["status"] != "completed"]
+            row[f"{label}_status"] = f"{failed[0]['status']}" if failed and not ok else None
+            row[f"{label}_failures"] = len(failed)
+        rows.append(row)
+    by_key = {r["key"]: r for r in rows}
+    for row in rows:
+        base = by_key.get(TASK_BASELINE[row["task"]], {})
+        for label in results:
+            value, ref = row[label], base.get(label)
+            row[f"{label}_ratio"] = value / ref if value is not None and ref else None
+        if "before" in results and row.get("before") and row.get("now"):
+            row["speedup"] = row["before"] / row["now"]
+    return rows
+
+
+def _fmt(x: float | None, fmt: str, missing: str = "—") -> str:
+    return missing if x is None else format(x, fmt)
+
+
+def _cell(row: dict, label: str) -> str:
+    if row[label] is None:
+        return row[f"{label}_status"] or "—"
+    flag = f" ({row[f'{label}_failures']} failed)" if row[f"{label}_failures"] else ""
+    return f"{row[label]:.3f}{flag}"
+
+
+def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
+    """The results file: header facts, the table, the protocol notes."""
+    before = meta.get("baseline") is not None
+    lines = [
+        "# Training-step benchmark",
+        "",
+        "Seconds per training step of the paper configurations through `python -m latentstruct.train` (steady "
+        "state: the warm-up steps subtracted, see Notes), median over repeats"
+        + (
+            f"; **before** = baseline commit {meta['baseline']['commit'][:12]}, **now** = this tree, run interleaved."
+            if before
+            else "."
+        ),
+        "",
+        f"- git commit: {meta['git_commit']}{' (dirty)' if meta['git_dirty'] else ''}",
+        "- baseline commit: "
+        + (
+            f"{meta['baseline']['commit'][:12]} ({meta['baseline']['rev']}: {meta['baseline']['subject']})"
+            if before
+            else "none (`--baseline` not given)"
+        ),
+        f"- hardware: {meta['hardware']} ({meta['cpu']}, {meta['cores']} cores), device {meta['device']}, "
+        f"trainer.threads={meta['threads']}",
+        f"- torch {meta['torch']}, Python {meta['python']}",
+        f"- timed steps per run: {meta['steps']} ({meta['baseline_steps']} for the baselines, "
+        f"{meta['exact_steps']} for the exact-SparseMAP SST rows) after {meta['warmup']} warm-up step(s); "
+        f"repeats: {meta['repeats']} (median); per-run timeout {meta['timeout']:.0f} s",
+        f"- generated: {meta['date']}; the whole benchmark took {meta['total_seconds'] / 60:.1f} min",
+        f"- regenerate with: `{meta['make']}` (`{meta['command']}`)",
+        "",
+    ]
+    if before:
+        lines += [
+            "| task | method | SparseMAP cap | before (s/step) | now (s/step) | speed-up (before / now) | "
+            "× baseline step, before | × baseline step, now |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['task']} | {r['method']} | {r['cap']} | {_cell(r, 'before')} | {_cell(r, 'now')} | "
+                f"{_fmt(r.get('speedup'), '.2f')}× | {_fmt(r['before_ratio'], '.1f')} | "
+                f"{_fmt(r['now_ratio'], '.1f')} |".replace("—×", "—")
+            )
+    else:
+        lines += ["| task | method | SparseMAP cap | now (s/step) | × baseline step |", "|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(
+                f"| {r['task']} | {r['method']} | {r['cap']} | {_cell(r, 'now')} | {_fmt(r['now_ratio'], '.1f')} |"
+            )
+    lines += ["", "## Notes", "", *[f"- {n}" for n in meta["notes"]]]
+    if meta.get("failures"):
+        lines += ["", "## Runs that did not complete", "", *[f"- {f}" for f in meta["failures"]]]
+    return "\n".join(lines) + "\n"
+
+
+def protocol_notes(args) -> list[str]:
+    return [
+        "× baseline step: the row's seconds per step over its task's baseline step in the same tree (SST: the BiLSTM "
+        "of `sst/baseline`; ListOps: `listops/lstm`); the baseline rows read 1.0.",
+        f"Steady state: each configuration runs W = {args.warmup} and W + N steps with the same seed; seconds per step "
+        "= (T(W + N) − T(W)) / N with T = `seconds_per_step` × `steps` of the run's metrics.json (the first step "
+        "costs several later ones; `--warmup 0` reports `seconds_per_step` as is).",
+        "SST: real data from $LATENTSTRUCT_DATA, the experiments' batch 32 and lr, random trainable 300-d embeddings "
+        "(the experiments' default: no GloVe file); `dataset.eval_subset="
+        f"{args.eval_subset}` for the one evaluation at the end. SparseMAP cap 50 = the experiments' "
+        "`structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
+        "ListOps: `+preset=listops_cpu` (batch 64, word / hidden sizes 64, training expressions of ≤ 20 leaves), "
+        "`dataset.n_train=10000` (the same generator and length filter, less generation time), "
+        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `task.checkpoint=true` as the experiments "
+        "set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
+        "Outside the timed steps: data loading, the evaluation, the checkpoint written after it (no option skips "
+        "it), process start. Runs go to a temporary directory that is removed afterwards.",
+        "A cell reads `timeout` or `failed` when no repeat of that configuration completed in that tree; "
+        "`(k failed)` after a number counts the repeats that did not complete. The raw numbers of every run are in "
+        "the JSON file beside this one.",
+    ]
+
+
+def failures(results: dict[str, dict[str, list]]) -> list[str]:
+    """One line per repeat that did not complete: tree, configuration, status and the first line of its error."""
+    lines = []
+    for label, by_key in results.items():
+        for key, done in by_key.items():
+            for i, m in enumerate(done):
+                if m["status"] != "completed":
+                    error = (m.get("error") or "").strip().splitlines()
+                    lines.append(f"{label} `{key}` repeat {i + 1}: {m['status']}" + (f": {error[0]}" if error else ""))
+    return lines
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("LATENTSTRUCT_DATA") or ROOT.parent / "shared" / "data").resolve()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/bench/layers.md"),
+        help="the Markdown table; the raw numbers go to the same name with .json",
+    )
+    parser.add_argument("--baseline", metavar="REV", help="a git revision to run beside this tree (the 'before')")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of every configuration per tree (median)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
+    parser.add_argument("--baseline-steps", type=int, default=100, help="timed steps of the BiLSTM / LSTM baselines")
+    parser.add_argument("--exact-steps", type=int, default=3, help="timed steps of the exact-SparseMAP SST rows")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up steps subtracted (0: none, see above)")
+    parser.add_argument("--threads", type=int, default=1, help="trainer.threads of every run")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="trainer.device of every run")
+    parser.add_argument("--eval-subset", type=int, default=32, help="SST dataset.eval_subset")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one training process may take")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=_default_data_dir(),
+        help="$LATENTSTRUCT_DATA of the runs (default: it, or ../shared/data beside the checkout)",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="configuration key prefixes, e.g. sst/baseline listops (default: all; a task's baseline is always added)",
+    )
+    args = parser.parse_args(argv)
+    args.data_dir = args.data_dir.resolve()
+
+    configs = configurations()
+    if args.only:
+        wanted = {c.key for c in configs if c.key.startswith(tuple(args.only))}
+        wanted |= {TASK_BASELINE[c.task] for c in configs if c.key in wanted}
+        configs = [c for c in configs if c.key in wanted]
+    env = environment(torch.device("cpu"))
+    start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="bench-layers-"))
+    trees = [Tree("now", ROOT, _git("rev-parse", "HEAD"))]
+    baseline = None
+    try:
+        if args.baseline:
+            commit = _git("rev-parse", "--verify", f"{args.baseline}^{{commit}}")
+            path = work / "baseline"
+            _git("worktree", "add", "--detach", "--quiet", str(path), commit)
+            trees.insert(0, Tree("before", path, commit))
+            baseline = {"rev": args.baseline, "commit": commit, "subject": _git("log", "-1", "--format=%s", commit)}
+        for tree in trees:
+            print(f"{tree.label}: {tree.commit[:12]} imports {check_import(tree, args.data_dir, args.threads)}")
+        print(f"{len(configs)} configurations × {len(trees)} tree(s) × {args.repeats} repeat(s); runs in {work}")
+        results = benchmark(trees, configs, args, work)
+    finally:
+        if baseline is not None:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")], check=False
+            )
+        shutil.rmtree(work, ignore_errors=True)
+
+    rows = summarize(results, configs)
+    make = "make bench-layers" + (f" BENCH_BASELINE={args.baseline}" if args.baseline else "")
+    meta = {
+        **env,
+        "baseline": baseline,
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "device": args.device,
+        "threads": args.threads,
+        "python": platform.python_version(),
+        "steps": args.steps,
+        "baseline_steps": args.baseline_steps,
+        "exact_steps": args.exact_steps,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "timeout": args.timeout,
+        "eval_subset": args.eval_subset,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "total_seconds": time.perf_counter() - start,
+        "make": make,
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "notes": protocol_notes(args),
+        "failures": failures(results),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(markdown(rows, meta))
+    overrides = {
+        c.key: run_overrides(c, steps_of(c, args), args.threads, args.device, args.eval_subset) for c in configs
+    }
+    raw = {"meta": meta, "rows": rows, "runs": results, "overrides (the N-step run)": overrides}
+    args.out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')} ({meta['total_seconds'] / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
