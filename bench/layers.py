@@ -39,6 +39,9 @@ and ``configs/`` are used: checked once per tree by printing ``latentstruct.__fi
 in ``metrics.json``), interleaved with this tree's runs (before, now, before, now, ...) so that the load of the
 machine hits both alike; the order within a pair alternates between repeats. ``--repeats K`` runs everything K
 times and reports the median. Each run's composed config (``.hydra/config.yaml``) is checked to hold every override.
+The machine may be shared: a second table gives the same steps in process CPU time, (CPU(W + N) - CPU(W)) / N of
+the two processes (user + system, from ``getrusage``), which other processes on the cores barely change at a fixed
+thread count; the wall-time table is the one that counts, the CPU table tells load noise from a real change.
 A run that fails or exceeds ``--timeout`` seconds is reported in its cell (a configuration that timed out in a tree
 is not run again there).
 
@@ -52,6 +55,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import signal
@@ -213,14 +217,20 @@ def check_import(tree: Tree, data_dir: Path, threads: int) -> str:
     return out
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far (the runs are sequential)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_once(
     tree: Tree, overrides: list[str], run_dir: Path, data_dir: Path, threads: int, timeout: float
 ) -> dict[str, Any]:
-    """Train one configuration in a subprocess; its record (``read_metrics``) plus ``wall`` (the whole process's
-    seconds); status ``timeout`` past ``timeout`` seconds (its process group is killed)."""
+    """Train one configuration in a subprocess; its record (``read_metrics``) plus ``wall`` and ``cpu`` (the whole
+    process's wall and CPU seconds); status ``timeout`` past ``timeout`` seconds (its process group is killed)."""
     cmd = [sys.executable, "-m", "latentstruct.train", *overrides, f"hydra.run.dir={run_dir}"]
     run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), _children_cpu()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         proc = subprocess.Popen(
             cmd,
@@ -239,8 +249,8 @@ def run_once(
         except BaseException:  # e.g. Ctrl-C, which its own session does not receive
             os.killpg(proc.pid, signal.SIGKILL)
             raise
-    wall = time.perf_counter() - start
-    record = {**read_metrics(run_dir), "wall": wall}
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu0
+    record = {**read_metrics(run_dir), "wall": wall, "cpu": cpu}
     if rc != 0 or record["status"] != "completed":
         tail = (run_dir.parent / f"{run_dir.name}.log").read_text().strip().splitlines()[-3:]
         return {**record, "status": "failed", "error": record.get("error") or " / ".join(tail) or f"exit code {rc}"}
@@ -265,7 +275,9 @@ def measure(tree: Tree, config: Config, steps: int, warmup: int, args, work: Pat
         if runs[name]["status"] != "completed":
             return {"status": runs[name]["status"], "error": runs[name].get("error"), "runs": runs}
     seconds = steady_seconds(runs.get("warm"), runs["main"])
-    return {"status": "completed", "seconds_per_step": seconds, "runs": runs}
+    # Both processes load, evaluate and save alike: their CPU times differ by the N steps (None without a warm-up).
+    cpu = (runs["main"]["cpu"] - runs["warm"]["cpu"]) / steps if "warm" in runs else None
+    return {"status": "completed", "seconds_per_step": seconds, "cpu_per_step": cpu, "runs": runs}
 
 
 def steps_of(config: Config, args) -> int:
@@ -313,6 +325,8 @@ def summarize(results: dict[str, dict[str, list]], configs: list[Config]) -> lis
             done = by_key[config.key]
             ok = [m["seconds_per_step"] for m in done if m["status"] == "completed"]
             row[label] = statistics.median(ok) if ok else None
+            cpu = [m["cpu_per_step"] for m in done if m["status"] == "completed" and m.get("cpu_per_step") is not None]
+            row[f"{label}_cpu"] = statistics.median(cpu) if cpu else None
             failed = [m for m in done if m["status"] != "completed"]
             row[f"{label}_status"] = f"{failed[0]['status']}" if failed and not ok else None
             row[f"{label}_failures"] = len(failed)
@@ -325,6 +339,8 @@ def summarize(results: dict[str, dict[str, list]], configs: list[Config]) -> lis
             row[f"{label}_ratio"] = value / ref if value is not None and ref else None
         if "before" in results and row.get("before") and row.get("now"):
             row["speedup"] = row["before"] / row["now"]
+        if "before" in results and row.get("before_cpu") and row.get("now_cpu"):
+            row["speedup_cpu"] = row["before_cpu"] / row["now_cpu"]
     return rows
 
 
@@ -388,6 +404,28 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['task']} | {r['method']} | {r['cap']} | {_cell(r, 'now')} | {_fmt(r['now_ratio'], '.1f')} |"
             )
+    if any(r.get("now_cpu") is not None for r in rows):
+        lines += [
+            "",
+            "## Cross-check: CPU seconds per step",
+            "",
+            "The same steps in process CPU time (user + system) rather than wall time: (CPU(W + N) − CPU(W)) / N of "
+            "the two processes. At a fixed thread count it barely grows when other processes share the cores, so a "
+            "speed-up that shows here and not in the wall-time table above was load noise in the latter.",
+            "",
+        ]
+        labels = ["before", "now"] if before else ["now"]
+        lines += [
+            "| task | method | SparseMAP cap | "
+            + " | ".join(f"{lb} (CPU s/step)" for lb in labels)
+            + (" | speed-up (before / now) |" if before else " |"),
+            "|---|---|---|" + "---|" * (len(labels) + before),
+        ]
+        for r in rows:
+            cells = [_fmt(r.get(f"{lb}_cpu"), ".3f") for lb in labels]
+            if before:
+                cells.append(_fmt(r.get("speedup_cpu"), ".2f") + ("×" if r.get("speedup_cpu") else ""))
+            lines.append(f"| {r['task']} | {r['method']} | {r['cap']} | " + " | ".join(cells) + " |")
     lines += ["", "## Notes", "", *[f"- {n}" for n in meta["notes"]]]
     if meta.get("failures"):
         lines += ["", "## Runs that did not complete", "", *[f"- {f}" for f in meta["failures"]]]

@@ -58,7 +58,7 @@ def test_read_metrics_and_steady_state(tmp_path):
 
 def _fake_results():
     def done(*values):
-        return [{"status": "completed", "seconds_per_step": v} for v in values]
+        return [{"status": "completed", "seconds_per_step": v, "cpu_per_step": v / 2} for v in values]
 
     return {
         "before": {
@@ -116,6 +116,7 @@ def test_summary_and_markdown_on_fake_numbers():
     assert "| SST | SparseMAP | exact | timeout | 1.000 | — | — | 5.0 |" in text
     assert "| SST | Marginals | — | 0.800 | 0.400 (1 failed) | 2.00× | 4.0 | 2.0 |" in text
     assert "- now `sst/marginals` repeat 1: failed: boom" in text
+    assert "| SST | Marginals | — | 0.400 | 0.200 | 2.00× |" in text.split("## Cross-check")[1]
     # without a baseline commit: the "now" columns only
     now_only = layers.summarize({"now": _fake_results()["now"]}, configs)
     text = layers.markdown(now_only, {**meta, "baseline": None})
