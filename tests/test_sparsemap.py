@@ -13,6 +13,7 @@ from entmax import sparsemax
 from reference import capped_simplex_projection, qp_over_vertices
 
 from latentstruct.structures import Categorical, Structure
+from latentstruct.structures.parts import dense_to_parts
 from latentstruct.structures.sparsemap import (
     SparseMAPConvergenceError,
     _active_face_jvp,
@@ -219,16 +220,23 @@ def test_jacobian_is_symmetric_projector():
     torch.testing.assert_close(jac @ jac, jac, atol=1e-10, rtol=0)
 
 
+def _face_jvp(z, g):
+    """The active-face backward on dense vertices ``[1, A, d]`` (every slot in the support)."""
+    idx, part = dense_to_parts(z[0])
+    indices = torch.where(part, idx, -1)[None]
+    return _active_face_jvp(indices, z @ z.mT, torch.ones(z.shape[:2], dtype=torch.bool), g)
+
+
 def test_backward_with_affinely_dependent_active_set():
     # Four coplanar 0/1 points (the unit square in the first two coordinates): the KKT matrix is singular, the
     # pseudo-inverse still returns the projection of g onto the face's direction space span(e1, e2).
     z = torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.float64)[None]
     g = torch.tensor([[0.3, -1.2, 5.0]], dtype=torch.float64)
-    out = _active_face_jvp(z, torch.ones(1, 4, dtype=torch.bool), g)
+    out = _face_jvp(z, g)
     torch.testing.assert_close(out, torch.tensor([[0.3, -1.2, 0.0]], dtype=torch.float64), atol=1e-12, rtol=0)
     # A duplicated vertex: the same projection as without the copy.
     z = torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 0, 0]], dtype=torch.float64)[None]
-    out = _active_face_jvp(z, torch.ones(1, 3, dtype=torch.bool), g)
+    out = _face_jvp(z, g)
     torch.testing.assert_close(out, torch.tensor([[0.75, -0.75, 0.0]], dtype=torch.float64), atol=1e-12, rtol=0)
     # The forward KKT solve on the same degenerate set: weights sum to 1 and give the projection onto the affine hull.
     s = torch.tensor([[0.9, 0.4, 2.0]], dtype=torch.float64)

@@ -29,6 +29,7 @@ from latentstruct.structures import (
     TopK,
     gumbel_like,
 )
+from latentstruct.structures.parts import parts_to_dense
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,19 @@ def test_map_is_a_best_vertex(case, n, dtype):
     best = vertex_scores(scores.detach().double(), vertices).max(-1).values
     torch.testing.assert_close((z.double() * scores.detach().double()).flatten(1).sum(-1), best, atol=1e-5, rtol=1e-5)
     assert (z.double().flatten(1)[:, None, :] == vertices.flatten(1)[None]).all(-1).any(-1).all(), "MAP not a vertex"
+
+
+@pytest.mark.parametrize("case", BY_CASE)
+def test_map_parts_lists_the_parts_of_map(case):
+    """``map_parts`` (the SparseMAP solver's oracle) is ``map`` as lists of flat part indices, padding included."""
+    n = max(case.sizes)
+    scores = _scores(case, n, batch=3, seed=8)
+    lengths = None if case.crop is None else torch.tensor([n, max(n - 1, case.min_length), case.min_length])
+    parts, on = case.structure.map_parts(scores, lengths)
+    assert parts.dtype == torch.long and on.dtype == torch.bool and parts.shape == on.shape
+    dense = parts_to_dense(parts, on, scores[0].numel(), torch.float64)
+    assert dense.max() <= 1, "a part is listed twice"
+    torch.testing.assert_close(dense, case.structure.map(scores, lengths).flatten(1))
 
 
 # -------------------------------------------------------------------------------------- log-partition, marginals

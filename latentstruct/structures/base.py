@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from latentstruct.structures.parts import dense_to_parts
+
 __all__ = ["Structure", "gumbel_like"]
 
 
@@ -40,6 +42,17 @@ class Structure:
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """log Σ_z exp <s, z>, shape ``[batch]``, differentiable."""
         raise NotImplementedError
+
+    def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``map`` as lists of parts: (parts ``[batch, K]`` int64, flat indices into the part dimensions; on
+        ``[batch, K]`` bool, False on padding), K the most parts of a vertex in the batch
+        (:mod:`latentstruct.structures.parts`).
+
+        The generic SparseMAP solver calls this once per iteration. The default converts ``map``'s dense output;
+        structures whose MAP algorithm yields the parts directly (heads, tags, a permutation) override it.
+        """
+        z = self.map(scores, lengths)
+        return dense_to_parts(z.reshape(z.shape[0], -1))
 
     def enumerate(self, n: int) -> torch.Tensor:
         """Every vertex for size ``n``, shape ``[V, *part_shape]`` (small n only: the ground truth for tests)."""

@@ -64,11 +64,18 @@ class SequenceTagging(Structure):
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """The Viterbi tag sequence: 0/1 tensor ``[batch, n, T, T]`` in the scores' dtype, no gradient."""
-        with torch.no_grad():
-            s, lengths = self._prepare(scores.detach(), lengths)
-            alpha, pointers = _forward(s, lengths, semiring="max")
-            z = _backtrack(alpha.argmax(-1), pointers, lengths)
-        return z.to(scores.dtype)
+        tags, lengths = self._viterbi(scores, lengths)
+        return _vertex(tags, lengths, self.num_tags, scores.dtype)
+
+    def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Viterbi tag sequence as its parts (``Structure.map_parts``): position i's part is the flat index
+        i T² + y_{i-1} T + y_i (y_{-1} = 0), ``[batch, n]``, on the positions i < lengths[b]."""
+        tags, lengths = self._viterbi(scores, lengths)
+        batch, n = tags.shape
+        num = self.num_tags
+        prev = torch.cat([torch.zeros_like(tags[:, :1]), tags[:, :-1]], dim=1)
+        parts = torch.arange(n, device=tags.device) * (num * num) + prev * num + tags
+        return parts, torch.arange(n, device=tags.device) < lengths.view(-1, 1)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """log Σ_y exp <s, z(y)> by the forward algorithm, shape ``[batch]``; differentiable (twice)."""
@@ -87,8 +94,7 @@ class SequenceTagging(Structure):
             s, lengths = self._prepare(scores.detach(), lengths)
             alpha, pointers = _forward(s, lengths, semiring="sample", generator=generator)
             last = (alpha + gumbel_like(alpha, generator)).argmax(-1)
-            z = _backtrack(last, pointers, lengths)
-        return z.to(scores.dtype)
+            return _vertex(_backtrack(last, pointers), lengths, self.num_tags, scores.dtype)
 
     def enumerate(self, n: int) -> torch.Tensor:
         """Every tag sequence of length ``n``, ``[T^n, n, T, T]``, in lexicographic order of (y_0, …, y_{n-1})."""
@@ -143,6 +149,13 @@ class SequenceTagging(Structure):
         return torch.where(column.sum(-1) > 0, column.argmax(-1), torch.full_like(column[..., 0], -1).long())
 
     # ------------------------------------------------------------------------------------------------ internals
+
+    def _viterbi(self, scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Viterbi tags ``[batch, n]`` (long; padding positions hold a copy of the last tag) and the lengths."""
+        with torch.no_grad():
+            s, lengths = self._prepare(scores.detach(), lengths)
+            alpha, pointers = _forward(s, lengths, semiring="max")
+            return _backtrack(alpha.argmax(-1), pointers), lengths
 
     def _prepare(self, scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Check shapes; replace every non-part (rows 1.. of position 0, padding positions) by 0; floor −inf.
@@ -209,13 +222,13 @@ def _forward(
     return alpha, (torch.stack(pointers, 1) if semiring != "logsumexp" else None)
 
 
-def _backtrack(last: torch.Tensor, pointers: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Follow back-pointers ``[B, n, T]`` from the last tag ``last`` ``[B]`` (whole batch at once) → bool vertices."""
-    batch, n, num = pointers.shape
+def _backtrack(last: torch.Tensor, pointers: torch.Tensor) -> torch.Tensor:
+    """Follow back-pointers ``[B, n, T]`` from the last tag ``last`` ``[B]`` (whole batch at once) → tags ``[B, n]``."""
+    n = pointers.shape[1]
     tags = [last]
     for i in range(n - 1, 0, -1):
         tags.append(pointers[:, i].gather(1, tags[-1].view(-1, 1)).squeeze(1))
-    return _vertex(torch.stack(tags[::-1], 1), lengths, num, torch.bool)
+    return torch.stack(tags[::-1], 1)
 
 
 def _vertex(tags: torch.Tensor, lengths: torch.Tensor, num: int, dtype: torch.dtype) -> torch.Tensor:

@@ -8,35 +8,69 @@ For part scores s ∈ R^d and a structure with vertices Z ⊂ {0, 1}^d, SparseMA
 
 Writing μ = Σ_i α_i z_i = Z_Aᵀ α over an *active set* A of vertices with α in the simplex, this module solves the
 problem with the active-set method used by Niculae et al. (a.k.a. Wolfe's min-norm-point method, 1976; Nocedal &
-Wright, 2006, §16.5), touching the structure only through ``structure.map``:
+Wright, 2006, §16.5), touching the structure only through its MAP oracle:
 
-1. Solve the equality-constrained QP restricted to the active set,
+1. The face solution: the equality-constrained QP restricted to the active set,
        min_α ½ ||Z_Aᵀ α - s||²   s.t.  1ᵀα = 1,
-   i.e. the KKT system   [ G  1 ] [α]   [Z_A s]
-                         [ 1ᵀ 0 ] [τ] = [  1  ],     G = Z_A Z_Aᵀ (the Gram matrix of the active vertices).
-   If the solution α̂ has negative weights, move from α towards α̂ by the largest feasible step and drop the vertex
-   whose weight reaches zero; repeat step 1.
+   i.e. the KKT system   K_A [ν; α] = [c; Z_A s],    K_A = [ 0   c1ᵀ ]
+                                                           [ c1   G  ],   G = Z_A Z_Aᵀ (the Gram matrix),
+   with the constraint scaled by a constant c (the number of parts of MAP(s)) so that both blocks have comparable
+   magnitude. If its solution α̂ has negative weights, move from α towards α̂ by the largest feasible step and drop
+   the vertex whose weight reaches zero (a *drop step*); repeat.
 2. Otherwise μ = Z_Aᵀ α̂ is optimal on the face; ask MAP for the most violated vertex z = argmax_z <s - μ, z>. μ is
    optimal iff <s - μ, v - μ> ≤ 0 for every vertex v (first-order optimality of a projection), so the *gap*
    <s - μ, z - μ> (the Frank-Wolfe duality gap, an upper bound on ½||μ - s||² - ½||μ* - s||²) is the stopping
    criterion. If it exceeds the tolerance, add z to the active set and go to 1.
 
-The backward pass uses the final active set only (the paper's sparse Jacobian: O(d · |A|) per example). On the
-active face the KKT system above determines α (and μ = Z_Aᵀ α) as an affine function of s; block inversion with
-M = G⁻¹ gives
+**The cost is the MAP calls.** Vertices are sparse: a tree has n arcs among (n+1)² parts, a tag sequence n of its
+n·T² parts. The solver never forms a dense vertex. It asks the structure for the *parts* of MAP (``map_parts``,
+:mod:`latentstruct.structures.parts`) and keeps each active vertex as its K part indices, so with A active vertices
+every quantity costs O(A K) or O(A²) per example, never O(A d):
+
+* <z_i, z> for a new vertex z: z's parts are marked in a dense int8 buffer (K writes) and the buffer is read at the
+  parts of the active vertices; <z, s> is a K-gather; G is integer-valued and updated one row at a time (exact);
+* the residual s - μ handed to MAP: one scatter-add of the A·K weighted parts into a copy of s (the only O(d) work,
+  of the order of what MAP itself reads); the gap <s - μ, z - μ> = <s - μ, z> - αᵀ(Z_A s) + αᵀGα;
+* K_A changes by one row and column per step, so its inverse P = K_A⁻¹ and the face solution x = (ν, α̂) are
+  *updated* rather than refactorised (bordering and Schur complements, O(A²), no solve):
+  - z enters with border b = (c, Z_A z) and corner |z|²: with u = P b and the Schur complement σ = |z|² - bᵀu,
+    P ← P + v vᵀ / σ and x ← x + v (bᵀx - <z, s>) / σ, where v = u - e_z (P lives in a fixed slot layout, with zero
+    rows and columns on unused slots). σ is the squared distance of z to the affine hull of the active set: in exact
+    arithmetic it is positive whenever the gap is (s - μ is orthogonal to the face), so σ ≈ 0 (e.g. a vertex that is
+    already active) means round-off, and the example *stalls* (below) instead of cycling;
+  - vertex j leaves: P ← P - P_{:j} P_{j:} / P_jj and x ← x - P_{:j} x_j / P_jj.
+  Every ``_CHECK_EVERY`` iterations the face solutions are checked against the KKT system (a product with the exact
+  G); an example whose residual is above ``_REFRESH_TOL`` gets P and x recomputed from scratch (LU, with a
+  pseudo-inverse fall-back for a singular K_A), so round-off in the updates never accumulates. The gap, which is
+  the stopping rule, is always computed from the weights actually used, never from ν.
+
+The examples of a batch progress together: one iteration is a drop step or one (batched) MAP call for each example
+still working; examples that converge or stall *retire*: their state is written out once and they leave the working
+arrays (indexed by example, O(A K + A²) each). Host synchronisations: a handful of small flags per iteration (whether
+any example drops, whether all are ready, who leaves), which CUDA pays as short stalls; the state stays on the
+scores' device. The work is done in float64 whatever the input dtype: the gap is a difference of numbers of size
+~ ||s||_∞ ||z||_1, and the active-set logic (signs of weights, the ratio test) is where round-off turns into cycling.
+
+**Backward.** On the final active face the KKT system above makes α (and μ = Z_Aᵀ α) an affine function of s; block
+inversion with M = G⁻¹ gives
 
     ∂μ/∂s = J = Z_Aᵀ (M - M 1 1ᵀ M / (1ᵀ M 1)) Z_A,
 
-which is symmetric, so the vector-Jacobian product is J g. Geometrically J is the orthogonal projector onto the
-direction space span{z_i - z_j : i, j ∈ A} of the active face. We never form J (d × d) nor M: J g = Z_Aᵀ β where
-(β, ν) solves the same KKT matrix with right-hand side (Z_A g, 0). This form needs only the KKT matrix to be
-invertible (affinely independent active vertices), not G (linearly independent ones: a vertex may be 0, as for the
-hypercube); and the KKT systems are solved by LU with a fall-back to the pseudo-inverse, so that an affinely
-*dependent* active set (which round-off could produce) still gives the least-squares solution: β is then not
-unique, but Z_Aᵀ β — the projection of g onto the direction space — is.
+which is symmetric, so the vector-Jacobian product is J g (the paper's sparse Jacobian). Geometrically J is the
+orthogonal projector onto the direction space span{z_i - z_j : i, j ∈ A} of the active face. We never form J (d × d)
+nor M: J g = Z_Aᵀ β where (β, ν) solves the same KKT matrix with right-hand side (Z_A g, 0), O(A K + A³). This form
+needs only the KKT matrix to be invertible (affinely independent active vertices), not G (linearly independent ones:
+a vertex may be 0, as for the hypercube); it is solved by LU with a fall-back to the pseudo-inverse, so that an
+affinely *dependent* active set still gives the least-squares solution: β is then not unique, but Z_Aᵀ β — the
+projection of g onto the direction space — is.
+
+**Warm start.** ``init`` (a previous :class:`SparseMAPSolution` for scores of the same shape) starts the active set at
+its support with its weights instead of at MAP(s). It pays when the new scores are close to the old ones (the same
+examples a training step later); for a distant point the old vertices must be dropped one iteration at a time, which
+costs more than it saves (``results/bench/structures.md`` has the measurements).
 
 Tensor conventions: ``scores`` is ``[batch, *part_shape]``; the parts are the flattened trailing dimensions
-(``d = prod(part_shape)``); vertices are stored as ``[batch, A_max, d]`` with a boolean mask ``[batch, A_max]``.
+(``d = prod(part_shape)``).
 """
 
 from __future__ import annotations
@@ -46,21 +80,26 @@ from typing import NamedTuple
 
 import torch
 
+from latentstruct.structures.parts import dense_to_parts
+
 __all__ = ["sparsemap", "sparsemap_active_set", "SparseMAPSolution", "SparseMAPConvergenceError"]
 
-# The solver works in float64 whatever the input dtype (scores, vertices, weights, KKT systems, and the scores handed
-# to MAP): the gap <s - μ, z - μ> is a difference of numbers of size ~ ||s||_∞ ||z||_1, so in float32 its round-off
-# is already close to a tolerance of 1e-6, and the active-set logic (signs of weights, the ratio test) is where
-# round-off turns into cycling. μ and the gradient are cast back to the input dtype.
 _WORK_DTYPE = torch.float64
 # Weights above -_NEG_TOL count as nonnegative (clamped to 0) rather than triggering a drop step.
 _NEG_TOL = 1e3 * torch.finfo(_WORK_DTYPE).eps
 _INITIAL_CAPACITY = 8
-# KKT systems amplifying their right-hand side by more than _MAX_COND are treated as singular (see _solve_kkt); the
+# KKT systems amplifying their right-hand side by more than _MAX_COND are treated as singular (see _lu_or_pinv); the
 # pseudo-inverse then drops singular values below _PINV_RTOL · σ_max. A genuinely singular system (duplicate or
 # affinely dependent 0/1 vertices, integer Gram matrix) has σ_min / σ_max ~ eps, far below both.
 _MAX_COND = 1e8
 _PINV_RTOL = 1e-12
+# A vertex whose squared distance to the affine hull of the active set is below _DEPENDENT · |z|² is treated as
+# affinely dependent on it (for 0/1 vertices a genuinely independent one is at distance ≳ 1 / (number of parts)).
+_DEPENDENT = 1e-9
+# Every _CHECK_EVERY iterations the face solutions are checked against the KKT system; one whose residual exceeds
+# _REFRESH_TOL (relative to the right-hand side) gets its inverse recomputed from the exact Gram matrix.
+_CHECK_EVERY = 4
+_REFRESH_TOL = 1e-9
 
 
 class SparseMAPConvergenceError(RuntimeError):
@@ -70,68 +109,312 @@ class SparseMAPConvergenceError(RuntimeError):
 class SparseMAPSolution(NamedTuple):
     """The result of the active-set solver.
 
-    mu: ``[batch, *part_shape]``, in the dtype of the scores: Σ_i weights[b, i] vertices[b, i].
-    vertices: ``[batch, A, *part_shape]`` 0/1: the active set (rows where ``weights == 0`` are unused slots).
-    weights: ``[batch, A]``, float64, nonnegative, summing to 1 over each example: the convex combination α.
+    mu: ``[batch, *part_shape]``, in the dtype of the scores: Σ_i weights[b, i] z_i.
+    indices: ``[batch, A, K]`` int64: the parts of each active vertex z_i as flat indices into ``part_shape``,
+        padded with -1 (a vertex with fewer than K parts, and unused slots).
+    weights: ``[batch, A]``, float64, nonnegative, summing to 1 over each example: the convex combination α, the
+        support (α > 0) first; 0 on unused slots.
+    gram: ``[batch, A, A]``, float64: <z_i, z_j> (integers) over the support, 0 elsewhere.
     gap: ``[batch]``, float64: the final duality gap max_v <s - μ, v - μ> (≤ tol · scale for each example).
-    iterations: number of iterations of the loop (the slowest example's).
+    iterations: number of iterations of the loop (the slowest example's): a drop step or a MAP call each.
+    map_calls: the number of batched MAP calls made by the loop, besides the first one at s (and, for examples that
+        did not converge, one at the end to measure their gap).
     """
 
     mu: torch.Tensor
-    vertices: torch.Tensor
+    indices: torch.Tensor
     weights: torch.Tensor
+    gram: torch.Tensor
     gap: torch.Tensor
     iterations: int
+    map_calls: int = 0
+
+    @property
+    def vertices(self) -> torch.Tensor:
+        """The active vertices as dense 0/1 tensors ``[batch, A, *part_shape]`` in μ's dtype (built on demand)."""
+        batch, width, _ = self.indices.shape
+        d = math.prod(self.mu.shape[1:])
+        on = (self.indices >= 0).to(self.mu.dtype)
+        dense = self.mu.new_zeros(batch, width, d).scatter_add_(2, self.indices.clamp_min(0), on)
+        return dense.reshape(batch, width, *self.mu.shape[1:])
+
+    @property
+    def support_size(self) -> torch.Tensor:
+        """``[batch]``: the number of vertices with positive weight."""
+        return (self.weights > 0).sum(-1)
 
 
-def _kkt(gram: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The KKT matrix of min ½||Z_Aᵀα - s||² s.t. 1ᵀα = 1, restricted to the active slots.
+# ------------------------------------------------------------------------------------------------ sparse vertices
 
-    gram ``[n, A, A]``, mask ``[n, A]`` → (K ``[n, A+1, A+1]``, c ``[n]``). Inactive slots get an identity row so that
-    their weight is decoupled and solves to 0. The constraint row is scaled by c (the mean active diagonal of G,
-    i.e. the mean number of parts of a vertex) so that both blocks have comparable magnitude: the unknowns become
-    (α, τ / c), the right-hand side of the constraint row c · 1.
+
+def _oracle(structure, scores: torch.Tensor, part_shape, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """MAP on flattened scores ``[m, d]`` → its parts (indices ``[m, K]``, which entries are parts ``[m, K]``).
+
+    ``structure.map_parts`` when the structure has it (every :class:`~latentstruct.structures.Structure`), else the
+    dense ``structure.map``.
+    """
+    batched = scores.reshape(-1, *part_shape)
+    if hasattr(structure, "map_parts"):
+        return structure.map_parts(batched, lengths)
+    return dense_to_parts(structure.map(batched, lengths).reshape(scores.shape[0], -1))
+
+
+def _combine(idx: torch.Tensor, part: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` += Σ_i weights[r, i] z_i in place, for vertices given by ``idx``, ``part`` ``[m, A, K]``."""
+    m = idx.shape[0]
+    return out.scatter_add_(1, idx.view(m, -1), (weights.unsqueeze(-1) * part).view(m, -1))
+
+
+def _gather(values: torch.Tensor, idx: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """<values_r, z> over the parts of each vertex: values ``[m, d]``, idx and part ``[m, *, K]`` → ``[m, *]``."""
+    m = idx.shape[0]
+    return (values.gather(1, idx.reshape(m, -1)).view(idx.shape) * part).sum(-1)
+
+
+def _matvec(matrix: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """``[m, a, b]`` × ``[m, b]`` → ``[m, a]`` as row-wise dot products (several times faster than bmm on CPU)."""
+    return torch.linalg.vecdot(matrix, vector.unsqueeze(1))
+
+
+def _pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x if x.shape[-1] == width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+def _spread(values: torch.Tensor, rows: torch.Tensor | None, m: int) -> torch.Tensor:
+    """Values for the working examples ``rows`` → ``[m, ...]`` (zero elsewhere); ``rows`` None: all of them."""
+    return values if rows is None else values.new_zeros(m, *values.shape[1:]).index_put_((rows,), values)
+
+
+# --------------------------------------------------------------------------------------------------- KKT systems
+
+
+def _kkt(gram: torch.Tensor, mask: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """K_A = [0 c1ᵀ; c1 G] on the active slots, ``[n, A+1, A+1]`` (the constraint first).
+
+    gram ``[n, A, A]``, mask ``[n, A]``, c ``[n]``. Inactive slots get an identity row: their unknown is decoupled
+    and solves to 0.
     """
     n, a = mask.shape
     m = mask.to(gram.dtype)
-    g = gram * m[:, :, None] * m[:, None, :]
-    c = (torch.diagonal(g, dim1=-2, dim2=-1).sum(-1) / m.sum(-1).clamp_min(1)).clamp_min(1.0)
     kkt = gram.new_zeros(n, a + 1, a + 1)
-    kkt[:, :a, :a] = g + torch.diag_embed((1 - m) * c[:, None])
-    kkt[:, :a, a] = c[:, None] * m
-    kkt[:, a, :a] = c[:, None] * m
-    return kkt, c
+    kkt[:, 1:, 1:] = gram * m[:, :, None] * m[:, None, :] + torch.diag_embed(1 - m)
+    kkt[:, 0, 1:] = kkt[:, 1:, 0] = c[:, None] * m
+    return kkt
 
 
-def _solve_kkt(gram: torch.Tensor, mask: torch.Tensor, rhs: torch.Tensor, total: float) -> torch.Tensor:
-    """Solve [G 1; 1ᵀ 0] [x; ν] = [rhs; total] on the active slots; returns x ``[n, A]`` (0 on inactive slots).
-
-    LU first (fast); the examples whose system is singular to working precision — an affinely dependent active set,
-    recognised by a failed factorisation or by an amplification ||K||·||x|| / ||b|| (a lower bound on cond(K))
-    above _MAX_COND — are re-solved with the pseudo-inverse, which returns the minimum-norm least-squares solution
-    instead of one blown up by a tiny pivot.
-    """
-    kkt, c = _kkt(gram, mask)
-    m = mask.to(gram.dtype)
-    b = torch.cat([rhs * m, (total * c)[:, None]], dim=-1)
+def _lu_or_pinv(kkt: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Solve K x = b (``[n, a, a]``, ``[n, a]``) by LU; the examples whose system is singular to working precision —
+    an affinely dependent active set, recognised by a failed factorisation or by an amplification ||K||·||x|| / ||b||
+    (a lower bound on cond(K)) above _MAX_COND — are re-solved with the pseudo-inverse, which returns the minimum-norm
+    least-squares solution instead of one blown up by a tiny pivot."""
     x, info = torch.linalg.solve_ex(kkt, b.unsqueeze(-1))
     x = x.squeeze(-1)
     k_norm = kkt.abs().sum(-1).amax(-1)
     bad = (info != 0) | ~torch.isfinite(x).all(-1) | (k_norm * x.abs().amax(-1) > _MAX_COND * b.abs().amax(-1))
     if bad.any():
-        pinv = torch.linalg.pinv(kkt[bad], rtol=_PINV_RTOL, hermitian=True)
-        x[bad] = (pinv @ b[bad].unsqueeze(-1)).squeeze(-1)
-    return x[:, :-1] * m
+        x[bad] = _matvec(torch.linalg.pinv(kkt[bad], rtol=_PINV_RTOL, hermitian=True), b[bad])
+    return x
 
 
-def _take(lengths: torch.Tensor | None, idx: torch.Tensor) -> torch.Tensor | None:
-    return None if lengths is None else lengths[idx.to(lengths.device)]
+def _solve_kkt(gram: torch.Tensor, mask: torch.Tensor, rhs: torch.Tensor, total: float) -> torch.Tensor:
+    """Solve [G 1; 1ᵀ 0] [x; ν] = [rhs; total] on the active slots; returns x ``[n, A]`` (0 on inactive slots).
+
+    The constraint is scaled by the mean active diagonal of G; see :func:`_lu_or_pinv`.
+    """
+    m = mask.to(gram.dtype)
+    c = ((gram.diagonal(dim1=-2, dim2=-1) * m).sum(-1) / m.sum(-1).clamp_min(1)).clamp_min(1.0)
+    x = _lu_or_pinv(_kkt(gram, mask, c), torch.cat([(total * c)[:, None], rhs * m], dim=-1))
+    return x[:, 1:] * m
 
 
-def _map_flat(structure, scores_flat, part_shape, lengths) -> torch.Tensor:
-    """MAP on flattened scores ``[n, d]`` → vertices ``[n, d]`` in the working dtype."""
-    z = structure.map(scores_flat.reshape(-1, *part_shape), lengths)
-    return z.reshape(scores_flat.shape[0], -1).to(_WORK_DTYPE)
+# ---------------------------------------------------------------------------------------------------- the solver
+
+
+class _ActiveSet:
+    """The active sets of the examples still working (every tensor indexed by working example first).
+
+    rows ``[m]``: their index in the batch; s ``[m, d]``: their scores; idx, part ``[m, A, K]``: the vertices in A
+    slots (part indices, and which of the K entries are parts); mask ``[m, A]``: the slots in use; alpha ``[m, A]``:
+    the current (feasible) weights; gram ``[m, A, A]``: <z_i, z_j> (valid on used slots); zs ``[m, A]``: <z_i, s>
+    (0 on free slots); c ``[m]``: the KKT scaling; inv ``[m, A+1, A+1]``: P = K_A⁻¹ (the constraint first, zero rows
+    and columns on free slots); x ``[m, A+1]`` = P (c, zs): the face solution (ν, α̂); threshold ``[m]``: the gap at
+    which an example has converged; stalled ``[m]``; lengths ``[m]`` or None (for MAP).
+    """
+
+    fields = ("rows", "s", "idx", "part", "mask", "alpha", "gram", "zs", "c", "inv", "x", "threshold", "stalled")
+
+    def __init__(self, lengths, **values):
+        self.lengths = lengths
+        for name in self.fields:
+            setattr(self, name, values[name])
+        self.marker = torch.zeros(self.s.shape, dtype=torch.int8, device=self.s.device)  # all 0 between uses
+
+    @classmethod
+    def start(cls, s, c, threshold, lengths, idx, part, weights) -> _ActiveSet:
+        """Every example at the vertices ``idx``, ``part`` ``[m, A0, K]`` with ``weights`` ``[m, A0]`` (> 0 on the
+        first; a zero weight skips the slot): the first vertex alone (P = [[0, c], [c, |z|²]]⁻¹), then the others added
+        one at a time."""
+        m, _, width = idx.shape
+        cap = max(_INITIAL_CAPACITY, weights.shape[1] + 1)
+        size = part[:, 0].sum(-1).to(s.dtype)
+        st = cls(
+            lengths,
+            rows=torch.arange(m, device=s.device),
+            s=s,
+            idx=idx.new_zeros(m, cap, width),
+            part=part.new_zeros(m, cap, width),
+            mask=torch.zeros(m, cap, dtype=torch.bool, device=s.device),
+            alpha=s.new_zeros(m, cap),
+            gram=s.new_zeros(m, cap, cap),
+            zs=s.new_zeros(m, cap),
+            c=c,
+            inv=s.new_zeros(m, cap + 1, cap + 1),
+            x=s.new_zeros(m, cap + 1),
+            threshold=threshold,
+            stalled=torch.zeros(m, dtype=torch.bool, device=s.device),
+        )
+        st.idx[:, 0], st.part[:, 0], st.mask[:, 0] = idx[:, 0], part[:, 0], True
+        st.gram[:, 0, 0] = size
+        st.zs[:, 0] = _gather(s, idx[:, 0], part[:, 0])
+        st.inv[:, 0, 0] = -size / c**2
+        st.inv[:, 0, 1] = st.inv[:, 1, 0] = 1.0 / c
+        st.x[:, 0], st.x[:, 1] = (st.zs[:, 0] - size) / c, 1.0
+        st.alpha[:, 0] = weights[:, 0]
+        for i in range(1, weights.shape[1]):
+            given = weights[:, i] > 0
+            added = given & ~st.add(given, idx[:, i], part[:, i])
+            slot = (st.idx == idx[:, i, None]).all(-1) & (st.part == part[:, i, None]).all(-1) & st.mask
+            st.alpha = torch.where(slot & added[:, None], weights[:, i, None], st.alpha)
+        st.alpha = st.alpha / st.alpha.sum(-1, keepdim=True)
+        return st
+
+    def take(self, keep: torch.Tensor) -> _ActiveSet:
+        values = {name: getattr(self, name)[keep] for name in self.fields}
+        return _ActiveSet(None if self.lengths is None else self.lengths[keep], **values)
+
+    def grow(self) -> None:
+        """More slots (a quarter more, at least 8): the state is copied, so not one slot at a time."""
+        extra = max(8, self.mask.shape[1] // 4)
+        pad = torch.nn.functional.pad
+        self.idx, self.part = pad(self.idx, (0, 0, 0, extra)), pad(self.part, (0, 0, 0, extra))
+        self.mask, self.alpha, self.zs, self.x = [pad(t, (0, extra)) for t in (self.mask, self.alpha, self.zs, self.x)]
+        self.gram, self.inv = pad(self.gram, (0, extra, 0, extra)), pad(self.inv, (0, extra, 0, extra))
+
+    def widen(self, width: int) -> None:
+        """Room for vertices with up to ``width`` parts."""
+        self.idx, self.part = _pad_to(self.idx, width), _pad_to(self.part, width)
+
+    def add(self, adding: torch.Tensor, z_idx: torch.Tensor, z_part: torch.Tensor) -> torch.Tensor:
+        """Put vertex z (``z_idx``, ``z_part`` ``[m, K]``) in the first free slot of the examples where ``adding``
+        ``[m]``, with weight 0; update G, <z, s>, P and the face solution x (module docstring). Returns ``[m]`` bool:
+        where z was affinely dependent on the active set, and so was not added."""
+        if bool(self.mask.all(-1).any()):
+            self.grow()
+        m = self.mask.shape[0]
+        at = torch.arange(m, device=self.s.device)
+        slot = (~self.mask).to(torch.int8).argmax(-1)
+        self.marker.scatter_add_(1, z_idx, z_part.to(torch.int8))
+        hits = self.marker.gather(1, self.idx.view(m, -1)).view(self.idx.shape) != 0
+        self.marker.scatter_(1, z_idx, 0)
+        inner = ((hits & self.part).sum(-1) * self.mask).to(self.s.dtype)  # <z_i, z> on the active slots
+        size = z_part.sum(-1).to(self.s.dtype)
+        zs = _gather(self.s, z_idx, z_part)
+        border = torch.cat([self.c[:, None], inner], dim=1)  # (c, Z_A z): the new row of K_A
+        u = _matvec(self.inv, border)
+        sigma = size - (border * u).sum(-1)
+        dependent = adding & ~(sigma > _DEPENDENT * size.clamp_min(1.0))
+        ok = adding & ~dependent
+        sigma = torch.where(ok, sigma, 1.0)
+        v = u
+        v[at, slot + 1] = -1.0
+        v = v * ok[:, None]
+        self.x += v * (((border * self.x).sum(-1) - zs) / sigma)[:, None]
+        self.inv.addcmul_(v.unsqueeze(2), (v / sigma[:, None]).unsqueeze(1))
+        inner[at, slot] = size
+        row = torch.where(ok[:, None], inner, self.gram[at, slot])
+        self.gram[at, slot] = row
+        self.gram[at, :, slot] = row
+        self.idx[at, slot] = torch.where(ok[:, None], z_idx, self.idx[at, slot])
+        self.part[at, slot] = z_part & ok[:, None]
+        self.zs[at, slot] = torch.where(ok, zs, self.zs[at, slot])
+        self.mask[at, slot] |= ok
+        return dependent
+
+    def drop(self, dropping: torch.Tensor, slot: torch.Tensor) -> None:
+        """Remove ``slot`` ``[m]`` from the active sets of the examples where ``dropping`` ``[m]`` (module docs)."""
+        at = torch.arange(self.mask.shape[0], device=self.s.device)
+        j = slot + 1
+        col = self.inv[at, :, j]  # a copy
+        w = torch.where(dropping, 1.0 / col[at, j], 0.0)
+        self.x -= col * (self.x[at, j] * w)[:, None]
+        self.inv.addcmul_(col.unsqueeze(2), (col * -w[:, None]).unsqueeze(1))
+        rows = dropping.nonzero().squeeze(1)
+        j, slot = j[rows], slot[rows]
+        self.inv[rows, j, :] = self.inv[rows, :, j] = self.x[rows, j] = 0.0
+        self.zs[rows, slot] = self.alpha[rows, slot] = 0.0
+        self.mask[rows, slot] = False
+
+    def drop_step(self) -> torch.Tensor:
+        """Where the face solution α̂ is infeasible, move α towards it as far as α ≥ 0 allows and drop the blocking
+        vertex. Returns ``[m]`` bool: the examples that took a drop step."""
+        a_hat = self.x[:, 1:]
+        blocking = self.mask & (a_hat < -_NEG_TOL)
+        infeasible = blocking.any(-1)
+        if not infeasible.any():
+            return infeasible
+        ratio = torch.where(blocking, self.alpha / torch.where(blocking, self.alpha - a_hat, 1.0), math.inf)
+        t, j = ratio.min(-1)
+        t = t.clamp(0.0, 1.0)
+        # t = 0 means the blocking vertex is the one just added (the only weight that can be 0). In exact arithmetic
+        # its weight in α̂ is positive (α̂ moves μ along the part of z - μ orthogonal to the face, by <s - μ, z - μ>
+        # > 0), so this is round-off: dropping it would re-add it forever.
+        self.stalled |= infeasible & (t <= 0)
+        moved = self.alpha + t[:, None] * (a_hat - self.alpha)
+        moved = moved.scatter(1, j[:, None], 0.0).clamp_min(0.0) * self.mask
+        self.alpha = torch.where(infeasible[:, None], moved / moved.sum(-1, keepdim=True), self.alpha)
+        self.drop(infeasible, j)
+        return infeasible
+
+    def refresh(self) -> None:
+        """Recompute P and x from G where the face solution's KKT residual exceeds ``_REFRESH_TOL``."""
+        rhs = torch.cat([self.c[:, None], self.zs], dim=1)
+        nu, a_hat = self.x[:, 0], self.x[:, 1:]
+        face = (_matvec(self.gram, a_hat) + self.c[:, None] * nu[:, None]) * self.mask
+        residual = torch.cat([(self.c * (a_hat.sum(-1) - 1.0))[:, None], face - self.zs], dim=1)
+        bad = ~(residual.abs().amax(-1) <= _REFRESH_TOL * rhs.abs().amax(-1))
+        if not bad.any():
+            return
+        rows = bad.nonzero().squeeze(1)
+        kkt = _kkt(self.gram[rows], self.mask[rows], self.c[rows])
+        inv, info = torch.linalg.inv_ex(kkt)
+        singular = (info != 0) | ~torch.isfinite(inv).flatten(1).all(-1)
+        if singular.any():
+            inv[singular] = torch.linalg.pinv(kkt[singular], rtol=_PINV_RTOL, hermitian=True)
+        used = torch.cat([torch.ones_like(self.mask[rows, :1]), self.mask[rows]], dim=1).to(inv.dtype)
+        self.inv[rows] = inv = inv * used[:, :, None] * used[:, None, :]
+        self.x[rows] = _matvec(inv, rhs[rows])
+
+    def map_step(self, structure, part_shape, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the working examples ``rows`` (None: all), at their face solution: the most violated vertex
+        z = MAP(s - μ) and the gap <s - μ, z - μ>; z joins the active set where the gap exceeds the threshold.
+
+        Returns (the gap ``[r]``, done ``[m]``: converged) and marks the examples where z was dependent as stalled.
+        """
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
+        alpha = pick(self.alpha)
+        resid = _combine(pick(self.idx), pick(self.part), -alpha, pick(self.s).clone())
+        z_idx, z_part = _oracle(structure, resid, part_shape, None if self.lengths is None else pick(self.lengths))
+        # <s - μ, z - μ> = <r, z> - <r, μ> with r = s - μ, and <r, μ> = αᵀ(Z_A s) - αᵀGα (exact G: no pass over d).
+        gap = _gather(resid, z_idx, z_part) - (alpha * (pick(self.zs) - _matvec(pick(self.gram), alpha))).sum(-1)
+        m = self.mask.shape[0]
+        done = _spread(gap <= pick(self.threshold), rows, m)
+        self.widen(max(z_idx.shape[1], self.idx.shape[2]))
+        width = self.idx.shape[2]
+        z_idx, z_part = _spread(_pad_to(z_idx, width), rows, m), _spread(_pad_to(z_part, width), rows, m)
+        adding = ~done if rows is None else _spread(torch.ones_like(rows, dtype=torch.bool), rows, m) & ~done
+        if adding.any():
+            self.stalled |= self.add(adding, z_idx, z_part)
+        return gap, done
 
 
 def sparsemap_active_set(
@@ -142,34 +425,36 @@ def sparsemap_active_set(
     max_iter: int | None = None,
     tol: float = 1e-6,
     strict: bool = True,
+    init: SparseMAPSolution | None = None,
 ) -> SparseMAPSolution:
     r"""Solve SparseMAP, argmin_{μ ∈ conv(Z)} ½||μ - s||², by the batched active-set method; no gradient.
 
     Args:
         structure: any object with ``map(scores, lengths)`` = argmax_{z ∈ Z} <scores, z> (batched, 0/1, shaped like
-            ``scores``).
+            ``scores``), or better ``map_parts`` (:meth:`latentstruct.structures.Structure.map_parts`).
         scores: ``[batch, *part_shape]`` finite part scores s (float32 or float64, any device).
-        lengths: ``[batch]`` or None, passed to ``map`` unchanged. Parts that no vertex uses (padding) come out 0.
-        max_iter: iterations of the loop; one iteration is one KKT solve followed either by a drop step or by one
-            MAP call for the examples still working. Examples that converge leave the batch. Default (None):
-            ``100 + 2 d`` for d parts. Each MAP step adds one vertex, and a solution can need as many as the
-            polytope's dimension + 1 (Carathéodory), so a fixed cap would fail on large structures: projective trees
-            with n = 60 words and N(0, 1) scores use ~160 iterations (~75 vertices in the support). Round-off
-            cycling is caught separately (``stalled``), so a generous cap costs nothing when the solver converges.
+        lengths: ``[batch]`` or None, passed to MAP unchanged. Parts that no vertex uses (padding) come out 0.
+        max_iter: iterations of the loop; one iteration is a drop step or one MAP call for each example still
+            working. Default (None): ``100 + 2 d`` for d parts. Each MAP step adds one vertex, and a solution can
+            need as many as the polytope's dimension + 1 (Carathéodory), so a fixed cap would fail on large
+            structures: projective trees with n = 60 words and N(0, 1) scores use ~160 iterations (~75 vertices in
+            the support), and near-zero scores (SST arc scores at initialisation) put ~250 vertices in the support.
+            Round-off cycling is caught separately (``stalled``), so a generous cap costs nothing.
         tol: stop an example when its gap <s - μ, z - μ> ≤ tol · scale, scale = max(1, ||s||_∞ ||ẑ||_1) with
             ẑ = MAP(s) (the size of a vertex's score, so the criterion is invariant to rescaling s and to the
             number of parts per vertex). ½||μ - μ*||² ≤ gap.
-
         strict: raise when an example has not converged; with ``strict=False`` return the last iterate instead (a
             truncated active set: a point of the polytope, the convex combination of its active vertices, whose
             remaining gap is in ``gap``).
+        init: a warm start (module docstring): a solution of this solver for scores of the same shape and lengths.
 
     Returns:
         :class:`SparseMAPSolution`.
 
     Raises:
         SparseMAPConvergenceError: (``strict`` only) if an example has not reached the tolerance after ``max_iter``
-            iterations (or stalled: MAP returned a vertex already active while the gap exceeds the tolerance).
+            iterations (or stalled: MAP returned a vertex affinely dependent on the active set — e.g. one already
+            active — while the gap exceeds the tolerance, which only round-off can cause).
     """
     if max_iter is None:
         max_iter = 100 + 2 * math.prod(scores.shape[1:])
@@ -183,191 +468,143 @@ def sparsemap_active_set(
     if batch == 0 or d == 0:
         return SparseMAPSolution(
             mu=torch.zeros_like(scores),
-            vertices=scores.new_zeros(batch, 1, *part_shape),
+            indices=torch.full((batch, 1, 1), -1, dtype=torch.long, device=device),
             weights=scores.new_zeros(batch, 1, dtype=_WORK_DTYPE),
+            gram=scores.new_zeros(batch, 1, 1, dtype=_WORK_DTYPE),
             gap=scores.new_zeros(batch, dtype=_WORK_DTYPE),
             iterations=0,
         )
     s = scores.detach().reshape(batch, d).to(_WORK_DTYPE)
     if not torch.isfinite(s).all():
         raise ValueError("sparsemap needs finite scores (padding positions included: any finite value is fine)")
+    if lengths is not None:
+        lengths = torch.as_tensor(lengths, device=device)
 
-    z0 = _map_flat(structure, s, part_shape, lengths)
-    cap = min(_INITIAL_CAPACITY, max_iter + 1)
-    vertices = s.new_zeros(batch, cap, d)
-    vertices[:, 0] = z0
-    mask = torch.zeros(batch, cap, dtype=torch.bool, device=device)
-    mask[:, 0] = True
-    alpha = s.new_zeros(batch, cap)
-    alpha[:, 0] = 1.0
-    # G and Z_A s are updated one row at a time as vertices enter: G is integer-valued, so it never drifts.
-    gram = s.new_zeros(batch, cap, cap)
-    gram[:, 0, 0] = (z0 * z0).sum(-1)
-    zs = s.new_zeros(batch, cap)
-    zs[:, 0] = (z0 * s).sum(-1)
+    z_idx, z_part = _oracle(structure, s, part_shape, lengths)
+    size = z_part.sum(-1).to(_WORK_DTYPE)
+    scale = (s.abs().amax(-1) * size).clamp_min(1.0)
+    if init is None:
+        idx, part, weights = z_idx[:, None], z_part[:, None], s.new_ones(batch, 1)
+    else:
+        idx, part, weights = _check_init(init, batch, d)
+    st = _ActiveSet.start(s, size.clamp_min(1.0), tol * scale, lengths, idx, part, weights)
 
-    scale = (s.abs().amax(-1) * z0.abs().sum(-1)).clamp_min(1.0)
-    threshold = tol * scale
+    retired: list[tuple[torch.Tensor, ...]] = []
     gap = torch.full((batch,), math.inf, dtype=_WORK_DTYPE, device=device)
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    stalled = torch.zeros(batch, dtype=torch.bool, device=device)
-    rows = torch.arange(batch, device=device)
-
-    iterations = 0
-    for _ in range(max_iter):
-        work = rows[~(done | stalled)]
-        if work.numel() == 0:
-            break
+    converged = torch.zeros(batch, dtype=torch.bool, device=device)
+    iterations = map_calls = 0
+    while st.rows.numel() and iterations < max_iter:
         iterations += 1
-        # Work on the slots up to the highest one in use, plus one: a new vertex goes to the first free slot, so the
-        # slots past it are empty. (Drops leave holes that later vertices refill; the capacity grows by doubling.)
-        span = min(int(mask.any(0).nonzero().max()) + 2, mask.shape[1])
-        m_w = mask[work, :span]
-        a_w = alpha[work, :span]
-        a_hat = _solve_kkt(gram[work, :span, :span], m_w, zs[work, :span], 1.0)
+        if iterations % _CHECK_EVERY == 0:
+            st.refresh()
+        ready = ~st.drop_step() & ~st.stalled
+        face = st.x[:, 1:].clamp_min(0.0) * st.mask
+        st.alpha = torch.where(ready[:, None], face / face.sum(-1, keepdim=True), st.alpha)
+        leaving = st.stalled.clone()
+        rows = None if bool(ready.all()) else ready.nonzero().squeeze(1)
+        if rows is None or rows.numel():
+            map_calls += 1
+            g, done = st.map_step(structure, part_shape, rows)
+            gap[st.rows if rows is None else st.rows[rows]] = g
+            converged[st.rows[done]] = True
+            leaving |= done | st.stalled
+        if leaving.any():
+            gone = st.take(leaving)
+            retired.append((gone.rows, gone.idx, gone.part, gone.alpha * gone.mask, gone.gram))
+            st = st.take(~leaving)
+    if st.rows.numel():
+        retired.append((st.rows, st.idx, st.part, st.alpha * st.mask, st.gram))
 
-        infeasible = ((a_hat < -_NEG_TOL) & m_w).any(-1)
-        if infeasible.any():
-            # Largest step t ∈ [0, 1) from α towards α̂ that keeps α ≥ 0; the blocking vertex leaves the active set.
-            idx = work[infeasible]
-            a, ah, m = a_w[infeasible], a_hat[infeasible], m_w[infeasible]
-            blocking = m & (ah < -_NEG_TOL)
-            ratio = torch.where(blocking, a / torch.where(blocking, a - ah, torch.ones_like(a)), math.inf)
-            t, j = ratio.min(-1)
-            t = t.clamp(0.0, 1.0)
-            # t = 0 means the blocking vertex is the one just added (the only weight that can be 0). In exact
-            # arithmetic its weight in α̂ is positive (α̂ moves μ along the part of z - μ orthogonal to the face,
-            # by <s - μ, z - μ> > 0), so this is round-off: dropping it would re-add it forever.
-            stalled[idx[t <= 0]] = True
-            a_new = a + t[:, None] * (ah - a)
-            a_new[torch.arange(idx.numel(), device=device), j] = 0.0
-            a_new = a_new.clamp_min(0.0) * m
-            mask[idx, :span] = m & (a_new > 0)
-            alpha[idx, :span] = a_new / a_new.sum(-1, keepdim=True)
+    # The batch, from the retired examples (they left in any order, each with its own numbers of slots and parts).
+    slots = max(r[1].shape[1] for r in retired)
+    width = max(r[1].shape[2] for r in retired)
+    idx = torch.zeros(batch, slots, width, dtype=torch.long, device=device)
+    part = torch.zeros(batch, slots, width, dtype=torch.bool, device=device)
+    alpha = s.new_zeros(batch, slots)
+    gram = s.new_zeros(batch, slots, slots)
+    for rows, i, p, a, g in retired:
+        idx[rows, : i.shape[1], : i.shape[2]] = i
+        part[rows, : p.shape[1], : p.shape[2]] = p
+        alpha[rows, : a.shape[1]] = a
+        gram[rows, : g.shape[1], : g.shape[2]] = g
+    mu = _combine(idx, part, alpha, s.new_zeros(batch, d))
 
-        feasible = ~infeasible
-        if not feasible.any():
-            continue
-        idx = work[feasible]
-        ah = a_hat[feasible].clamp_min(0.0) * m_w[feasible]
-        mask[idx, :span] = m_w[feasible] & (ah > 0)
-        alpha[idx, :span] = ah / ah.sum(-1, keepdim=True)
-
-        # Most violated vertex: argmax_z <s - μ, z>; μ is optimal iff its gap is ≤ 0.
-        # (While every example works, use the stored vertices as they are: gathering [batch, A, d] is not free.)
-        active_vertices = vertices[:, :span] if idx.numel() == batch else vertices[idx, :span]
-        mu = torch.bmm(alpha[idx, :span].unsqueeze(1), active_vertices).squeeze(1)
-        resid = s[idx] - mu
-        z_new = _map_flat(structure, resid, part_shape, _take(lengths, idx))
-        g = (resid * (z_new - mu)).sum(-1)
-        gap[idx] = g
-        converged = g <= threshold[idx]
-        done[idx[converged]] = True
-
-        grow = ~converged
-        if not grow.any():
-            continue
-        inner = torch.bmm(active_vertices, z_new.unsqueeze(-1)).squeeze(-1)  # <z_i, z_new> for every slot i < span
-        idx, z_new, inner = idx[grow], z_new[grow], inner[grow]
-        # In exact arithmetic a vertex with positive gap is never already active (every active vertex has gap 0 at
-        # the face optimum); if round-off says otherwise the method cannot progress: report it, do not loop.
-        # 0/1 vectors are equal iff <z_i, z> = |z_i|² = |z|² (integers, exact in float64).
-        size = z_new.sum(-1, keepdim=True)
-        same = (inner == size) & (torch.diagonal(gram[idx, :span, :span], dim1=-2, dim2=-1) == size)
-        duplicate = (same & mask[idx, :span]).any(-1)
-        stalled[idx[duplicate]] = True
-        keep = ~duplicate
-        idx, z_new, inner, size = idx[keep], z_new[keep], inner[keep], size[keep]
-        if idx.numel() == 0:
-            continue
-        free = ~mask[idx, :span]
-        if not free.any(-1).all():  # only when span is the whole capacity
-            # Double the capacity of every example (cheap relative to MAP; keeps the batch a single tensor).
-            extra = mask.shape[1]
-            vertices = torch.cat([vertices, vertices.new_zeros(batch, extra, d)], 1)
-            mask = torch.cat([mask, mask.new_zeros(batch, extra)], 1)
-            alpha = torch.cat([alpha, alpha.new_zeros(batch, extra)], 1)
-            zs = torch.cat([zs, zs.new_zeros(batch, extra)], 1)
-            gram = torch.nn.functional.pad(gram, (0, extra, 0, extra))
-            inner = torch.nn.functional.pad(inner, (0, 1))  # the next slot holds a zero vector
-            free = ~mask[idx, : inner.shape[1]]
-        width = inner.shape[1]  # every live slot lies below it
-        slot = free.to(torch.int8).argmax(-1)  # the first free slot
-        vertices[idx, slot] = z_new
-        mask[idx, slot] = True
-        alpha[idx, slot] = 0.0
-        inner[torch.arange(idx.numel(), device=device), slot] = size.squeeze(-1)  # the slot now holds z_new
-        gram[idx, slot, :width] = inner
-        gram[idx, :width, slot] = inner
-        zs[idx, slot] = (z_new * s[idx]).sum(-1)
-
-    mu = torch.bmm(alpha.unsqueeze(1), vertices).squeeze(1)
-    pending = ~done
-    if pending.any():
-        # The last iteration may have been a drop step (or a vertex was added): measure the gap of the current μ.
-        idx = rows[pending]
-        resid = s[idx] - mu[idx]
-        z_new = _map_flat(structure, resid, part_shape, _take(lengths, idx))
-        g = (resid * (z_new - mu[idx])).sum(-1)
-        gap[idx] = g
-        done[idx[g <= threshold[idx]]] = True
-        failed = ~done
+    if not converged.all():
+        # Stalled examples, and those stopped by max_iter (their last iteration may have been a drop step or added a
+        # vertex): measure the gap of the returned μ.
+        rows = (~converged).nonzero().squeeze(1)
+        resid = s[rows] - mu[rows]
+        z_idx, z_part = _oracle(structure, resid, part_shape, None if lengths is None else lengths[rows])
+        gap[rows] = _gather(resid, z_idx, z_part) - torch.linalg.vecdot(resid, mu[rows])
+        failed = ~(gap <= tol * scale)
         if strict and failed.any():
-            n_stalled = int((failed & stalled).sum())
             worst = (gap / scale)[failed].max().item()
             raise SparseMAPConvergenceError(
                 f"SparseMAP active set did not converge for {int(failed.sum())} of {batch} examples after "
-                f"{max_iter} iterations ({n_stalled} of them stalled on round-off); largest remaining gap "
-                f"<s - mu, z - mu> / scale = {worst:.3e} > tol = {tol:.1e}. Raise max_iter or tol."
+                f"{iterations} iterations (max_iter = {max_iter}); largest remaining gap <s - mu, z - mu> / scale "
+                f"= {worst:.3e} > tol = {tol:.1e} (an example stalls when round-off makes MAP return a vertex "
+                "affinely dependent on its active set). Raise max_iter or tol."
             )
 
-    # Keep only the support (α > 0) and compact it to the left, so that the active set is as small as possible.
-    mask = mask & (alpha > 0)
-    order = torch.argsort(mask.to(torch.int8), dim=-1, descending=True, stable=True)
-    width = max(int(mask.sum(-1).max()), 1)
-    order = order[:, :width]
-    vertices = vertices.gather(1, order[:, :, None].expand(-1, -1, d))
-    alpha = alpha.gather(1, order) * mask.gather(1, order)
-    vertices = vertices * (alpha > 0)[:, :, None]
+    # Keep only the support (α > 0), compacted to the left.
+    support = alpha > 0
+    order = torch.argsort(support.to(torch.int8), dim=-1, descending=True, stable=True)
+    keep = max(int(support.sum(-1).max()), 1)
+    order = order[:, :keep]
+    on = support.gather(1, order)
+    pick = order[:, :, None].expand(-1, -1, width)
+    gram = gram.gather(1, order[:, :, None].expand(-1, -1, slots)).gather(2, order[:, None, :].expand(-1, keep, -1))
     return SparseMAPSolution(
         mu=mu.to(scores.dtype).reshape(scores.shape),
-        vertices=vertices.to(scores.dtype).reshape(batch, width, *part_shape),
-        weights=alpha,
+        indices=torch.where(part.gather(1, pick) & on[:, :, None], idx.gather(1, pick), -1),
+        weights=alpha.gather(1, order) * on,
+        gram=gram * on[:, :, None] * on[:, None, :],
         gap=gap,
         iterations=iterations,
+        map_calls=map_calls,
     )
 
 
-def _active_face_jvp(vertices: torch.Tensor, mask: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+def _check_init(init: SparseMAPSolution, batch: int, d: int):
+    """A warm start's support as (idx, part ``[batch, A0, K]``, weights ``[batch, A0]``), checked."""
+    indices, weights = init.indices, init.weights.to(_WORK_DTYPE)
+    if indices.shape[0] != batch or int(indices.max()) >= d or weights.shape != indices.shape[:2]:
+        raise ValueError(
+            f"init must be a SparseMAPSolution for scores with the same batch ({batch}) and number of parts ({d})"
+        )
+    if not (weights[:, 0] > 0).all():
+        raise ValueError("init has an example without support")
+    return indices.clamp_min(0), indices >= 0, weights
+
+
+def _active_face_jvp(indices: torch.Tensor, gram: torch.Tensor, support: torch.Tensor, grad: torch.Tensor):
     """J g for J = Z_Aᵀ (M - M11ᵀM / 1ᵀM1) Z_A, M = (Z_A Z_Aᵀ)⁻¹: the projection of g onto the active face's
     direction space, computed as Z_Aᵀ β with [G 1; 1ᵀ 0] [β; ν] = [Z_A g; 0] (module docstring).
 
-    vertices ``[n, A, d]``, mask ``[n, A]``, grad ``[n, d]`` (all float64) → ``[n, d]``.
+    indices ``[n, A, K]`` (-1: no part), gram ``[n, A, A]``, support ``[n, A]``, grad ``[n, d]`` (float64) → ``[n, d]``.
     """
-    gram = torch.bmm(vertices, vertices.transpose(1, 2))
-    zg = torch.bmm(vertices, grad.unsqueeze(-1)).squeeze(-1)
-    beta = _solve_kkt(gram, mask, zg, 0.0)
-    return torch.bmm(beta.unsqueeze(1), vertices).squeeze(1)
+    part = indices >= 0
+    idx = indices.clamp_min(0)
+    beta = _solve_kkt(gram, support, _gather(grad, idx, part), 0.0)
+    return _combine(idx, part, beta, torch.zeros_like(grad))
 
 
 class _SparseMAPFunction(torch.autograd.Function):
     """μ = SparseMAP(s) with the sparse active-set backward J g (module docstring)."""
 
     @staticmethod
-    def forward(ctx, scores, structure, lengths, max_iter, tol, strict):
-        sol = sparsemap_active_set(structure, scores, lengths, max_iter=max_iter, tol=tol, strict=strict)
-        ctx.save_for_backward(sol.vertices, sol.weights > 0)
+    def forward(ctx, scores, structure, lengths, max_iter, tol, strict, init):
+        sol = sparsemap_active_set(structure, scores, lengths, max_iter=max_iter, tol=tol, strict=strict, init=init)
+        ctx.save_for_backward(sol.indices, sol.gram, sol.weights > 0)
         return sol.mu
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_mu):
-        vertices, support = ctx.saved_tensors
-        batch = vertices.shape[0]
-        z = vertices.reshape(batch, vertices.shape[1], -1).to(_WORK_DTYPE)
-        g = grad_mu.reshape(batch, -1).to(_WORK_DTYPE)
-        grad_scores = _active_face_jvp(z, support, g)
-        return grad_scores.to(grad_mu.dtype).reshape(grad_mu.shape), None, None, None, None, None
+        indices, gram, support = ctx.saved_tensors
+        g = grad_mu.reshape(grad_mu.shape[0], -1).to(_WORK_DTYPE)
+        grad_scores = _active_face_jvp(indices, gram, support, g)
+        return grad_scores.to(grad_mu.dtype).reshape(grad_mu.shape), None, None, None, None, None, None
 
 
 def sparsemap(
@@ -378,15 +615,16 @@ def sparsemap(
     max_iter: int | None = None,
     tol: float = 1e-6,
     strict: bool = True,
+    init: SparseMAPSolution | None = None,
 ) -> torch.Tensor:
     r"""SparseMAP for any structure with a MAP oracle: argmin_{μ ∈ conv(Z)} ½||μ - s||² (Niculae et al., 2018).
 
     Args:
-        structure: provides ``map(scores, lengths)``; nothing else is called.
+        structure: provides ``map_parts`` or ``map``; nothing else is called.
         scores: ``[batch, *part_shape]`` part scores s, float32 or float64, CPU or CUDA; must be finite.
-        lengths: ``[batch]`` or None, forwarded to ``map``.
-        max_iter, tol, strict: see :func:`sparsemap_active_set`. With ``strict=False`` the backward uses the last
-            iterate's active set (the Jacobian of the projection onto that face).
+        lengths: ``[batch]`` or None, forwarded to MAP.
+        max_iter, tol, strict, init: see :func:`sparsemap_active_set`. With ``strict=False`` the backward uses the
+            last iterate's active set (the Jacobian of the projection onto that face).
 
     Returns:
         μ ``[batch, *part_shape]``, same dtype and device as ``scores``, differentiable w.r.t. ``scores``: the
@@ -396,4 +634,4 @@ def sparsemap(
     Raises:
         SparseMAPConvergenceError: (``strict`` only) the tolerance was not met within ``max_iter`` iterations.
     """
-    return _SparseMAPFunction.apply(scores, structure, lengths, max_iter, tol, strict)
+    return _SparseMAPFunction.apply(scores, structure, lengths, max_iter, tol, strict, init)
