@@ -244,7 +244,7 @@ def _cky(
             value, split = x.max(1)
         else:
             if semiring == "sample":
-                split = (x + gumbel_like(x, generator)).argmax(1)
+                split = (x + gumbel_like(x, generator)).max(1).indices  # (argmax over dim 1 is ~5x slower)
             top = x.amax(1, keepdim=True)
             p = x.sub_(top).exp_()
             total = p.sum(1, keepdim=True)
