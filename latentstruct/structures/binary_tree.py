@@ -97,11 +97,11 @@ class BinaryTree(Structure):
         """A highest-scoring bracketing: 0/1 tensor ``[batch, n, n]`` in the scores' dtype, no gradient."""
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
-            pointers, _ = _cky(s.permute(1, 2, 0).contiguous(), "max")
+            pointers, _ = _cky(s, "max")
             return _backtrack(pointers, lengths, scores.dtype)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """log Σ_z exp <s, z> over bracketings (the inside algorithm), shape ``[batch]``; differentiable (twice)."""
+        """log Σ_z exp <s, z> over bracketings (the inside algorithm), shape ``[batch]``; differentiable (any order)."""
         return _log_partition(*_prepare(scores, lengths))
 
     def marginals(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -117,7 +117,7 @@ class BinaryTree(Structure):
         """z ~ p(z | s) ∝ exp <s, z> exactly (top-down sampling from the inside chart); 0/1 like ``map``."""
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
-            pointers, _ = _cky(s.permute(1, 2, 0).contiguous(), "sample", generator)
+            pointers, _ = _cky(s, "sample", generator)
             return _backtrack(pointers, lengths, scores.dtype)
 
     def enumerate(self, n: int) -> torch.Tensor:
@@ -226,15 +226,16 @@ def _children(chart: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _cky(
     s: torch.Tensor, semiring: str, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
-    """The chart over prepared batch-last scores ``[n, n, B]`` (contiguous), in place, without autograd.
+    """The chart over prepared scores ``[B, n, n]``, batch last and in place, without autograd.
 
     ``max``: returns the split pointers by width ``[n, n, B]`` (int64; at [w, i, b] the offset t = k - i of the
     best split of the span (i, i+w), w ≥ 1; ties to the smallest) and no weights. ``sample``: the same with splits
     drawn by Gumbel-max from the log-space chart. ``logsumexp``: no pointers, and the split probabilities
     p(k | i, i+w) per width w = 1..n-1, ``weights[w-1]`` ``[n-w, w, B]`` at [i, k - i].
     """
-    n, _, batch = s.shape
-    chart = s.clone()  # holds s[i, j] until the span's turn, when its ⊕ over the splits is added; β[i, i] = 0
+    batch, n, _ = s.shape
+    # [n, n, B]; holds s[i, j] until the span's turn, when its ⊕ over the splits is added; β[i, i] = s[i, i] = 0.
+    chart = _batch_last(s)
     pointers = None if semiring == "logsumexp" else s.new_zeros(n, n, batch, dtype=torch.long)
     weights = []
     for w in range(1, n):
@@ -273,9 +274,14 @@ def _root(chart: torch.Tensor, lengths: torch.Tensor, value: torch.Tensor) -> to
     return chart[0].scatter_(0, (lengths - 1).view(1, -1), value.view(1, -1).to(chart.dtype))
 
 
+def _batch_last(x: torch.Tensor) -> torch.Tensor:
+    """``[B, n, n]`` → a new contiguous batch-last chart ``[n, n, B]`` (with storage of its own: written in place)."""
+    return x.permute(1, 2, 0).clone(memory_format=torch.contiguous_format)
+
+
 def _by_example(chart: torch.Tensor) -> torch.Tensor:
-    """Batch-last chart ``[n, n, B]`` → ``[B, n, n]``, contiguous, only the parts (i < j) kept."""
-    return chart.permute(2, 0, 1).triu(1).contiguous()
+    """Batch-last chart ``[n, n, B]`` → ``[B, n, n]`` (contiguous), only the parts (i < j) kept."""
+    return chart.permute(2, 0, 1).triu(1)
 
 
 class _Marginals(torch.autograd.Function):
@@ -283,8 +289,8 @@ class _Marginals(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        _, weights = _cky(s.permute(1, 2, 0).contiguous(), "logsumexp")
-        mu = torch.zeros(s.shape[1], s.shape[2], s.shape[0], dtype=s.dtype, device=s.device)
+        _, weights = _cky(s, "logsumexp")
+        mu = s.new_zeros(s.shape[1], s.shape[2], s.shape[0])
         _root(mu, lengths, torch.ones_like(lengths))
         _top_down(mu, lambda w, parent: weights[w - 1] * parent)
         ctx.save_for_backward(lengths, mu, *weights)
@@ -296,8 +302,7 @@ class _Marginals(torch.autograd.Function):
         lengths, mu, *weights = ctx.saved_tensors
         n = mu.shape[0]
         # Junk in the gradient of padding spans (which get no share of the tree) must not reach the real ones.
-        g = grad.masked_fill(torch.arange(n, device=grad.device) >= lengths.view(-1, 1, 1), 0.0)
-        g = g.permute(1, 2, 0).contiguous()
+        g = _batch_last(grad.masked_fill(torch.arange(n, device=grad.device) >= lengths.view(-1, 1, 1), 0.0))
         tangent = torch.zeros_like(g)  # β̇, then μ̇
         centred = []  # β̇[i, k] + β̇[k+1, j] - Σ_k' p(k' | i, j) (β̇[i, k'] + β̇[k'+1, j]) per width
         for w in range(1, n):
