@@ -54,8 +54,8 @@ Every dynamic program loops over the span width only: all spans of one width, fo
 tensor ops. ``log_partition`` builds its chart functionally, in two layouts, by start ``X[b, i, w] = β[i, i+w]`` and
 by end ``X[b, j, w] = β[j-w, j]``, each grown by one column per width, so that both factors of every split are plain
 slices (the second one flipped) and autograd records only what each width reads. ``map``, ``exact_sample`` and
-``marginals`` (forward and backward), which record nothing, use one chart ``[n, n, B]`` allocated once instead, the
-item (i, j) at ``[i, j, b]``, batch last (contiguous, so that the elementwise ops vectorise): each width's items are
+``marginals`` (forward and backward), which record nothing, use instead a chart ``[n, n, B]`` allocated once per pass,
+the item (i, j) at ``[i, j, b]``, batch last (contiguous, so that the elementwise ops vectorise): each width's items are
 written in place on its diagonal and both factors of all its splits are strided views of the chart (``as_strided``),
 read and, top down, added to without copies, as in :mod:`latentstruct.structures.dependency`.
 
