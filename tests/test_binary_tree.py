@@ -142,6 +142,14 @@ def test_marginals_are_the_expected_tree(n, dtype):
         torch.testing.assert_close(mu[:, 0, n - 1], torch.ones_like(mu[:, 0, 0]), **_tol(dtype))
 
 
+def test_map_breaks_ties_towards_the_first_split():
+    # Zero scores tie every bracketing; each span then splits off its first leaf: the right-branching tree.
+    lengths = torch.tensor([6, 4, 1])
+    z = BinaryTree().map(torch.zeros(3, 6, 6), lengths)
+    for b, length in enumerate(lengths.tolist()):
+        assert _spans(z[b]) == {(i, length - 1) for i in range(length - 1)}
+
+
 def test_diagonal_and_lower_triangle_are_ignored():
     struct = BinaryTree()
     scores = _scores(3, 5, seed=7)
@@ -221,6 +229,41 @@ def test_marginals_gradcheck():
     lengths = torch.tensor([4, 3])
     assert torch.autograd.gradcheck(lambda s: struct.marginals(s), (scores,))
     assert torch.autograd.gradcheck(lambda s: struct.marginals(s, lengths), (scores,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_marginals_backward_is_the_hessian_vector_product(dtype):
+    # The hand-written backward (tangent inside-outside) against autograd's double backward of the log-partition, on
+    # a padded batch with forbidden constituents, junk in the padded scores and junk in the incoming gradient wherever
+    # the marginals are constant (padding, diagonal, lower triangle).
+    struct = BinaryTree()
+    n, lengths = 9, torch.tensor([9, 6, 1, 2, 8])
+    scores = _scores(len(lengths), n, dtype, seed=13)
+    scores[1, 0, 2] = scores[1, 3, 5] = scores[4, 0, 7] = float("-inf")
+    g = torch.randn(scores.shape, generator=torch.Generator().manual_seed(14), dtype=torch.float64).to(dtype)
+    part = torch.ones(n, n, dtype=torch.bool).triu(1) & (torch.arange(n) < lengths.view(-1, 1, 1))
+    g.diagonal(dim1=1, dim2=2).fill_(float("inf"))
+    g.masked_fill_(torch.ones(n, n, dtype=torch.bool).tril(-1), float("nan"))
+    for b, length in enumerate(lengths.tolist()):
+        scores[b, :, length:] = float("nan")
+        g[b, :, length:] = float("nan")
+    x = scores.clone().requires_grad_(True)
+    (ours,) = torch.autograd.grad(struct.marginals(x, lengths), x, g)
+    x = scores.clone().requires_grad_(True)
+    (mu,) = torch.autograd.grad(struct.log_partition(x, lengths).sum(), x, create_graph=True)
+    (expected,) = torch.autograd.grad((mu * torch.where(part, g, 0.0)).sum(), x)
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, expected, **_tol(dtype))
+    for b, length in enumerate(lengths.tolist()):
+        assert torch.all(ours[b, length:, :] == 0) and torch.all(ours[b, :, length:] == 0)
+    assert torch.all(ours.tril() == 0)
+
+
+def test_marginals_are_differentiable_once_only():
+    scores = _scores(2, 4).requires_grad_(True)
+    (grad,) = torch.autograd.grad((BinaryTree().marginals(scores) ** 2).sum(), scores, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
 
 
 # ----------------------------------------------------------------------------------------------------------- sample

@@ -15,23 +15,57 @@ The chart (Cocke; Kasami, 1965; Younger, 1967) holds β[i, j] = the ⊕ over the
     β[i, i] = 0,     β[i, j] = s[i, j] ⊗ ⊕_{i≤k<j} β[i, k] ⊗ β[k+1, j],     value = β[0, L-1].
 
 (⊕, ⊗) is (max, +) for ``map`` (CKY with back-pointers, then a batched top-down backtrack) and (logsumexp, +) for
-``log_partition``: the inside algorithm (Baker, 1979; Lari & Young, 1990), whose gradient — the marginals, from the
-base class — is the outside pass (Eisner, 2016). ``exact_sample`` draws a tree top-down from the inside chart: the
-full span, then recursively a split k of every chosen span (i, j) with probability ∝ exp(β[i, k] + β[k+1, j])
-(Johnson, Griffiths & Goldwater, 2007). The split of every span is drawn up front by Gumbel-max during the inside
-pass and then followed like CKY's back-pointers, which samples the same distribution since each span's split is
-drawn independently of the others.
+``log_partition``: the inside algorithm (Baker, 1979; Lari & Young, 1990). ``exact_sample`` draws a tree top-down
+from the inside chart: the full span, then recursively a split k of every chosen span (i, j) with probability
+∝ exp(β[i, k] + β[k+1, j]) (Johnson, Griffiths & Goldwater, 2007). The split of every span is drawn up front by
+Gumbel-max during the inside pass and then followed like CKY's back-pointers, which samples the same distribution
+since each span's split is drawn independently of the others.
+
+Marginals: the outside pass (Baker, 1979; Lari & Young, 1990). With α[i, j] the log of the total weight of the
+trees over 0..L-1 with the span (i, j) cut out (its parent's score included, its own excluded): α[0, L-1] = 0 and
+
+    α[i, j] = ⊕_{j<k<L} α[i, k] ⊗ s[i, k] ⊗ β[j+1, k]  ⊕  ⊕_{0≤h<i} α[h, j] ⊗ s[h, j] ⊗ β[h, i-1]
+
+(the span is the left child of (i, k) or the right child of (h, j)), and μ[i, j] = exp(α[i, j] + β[i, j] - log Z)
+with log Z = β[0, L-1]. ``marginals`` runs it in probability space, top down, which needs no log of a vanishing
+weight: with p(k | i, j) = exp(β[i, k] + β[k+1, j] + s[i, j] - β[i, j]) the probability that the span (i, j), if it
+is in the tree, splits at k (the softmax the inside pass computes anyway),
+
+    μ[0, L-1] = 1,     μ[i, j] = Σ_{j<k<L} μ[i, k] p(j | i, k)  +  Σ_{0≤h<i} μ[h, j] p(i-1 | h, j),
+
+the same numbers (exponentiate the log-space recursion term by term), and also the backward of the inside pass
+(Eisner, 2016), written by hand so that no autograd graph is recorded.
+
+Backward of the marginals. μ = ∇ log Z, so ∂<μ, g>/∂s = H g with H the (symmetric) Hessian of log Z, which equals
+the directional derivative μ̇ = d/dε μ(s + ε g): a tangent inside pass (the first-order expectation semiring of
+Li & Eisner, 2009: β̇[i, j] is the expected g-score of a bracketing of i..j)
+
+    β̇[i, i] = 0,     β̇[i, j] = g[i, j] + Σ_k p(k | i, j) (β̇[i, k] + β̇[k+1, j]),
+
+then the tangent of the top-down pass, with ṗ(k | i, j) = p(k | i, j) (β̇[i, k] + β̇[k+1, j] + g[i, j] - β̇[i, j]):
+
+    μ̇[0, L-1] = 0,     μ̇[child] = Σ_{parents} μ̇[parent] p(split) + μ[parent] ṗ(split).
+
+Derivative orders: ``log_partition`` is plain autograd (differentiable to any order); ``marginals`` is differentiable
+once (its backward is the tangent pass, itself not differentiable: a double backward raises); ``map`` and the
+samplers are constant.
 
 Every dynamic program loops over the span width only: all spans of one width, for the whole batch, are one set of
-tensor ops. The chart is kept in two layouts, by start ``X[b, i, w] = β[i, i+w]`` and by end ``X[b, j, w] =
-β[j-w, j]``, so that both factors of every split are plain slices (the second one flipped).
+tensor ops. ``log_partition`` builds its chart functionally, in two layouts, by start ``X[b, i, w] = β[i, i+w]`` and
+by end ``X[b, j, w] = β[j-w, j]``, each grown by one column per width, so that both factors of every split are plain
+slices (the second one flipped) and autograd records only what each width reads. ``map``, ``exact_sample`` and
+``marginals`` (forward and backward), which record nothing, use instead a chart ``[n, n, B]`` allocated once per pass,
+the item (i, j) at ``[i, j, b]``, batch last (contiguous, so that the elementwise ops vectorise): each width's items are
+written in place on its diagonal and both factors of all its splits are strided views of the chart (``as_strided``),
+read and, top down, added to without copies, as in :mod:`latentstruct.structures.dependency`.
 
 References: T. Kasami (1965), "An efficient recognition and syntax-analysis algorithm for context-free languages".
 D. Younger (1967), "Recognition and parsing of context-free languages in time n³", Information and Control.
 J. Baker (1979), "Trainable grammars for speech recognition". K. Lari, S. Young (1990), "The estimation of stochastic
 context-free grammars using the inside-outside algorithm", Computer Speech and Language. M. Johnson, T. Griffiths,
-S. Goldwater (2007), "Bayesian inference for PCFGs via Markov chain Monte Carlo", NAACL. J. Eisner (2016),
-"Inside-outside and forward-backward algorithms are just backprop".
+S. Goldwater (2007), "Bayesian inference for PCFGs via Markov chain Monte Carlo", NAACL. Z. Li, J. Eisner (2009),
+"First- and second-order expectation semirings with applications to minimum-risk training on translation forests",
+EMNLP. J. Eisner (2016), "Inside-outside and forward-backward algorithms are just backprop".
 """
 
 from __future__ import annotations
@@ -40,6 +74,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from latentstruct.structures.base import Structure, gumbel_like
 
@@ -51,8 +86,9 @@ class BinaryTree(Structure):
 
     Scores ``[batch, n, n]``, ``scores[b, i, j]`` (i < j) = score of the constituent over leaves i..j. ``lengths``
     ``[batch]`` (integer, each in 1..n; default n) is the number of leaves; padding may hold any value and is 0 in
-    every output. ``map`` is CKY in O(n³) with back-pointers, ``log_partition`` the inside algorithm in log space,
-    ``marginals`` (base class) its gradient (inside-outside), twice differentiable.
+    every output. ``map`` is CKY in O(n³) with back-pointers, ``log_partition`` the inside algorithm in log space
+    (differentiable to any order), ``marginals`` its gradient by inside-outside (differentiable once, by a tangent
+    inside-outside pass).
     """
 
     # ------------------------------------------------------------------------------------------------- interface
@@ -61,15 +97,16 @@ class BinaryTree(Structure):
         """A highest-scoring bracketing: 0/1 tensor ``[batch, n, n]`` in the scores' dtype, no gradient."""
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
-            _, pointers = _inside(s, lengths, semiring="max")
-            z = _backtrack(pointers, lengths)
-        return z.to(scores.dtype)
+            pointers, _ = _cky(s, "max")
+            return _backtrack(pointers, lengths, scores.dtype)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """log Σ_z exp <s, z> over bracketings (the inside algorithm), shape ``[batch]``; differentiable (twice)."""
-        s, lengths = _prepare(scores, lengths)
-        value, _ = _inside(s, lengths, semiring="logsumexp")
-        return value
+        """log Σ_z exp <s, z> over bracketings (the inside algorithm), shape ``[batch]``; differentiable (any order)."""
+        return _log_partition(*_prepare(scores, lengths))
+
+    def marginals(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """μ = E_p[z] ``[batch, n, n]`` by inside-outside; differentiable once (its backward is the tangent pass)."""
+        return _Marginals.apply(*_prepare(scores, lengths))
 
     def exact_sample(
         self,
@@ -80,9 +117,8 @@ class BinaryTree(Structure):
         """z ~ p(z | s) ∝ exp <s, z> exactly (top-down sampling from the inside chart); 0/1 like ``map``."""
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
-            _, pointers = _inside(s, lengths, semiring="sample", generator=generator)
-            z = _backtrack(pointers, lengths)
-        return z.to(scores.dtype)
+            pointers, _ = _cky(s, "sample", generator)
+            return _backtrack(pointers, lengths, scores.dtype)
 
     def enumerate(self, n: int) -> torch.Tensor:
         """Every bracketing of ``n`` leaves, ``[Catalan(n-1), n, n]`` (recursively over the root's split)."""
@@ -132,6 +168,14 @@ def _prepare(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.
     return s.clamp_min(torch.finfo(s.dtype).min / (4 * n)), lengths
 
 
+def _by_width(s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Span scores by start and width, ``span[w][b, i] = s[b, i, i+w]`` (rows i ≥ n - w hold junk, never read)."""
+    batch, n, _ = s.shape
+    pos = torch.arange(n, device=s.device)
+    # One gather and one unbind, so the backward is one scatter rather than a zero-filled [B, n, n] per width.
+    return s.gather(2, (pos.view(-1, 1) + pos).clamp_max(n - 1).expand(batch, n, n)).unbind(-1)
+
+
 def _append(layout: torch.Tensor, values: torch.Tensor, width: int, by_end: bool) -> torch.Tensor:
     """Add the width-``width`` column to a chart layout ``[B, n, width]`` → ``[B, n, width+1]``.
 
@@ -142,68 +186,160 @@ def _append(layout: torch.Tensor, values: torch.Tensor, width: int, by_end: bool
     return torch.cat([layout, padded.unsqueeze(-1)], dim=-1)
 
 
-def _inside(
-    s: torch.Tensor, lengths: torch.Tensor, semiring: str, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The chart over prepared scores ``[B, n, n]`` in the given semiring, vectorised over the width.
-
-    Returns the value β[0, L-1] ``[B]`` and, for ``max`` (argmax splits) and ``sample`` (log-space chart, splits
-    drawn by Gumbel-max), the split pointers ``[B, n, n]`` by start: ``pointers[b, i, w] = k - i`` for the span
-    (i, i+w) split into (i, k) and (k+1, i+w); width 0 is never split.
-    """
-    batch, n, _ = s.shape
+def _log_partition(s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """β[0, L-1] ``[B]`` over prepared scores ``[B, n, n]``: the inside algorithm built functionally (no in-place
+    writes) in the grown by-start / by-end layouts, hence differentiable any number of times."""
     # Width 0: single leaves, β = 0. Taken from the (zeroed) diagonal so that the value is a function of the scores
-    # even when no span is a part (n = 1), which the autograd marginals need.
+    # even when no span is a part (n = 1), which autograd needs.
     by_start = by_end = s.diagonal(0, 1, 2).unsqueeze(-1)
-    pointers = [torch.zeros(batch, n, dtype=torch.long, device=s.device)]
-    # Span scores by start, span[w][b, i] = s[b, i, i+w] (rows i ≥ n - w hold junk, never read): one gather and one
-    # unbind, so the backward is one scatter rather than a zero-filled [B, n, n] per width.
-    pos = torch.arange(n, device=s.device)
-    span = s.gather(2, (pos.view(-1, 1) + pos).clamp_max(n - 1).expand(batch, n, n)).unbind(-1)
+    span = _by_width(s)
+    n = s.shape[-1]
     for w in range(1, n):
         m = n - w  # spans (i, i+w), i = 0..m-1
         # Split offset t = k - i in 0..w-1: left (i, i+t) by start, right (i+t+1, i+w) by end at width w-1-t.
-        x = by_start[:, :m, :w] + by_end[:, w:, :w].flip(-1)  # [B, m, w]
-        if semiring == "max":
-            value, split = x.max(-1)
-        else:
-            value = torch.logsumexp(x, -1)
-            split = (x + gumbel_like(x, generator)).argmax(-1) if semiring == "sample" else None
-        value = value + span[w][:, :m]
+        value = torch.logsumexp(by_start[:, :m, :w] + by_end[:, w:, :w].flip(-1), -1) + span[w][:, :m]
         by_start = _append(by_start, value, w, by_end=False)
         by_end = _append(by_end, value, w, by_end=True)
-        if split is not None:
-            pointers.append(F.pad(split, (0, w)))
-    value = by_start[:, 0].gather(1, (lengths - 1).view(-1, 1)).squeeze(1)  # β[0, L-1]
-    return value, (torch.stack(pointers, -1) if semiring != "logsumexp" else None)
+    return by_start[:, 0].gather(1, (lengths - 1).view(-1, 1)).squeeze(1)
 
 
-def _backtrack(pointers: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Follow the split pointers top-down, whole batch at once, widths from widest to narrowest → bool ``[B, n, n]``.
+# ------------------------------------------------------------------------------- the batch-last chart, in place
 
-    ``active[b, i, w]`` marks the spans (i, i+w) of example b's tree (flattened, with one spare slot at the end that
-    absorbs the writes of inactive spans); every span splits into two strictly narrower ones.
+
+def _diagonal(chart: torch.Tensor, w: int) -> torch.Tensor:
+    """The items (i, i+w) of a contiguous batch-last chart ``[n, n, B]`` → a view ``[n-w, B]``."""
+    n, _, batch = chart.shape
+    return chart.as_strided((n - w, batch), ((n + 1) * batch, 1), chart.storage_offset() + w * batch)
+
+
+def _children(chart: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two children of every split of the spans of width ``w``, as views ``[n-w, w, B]`` of a contiguous
+    batch-last chart ``[n, n, B]``: at [i, t] the left child (i, i+t) and the right child (i+t+1, i+w)."""
+    n, _, batch = chart.shape
+    col, row, at = batch, n * batch, chart.storage_offset()  # strides from (i, j) to (i, j+1) and to (i+1, j)
+    shape = (n - w, w, batch)
+    left = chart.as_strided(shape, (row + col, col, 1), at)
+    right = chart.as_strided(shape, (row + col, row, 1), at + row + w * col)
+    return left, right
+
+
+def _cky(
+    s: torch.Tensor, semiring: str, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+    """The chart over prepared scores ``[B, n, n]``, batch last and in place, without autograd.
+
+    ``max``: returns the split pointers by width ``[n, n, B]`` (int64; at [w, i, b] the offset t = k - i of the
+    best split of the span (i, i+w), w ≥ 1; ties to the smallest) and no weights. ``sample``: the same with splits
+    drawn by Gumbel-max from the log-space chart. ``logsumexp``: no pointers, and the split probabilities
+    p(k | i, i+w) per width w = 1..n-1, ``weights[w-1]`` ``[n-w, w, B]`` at [i, k - i].
     """
-    batch, n, _ = pointers.shape
-    device = pointers.device
-    slots = n * n
-    active = torch.zeros(batch, slots + 1, dtype=torch.bool, device=device)
-    chart = active[:, :slots].view(batch, n, n)  # a view: sees later marks
-    z = torch.zeros(batch, n, n, dtype=torch.bool, device=device)
+    batch, n, _ = s.shape
+    # [n, n, B]; holds s[i, j] until the span's turn, when its ⊕ over the splits is added; β[i, i] = s[i, i] = 0.
+    chart = _batch_last(s)
+    pointers = None if semiring == "logsumexp" else s.new_zeros(n, n, batch, dtype=torch.long)
+    weights = []
+    for w in range(1, n):
+        left, right = _children(chart, w)
+        x = left + right  # [m, w, B]: β[i, i+t] + β[i+t+1, i+w]
+        if semiring == "max":
+            value, split = x.max(1)
+        else:
+            if semiring == "sample":
+                split = (x + gumbel_like(x, generator)).max(1).indices  # (argmax over dim 1 is ~5x slower)
+            top = x.amax(1, keepdim=True)
+            p = x.sub_(top).exp_()
+            total = p.sum(1, keepdim=True)
+            if semiring == "logsumexp":
+                weights.append(p.div_(total))
+            value = total.log_().add_(top).squeeze(1)
+        _diagonal(chart, w).add_(value)
+        if pointers is not None:
+            pointers[w, : n - w] = split
+    return pointers, weights
 
-    def mark(start: torch.Tensor, width: torch.Tensor, where: torch.Tensor) -> None:
-        index = torch.where(where, start * n + width, torch.full_like(start, slots))
-        active.scatter_(1, index.view(batch, -1), True)
 
-    mark(torch.zeros_like(lengths), lengths - 1, lengths >= 2)  # the full span (0, L-1); a single leaf has none
+def _top_down(chart: torch.Tensor, share) -> torch.Tensor:
+    """Push a quantity down the chart ``[n, n, B]`` in place, from the widest spans to the narrowest: every span of
+    width w adds ``share(w, chart's width-w items)`` ``[n-w, w, B]`` at [i, t] to both children of its split t."""
+    for w in range(chart.shape[0] - 1, 0, -1):
+        part = share(w, _diagonal(chart, w).unsqueeze(1))
+        left, right = _children(chart, w)
+        left.add_(part)
+        right.add_(part)
+    return chart
+
+
+def _root(chart: torch.Tensor, lengths: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Write ``value`` ``[B]`` at the full span (0, L-1) of each example of a batch-last chart ``[n, n, B]``."""
+    return chart[0].scatter_(0, (lengths - 1).view(1, -1), value.view(1, -1).to(chart.dtype))
+
+
+def _batch_last(x: torch.Tensor) -> torch.Tensor:
+    """``[B, n, n]`` → a new contiguous batch-last chart ``[n, n, B]`` (with storage of its own: written in place)."""
+    return x.permute(1, 2, 0).clone(memory_format=torch.contiguous_format)
+
+
+def _by_example(chart: torch.Tensor) -> torch.Tensor:
+    """Batch-last chart ``[n, n, B]`` → ``[B, n, n]`` (contiguous), only the parts (i < j) kept."""
+    return chart.permute(2, 0, 1).triu(1)
+
+
+class _Marginals(torch.autograd.Function):
+    """μ = ∇ log Z by inside-outside without autograd; backward H g by the tangent pass (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        _, weights = _cky(s, "logsumexp")
+        mu = s.new_zeros(s.shape[1], s.shape[2], s.shape[0])
+        _root(mu, lengths, torch.ones_like(lengths))
+        _top_down(mu, lambda w, parent: weights[w - 1] * parent)
+        ctx.save_for_backward(lengths, mu, *weights)
+        return _by_example(mu)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        lengths, mu, *weights = ctx.saved_tensors
+        n = mu.shape[0]
+        # Junk in the gradient of padding spans (which get no share of the tree) must not reach the real ones.
+        g = _batch_last(grad.masked_fill(torch.arange(n, device=grad.device) >= lengths.view(-1, 1, 1), 0.0))
+        tangent = torch.zeros_like(g)  # β̇, then μ̇
+        centred = []  # β̇[i, k] + β̇[k+1, j] - Σ_k' p(k' | i, j) (β̇[i, k'] + β̇[k'+1, j]) per width
+        for w in range(1, n):
+            left, right = _children(tangent, w)
+            x = left + right
+            mean = (weights[w - 1] * x).sum(1, keepdim=True)
+            torch.add(mean.squeeze(1), _diagonal(g, w), out=_diagonal(tangent, w))
+            centred.append(x.sub_(mean))
+        tangent.zero_()
+
+        def share(w, parent):
+            return torch.addcmul(parent, _diagonal(mu, w).unsqueeze(1), centred[w - 1]).mul_(weights[w - 1])
+
+        return _by_example(_top_down(tangent, share)), None
+
+
+def _backtrack(pointers: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Follow the split pointers by width ``[n, n, B]`` (as ``_cky`` returns them) top-down, whole batch at once,
+    widths from widest to narrowest → 0/1 ``[B, n, n]`` in ``dtype``.
+
+    ``on`` (a batch-last chart flattened to ``[n·n, B]``) marks the spans of example b's tree: every span of width w
+    adds its mark (0 or 1) to both children of its split, which are strictly narrower (each has one parent).
+    """
+    n, _, batch = pointers.shape
+    on = torch.zeros(n * n, batch, dtype=dtype, device=pointers.device)
+    _root(on.view(n, n, batch), lengths, lengths >= 2)  # a single leaf has no span
+    # Flat indices of both children of the span (i, j = i+w) split at k = i + t: (i, k) and (k+1, j), by width.
+    width = torch.arange(n, device=pointers.device).view(-1, 1, 1)
+    start = width.view(1, -1, 1)
+    left = start * (n + 1) + pointers
+    right = left + pointers * (n - 1) + (n + width)
+    chart, lefts, rights = on.view(n, n, batch), left.unbind(0), right.unbind(0)
     for w in range(n - 1, 0, -1):
-        m = n - w
-        start = torch.arange(m, device=device).expand(batch, m)
-        on, t = chart[:, :m, w].clone(), pointers[:, :m, w]
-        z.diagonal(w, 1, 2).copy_(on)
-        mark(start, t, on)  # left child (i, i+t)
-        mark(start + t + 1, w - 1 - t, on)  # right child (i+t+1, i+w)
-    return z
+        parent = _diagonal(chart, w).clone()  # a copy: the scatters' source may not overlap their target
+        on.scatter_add_(0, lefts[w][: n - w], parent)
+        on.scatter_add_(0, rights[w][: n - w], parent)
+    return _by_example(on.view(n, n, batch))
 
 
 @functools.cache
