@@ -238,10 +238,11 @@ class _ActiveSet:
     the current (feasible) weights; gram ``[m, A, A]``: <z_i, z_j> (valid on used slots); zs ``[m, A]``: <z_i, s>
     (0 on free slots); c ``[m]``: the KKT scaling; inv ``[m, A+1, A+1]``: P = K_A⁻¹ (the constraint first, zero rows
     and columns on free slots); x ``[m, A+1]`` = P (c, zs): the face solution (ν, α̂); threshold ``[m]``: the gap at
-    which an example has converged; stalled ``[m]``; lengths ``[m]`` or None (for MAP).
+    which an example has converged; stalled ``[m]``; newest ``[m]``: the slot of the vertex added last (-1: none);
+    lengths ``[m]`` or None (for MAP).
     """
 
-    fields = ("rows", "s", "idx", "part", "mask", "alpha", "gram", "zs", "c", "inv", "x", "threshold", "stalled")
+    fields = "rows s idx part mask alpha gram zs c inv x threshold stalled newest".split()
 
     def __init__(self, lengths, **values):
         self.lengths = lengths
@@ -272,6 +273,7 @@ class _ActiveSet:
             x=s.new_zeros(m, cap + 1),
             threshold=threshold,
             stalled=torch.zeros(m, dtype=torch.bool, device=s.device),
+            newest=torch.full((m,), -1, dtype=torch.long, device=s.device),
         )
         st.idx[:, 0], st.part[:, 0], st.mask[:, 0] = idx[:, 0], part[:, 0], True
         st.gram[:, 0, 0] = size
@@ -338,6 +340,7 @@ class _ActiveSet:
         self.part[at, slot] = z_part & ok[:, None]
         self.zs[at, slot] = torch.where(ok, zs, self.zs[at, slot])
         self.mask[at, slot] |= ok
+        self.newest = torch.where(ok, slot, self.newest)
         return dependent
 
     def drop(self, dropping: torch.Tensor, slot: torch.Tensor) -> None:
@@ -365,10 +368,11 @@ class _ActiveSet:
         ratio = torch.where(blocking, self.alpha / torch.where(blocking, self.alpha - a_hat, 1.0), math.inf)
         t, j = ratio.min(-1)
         t = t.clamp(0.0, 1.0)
-        # t = 0 means the blocking vertex is the one just added (the only weight that can be 0). In exact arithmetic
-        # its weight in α̂ is positive (α̂ moves μ along the part of z - μ orthogonal to the face, by <s - μ, z - μ>
-        # > 0), so this is round-off: dropping it would re-add it forever.
-        self.stalled |= infeasible & (t <= 0)
+        # t = 0: the blocking vertex has weight 0, either one whose face weight was clamped to 0 earlier (it just
+        # leaves) or the one just added. In exact arithmetic the latter's weight in α̂ is positive (α̂ moves μ along
+        # the part of z - μ orthogonal to the face, by <s - μ, z - μ> > 0), so this is round-off: dropping it would
+        # re-add it forever.
+        self.stalled |= infeasible & (t <= 0) & (j == self.newest)
         moved = self.alpha + t[:, None] * (a_hat - self.alpha)
         moved = moved.scatter(1, j[:, None], 0.0).clamp_min(0.0) * self.mask
         self.alpha = torch.where(infeasible[:, None], moved / moved.sum(-1, keepdim=True), self.alpha)
