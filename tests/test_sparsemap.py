@@ -353,3 +353,43 @@ def test_points_near_a_vertex_converge(name):
     x = z + 1e-3 * torch.randn(64, 9, 9, generator=g) * (torch.rand(64, 9, 9, generator=g) < 0.3)
     sol = sparsemap_active_set(structure, x)  # strict: raises if an example stalls
     assert (sol.gap <= 1e-6 * (x.abs().flatten(1).amax(-1) * z.flatten(1).sum(-1)).clamp_min(1)).all()
+
+
+def test_warm_start():
+    """init = a previous solution: the same projection; from the solution itself, converged after one MAP call; from
+    the solution of nearby scores, fewer MAP calls than a cold start."""
+    from latentstruct.structures import ProjectiveDepTree
+
+    tree = ProjectiveDepTree()
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(6, 9, 9, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([8, 8, 5, 3, 8, 1])
+    cold = sparsemap_active_set(tree, s, lengths, tol=TIGHT)
+    again = sparsemap_active_set(tree, s, lengths, tol=TIGHT, init=cold)
+    torch.testing.assert_close(again.mu, cold.mu, atol=1e-9, rtol=0)
+    assert again.map_calls == 1 and again.iterations == 1
+    near = s + 0.01 * torch.randn(s.shape, generator=g, dtype=torch.float64)
+    warm = sparsemap_active_set(tree, near, lengths, tol=TIGHT, init=cold)
+    fresh = sparsemap_active_set(tree, near, lengths, tol=TIGHT)
+    torch.testing.assert_close(warm.mu, fresh.mu, atol=1e-6, rtol=0)
+    assert warm.map_calls < fresh.map_calls
+    # the differentiable form accepts it too, and its gradient is the active face's
+    x = near.clone().requires_grad_(True)
+    (sparsemap(tree, x, lengths, init=cold) * near).sum().backward()
+    torch.testing.assert_close(x.grad, _vjp(lambda y: sparsemap(tree, y, lengths), near, near), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="same batch"):
+        sparsemap_active_set(tree, s[:3], lengths[:3], init=cold)
+
+
+def test_refreshing_the_inverse_changes_nothing(monkeypatch):
+    """The updated inverse of the KKT matrix agrees with one recomputed from the Gram matrix (forced every check)."""
+    import latentstruct.structures.sparsemap as module
+
+    struct = VertexList(_random_vertex_list(d=8, v=40, seed=81))
+    s = _scores((6, 8), 0.5, seed=82)
+    updated = sparsemap_active_set(struct, s, tol=TIGHT)
+    monkeypatch.setattr(module, "_REFRESH_TOL", -1.0)  # every residual counts as too large
+    monkeypatch.setattr(module, "_CHECK_EVERY", 1)
+    refreshed = sparsemap_active_set(struct, s, tol=TIGHT)
+    torch.testing.assert_close(refreshed.mu, updated.mu, atol=1e-9, rtol=0)
+    torch.testing.assert_close(refreshed.weights, updated.weights, atol=1e-9, rtol=0)
