@@ -50,8 +50,8 @@ export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu
-# bench-layers: a git revision to time beside the current tree (empty: the current tree only), e.g.
-# BENCH_BASELINE=645b4f9 for the before / after table; BENCH_LAYERS_ARGS: more options of bench/layers.py.
+# bench-structures / bench-layers: a git revision to time beside the current tree (empty: the current tree only),
+# e.g. BENCH_BASELINE=645b4f9 for the before / after tables; BENCH_LAYERS_ARGS: more options of bench/layers.py.
 BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
 SWEEP := hydra/launcher=joblib hydra.launcher.n_jobs=$(JOBS) trainer.threads=1 trainer.progress=false \
@@ -175,9 +175,9 @@ $(BENCH_DEPS)/.installed:
 		supar==1.1.4 torch-struct==0.5 nltk dill regex
 	touch $@
 
-bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs SuPar / torch-struct -> results/bench/ (BENCH_DEVICE=cuda on a GPU)
+bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs SuPar / torch-struct -> results/bench/ (BENCH_DEVICE=cuda on a GPU; BENCH_BASELINE=645b4f9: before / after)
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python -W ignore::UserWarning bench/structures.py --device $(BENCH_DEVICE) \
-		--out results/bench/structures$(if $(filter-out cpu,$(BENCH_DEVICE)),_$(BENCH_DEVICE)).md
+		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) --out results/bench/structures$(if $(filter-out cpu,$(BENCH_DEVICE)),_$(BENCH_DEVICE)).md
 
 bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
 	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \

@@ -52,6 +52,7 @@ ratio to its task's baseline step) and every run's raw numbers in the JSON besid
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -75,6 +76,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this tree's latentstruct (its commit heads the table), not another installed copy
 
+from bench.trees import Tree, baseline_tree, check_import, cpu_name, this_tree, tree_env  # noqa: E402
 from latentstruct.records import environment  # noqa: E402
 
 
@@ -183,38 +185,8 @@ def steady_seconds(warm: dict[str, Any] | None, main: dict[str, Any]) -> float:
 # ----------------------------------------------------------------------------------------------------------- running
 
 
-@dataclass
-class Tree:
-    """A checkout whose ``latentstruct`` is run: "now" (this one) or "before" (a worktree of the baseline)."""
-
-    label: str
-    path: Path
-    commit: str  # full hash of its HEAD
-
-
-def _git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
-
-
 def _env(tree: Tree, data_dir: Path, threads: int) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree.path), LATENTSTRUCT_DATA=str(data_dir), HYDRA_FULL_ERROR="1")
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
-
-
-def check_import(tree: Tree, data_dir: Path, threads: int) -> str:
-    """The ``latentstruct/__init__.py`` a subprocess of this tree imports; raises unless it is the tree's own."""
-    out = subprocess.run(
-        [sys.executable, "-c", "import latentstruct; print(latentstruct.__file__)"],
-        cwd=tree.path,
-        env=_env(tree, data_dir, threads),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    if not Path(out).resolve().is_relative_to(tree.path.resolve()):
-        raise RuntimeError(f"the {tree.label} tree imports latentstruct from {out}, not from {tree.path}")
-    return out
+    return tree_env(tree, threads, LATENTSTRUCT_DATA=str(data_dir), HYDRA_FULL_ERROR="1")
 
 
 def _children_cpu() -> float:
@@ -467,16 +439,6 @@ def failures(results: dict[str, dict[str, list]]) -> list[str]:
     return lines
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _default_data_dir() -> Path:
     return Path(os.environ.get("LATENTSTRUCT_DATA") or ROOT.parent / "shared" / "data").resolve()
 
@@ -521,24 +483,19 @@ def main(argv=None) -> int:
     env = environment(torch.device("cpu"))
     start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-layers-"))
-    trees = [Tree("now", ROOT, _git("rev-parse", "HEAD"))]
+    trees = [this_tree()]
     baseline = None
     try:
-        if args.baseline:
-            commit = _git("rev-parse", "--verify", f"{args.baseline}^{{commit}}")
-            path = work / "baseline"
-            _git("worktree", "add", "--detach", "--quiet", str(path), commit)
-            trees.insert(0, Tree("before", path, commit))
-            baseline = {"rev": args.baseline, "commit": commit, "subject": _git("log", "-1", "--format=%s", commit)}
-        for tree in trees:
-            print(f"{tree.label}: {tree.commit[:12]} imports {check_import(tree, args.data_dir, args.threads)}")
-        print(f"{len(configs)} configurations × {len(trees)} tree(s) × {args.repeats} repeat(s); runs in {work}")
-        results = benchmark(trees, configs, args, work)
+        with contextlib.ExitStack() as stack:
+            if args.baseline:
+                tree, baseline = stack.enter_context(baseline_tree(args.baseline, work))
+                trees.insert(0, tree)
+            for tree in trees:
+                imported = check_import(tree, _env(tree, args.data_dir, args.threads))
+                print(f"{tree.label}: {tree.commit[:12]} imports {imported}")
+            print(f"{len(configs)} configurations × {len(trees)} tree(s) × {args.repeats} repeat(s); runs in {work}")
+            results = benchmark(trees, configs, args, work)
     finally:
-        if baseline is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(work / "baseline")], check=False
-            )
         shutil.rmtree(work, ignore_errors=True)
 
     rows = summarize(results, configs)

@@ -1,11 +1,13 @@
-"""Benchmark: latentstruct's structures next to the libraries people use today, measured in the same process.
+"""Benchmark: latentstruct's structures next to the libraries people use today, and next to an older commit.
 
     python bench/structures.py --out results/bench/structures.md [--device cuda] [--sizes 10 30 60] [--batch 32]
+                               [--baseline REV] [--only projective ...] [--threads T]
 
-For every structure and operation — ``map``, ``marginals``, ``marginals+backward`` (the marginals, then a backward
-pass of <μ, g> through them: a second derivative of the log-partition) and ``sparsemap+backward`` — it reports the
-median wall time over repetitions at batch 32 and n ∈ {10, 30, 60}, and, where a reference implementation exists,
-its time on the same inputs and the ratio ours/theirs:
+For every structure and operation — ``map``, ``map_parts`` (MAP as part indices, the SparseMAP solver's oracle, where
+the structure has its own), ``marginals``, ``marginals+backward`` (the marginals, then a backward pass of <μ, g>
+through them: a second derivative of the log-partition) and ``sparsemap+backward`` — it reports the median wall time
+over repetitions at batch 32 and n ∈ {10, 30, 60}, and, where a reference implementation exists, its time on the
+same inputs and the ratio ours/theirs:
 
 * projective trees — SuPar ``DependencyCRF`` (Eisner; ``argmax``, ``marginals``), ``multiroot=True``;
 * non-projective trees — SuPar ``MatrixTree`` (Chu-Liu-Edmonds ``argmax``, Matrix-Tree ``marginals``);
@@ -17,35 +19,57 @@ PYTHONPATH (``make bench-structures`` does this): they are never dependencies of
 reference is reported as such. Before timing, each reference is checked to compute the same thing as ours (the
 largest absolute difference of the log-partition or the marginals is printed in the table's notes).
 
-All examples have full length (no padding). Scores are i.i.d. N(0, 1); the SparseMAP solver's work depends on the
-scale of the scores (how many vertices the solution mixes), so its iteration count is reported too.
+**SparseMAP.** For the generic active-set solver it also reports the iterations, the batched MAP calls, the mean
+support size, the *oracle share* — iterations × the time of one call of the solver's MAP oracle on the whole batch /
+the time of ``sparsemap+backward`` (the definition of issue #17; it over-counts when examples retire early or an
+iteration is a drop step) — and the time actually spent inside the oracle's calls, measured (a timer around them).
+
+**Before / now.** ``--baseline REV`` checks REV out into a temporary ``git worktree`` and times the same operations
+there: this script re-runs itself in a subprocess (``--worker``) with ``PYTHONPATH`` = that worktree, so that the
+older ``latentstruct`` computes on the same inputs (same seeds), interleaved with this tree structure by structure.
+A warm-start section compares the solver started cold with one started at the solution of nearby scores.
+
+All examples have full length (no padding). Scores are i.i.d. N(0, 1), except where a note says otherwise; the
+SparseMAP solver's work depends on the scale of the scores (how many vertices the solution mixes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import json
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from latentstruct.records import environment
-from latentstruct.structures import (
+ROOT = Path(__file__).resolve().parent.parent
+if "--worker" not in sys.argv:  # a worker imports the latentstruct of the tree it runs in (PYTHONPATH)
+    sys.path.insert(0, str(ROOT))
+
+from latentstruct.records import environment  # noqa: E402
+from latentstruct.structures import (  # noqa: E402
     BinaryTree,
     Matching,
     NonProjectiveDepTree,
     ProjectiveDepTree,
     SequenceTagging,
+    Structure,
     TopK,
 )
-from latentstruct.structures.sparsemap import sparsemap_active_set
+from latentstruct.structures.sparsemap import sparsemap_active_set  # noqa: E402
 
 NUM_TAGS = 17  # BIOES over the four CoNLL-2003 entity types, as in the NER task
 TOP_K = 5
+WARM_N = 30  # the size of the warm-start comparison
+WARM_NOISE = (0.01, 0.1)
 
 
 # ---------------------------------------------------------------------------------------------------------- timing
@@ -59,7 +83,7 @@ def _sync(device: torch.device) -> None:
 def median_ms(fn, device: torch.device, budget_s: float = 1.0, min_reps: int = 3, max_reps: int = 25) -> float:
     """Median wall time of ``fn()`` in milliseconds over ≥ ``min_reps`` repetitions, within about ``budget_s``.
 
-    The first call is a warm-up, except for calls slower than the budget (SparseMAP at n = 60 takes seconds), where
+    The first call is a warm-up, except for calls slower than the budget (SparseMAP at n = 60 took seconds), where
     warm-up effects are negligible: it then counts as the first of ``min_reps`` repetitions.
     """
     times: list[float] = []
@@ -78,6 +102,36 @@ def median_ms(fn, device: torch.device, budget_s: float = 1.0, min_reps: int = 3
     return 1e3 * statistics.median(times)
 
 
+@contextlib.contextmanager
+def oracle_timer(structure, device):
+    """Time every call of the structure's MAP (``map`` and ``map_parts``, the outermost call only) → ``[seconds]``."""
+    spent = [0.0]
+    depth = [0]
+    originals = {name: getattr(structure, name) for name in ("map", "map_parts") if hasattr(structure, name)}
+
+    def wrap(fn):
+        def timed(*args, **kwargs):
+            depth[0] += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    _sync(device)
+                    spent[0] += time.perf_counter() - t0
+
+        return timed
+
+    for name, fn in originals.items():
+        setattr(structure, name, wrap(fn))
+    try:
+        yield spent
+    finally:
+        for name in originals:
+            delattr(structure, name)  # the class's method again
+
+
 # ------------------------------------------------------------------------------------------------ our operations
 
 
@@ -89,9 +143,16 @@ def _with_backward(forward, scores, direction):
     return run
 
 
+def _solver_oracle(structure):
+    """The MAP the SparseMAP solver calls: ``map_parts`` where the structure has one (this tree), else ``map``."""
+    return getattr(structure, "map_parts", structure.map)
+
+
 def our_ops(structure, scores) -> dict:
     direction = torch.randn_like(scores)
     ops = {"map": lambda: structure.map(scores)}
+    if hasattr(Structure, "map_parts") and type(structure).map_parts is not Structure.map_parts:
+        ops["map_parts"] = lambda: structure.map_parts(scores)
     try:
         structure.marginals(scores[:1])
     except NotImplementedError:
@@ -101,6 +162,29 @@ def our_ops(structure, scores) -> dict:
         ops["marginals+backward"] = _with_backward(structure.marginals, scores, direction)
     ops["sparsemap+backward"] = _with_backward(structure.sparsemap, scores, direction)
     return ops
+
+
+def solver_stats(structure, scores, total_ms: float, device) -> dict:
+    """Iterations, MAP calls, support and oracle shares of one ``sparsemap_active_set`` on ``scores``."""
+    sol = sparsemap_active_set(structure, scores)
+    one_call = median_ms(lambda: _solver_oracle(structure)(scores), device)
+    direction = torch.randn_like(scores)
+    inside, total = [], []
+    for _ in range(3):
+        with oracle_timer(structure, device) as spent:
+            t0 = time.perf_counter()
+            _with_backward(structure.sparsemap, scores, direction)()
+            _sync(device)
+            total.append(time.perf_counter() - t0)
+        inside.append(spent[0])
+    return {
+        "iterations": sol.iterations,
+        "map_calls": getattr(sol, "map_calls", None),
+        "support": (sol.weights > 0).sum(-1).double().mean().item(),
+        "oracle_ms": one_call,
+        "oracle_share": sol.iterations * one_call / total_ms,
+        "in_map": sum(inside) / sum(total),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- reference adapters
@@ -211,11 +295,48 @@ def suite():
     ]
 
 
-def run(sizes, batch, device, only=None, log=print):
+def _inputs(shape, n, batch, device):
+    gen = torch.Generator(device=device).manual_seed(n)
+    return torch.randn(*shape(batch, n), generator=gen, device=device)
+
+
+def time_ours(name, structure, shape, n, batch, device) -> dict:
+    """Every operation of ours on one structure and size (what a ``--worker`` prints for its tree)."""
+    torch.manual_seed(n)
+    scores = _inputs(shape, n, batch, device)
+    out = {op: median_ms(fn, device) for op, fn in our_ops(structure, scores).items()}
+    if not isinstance(structure, TopK):  # TopK: closed form
+        out.update(solver_stats(structure, scores, out["sparsemap+backward"], device))
+    return out
+
+
+def _selected(only):
+    return [s for s in suite() if not only or any(s[0].startswith(o) for o in only)]
+
+
+def worker(args) -> int:
+    """Time ours for ``--only`` / ``--sizes`` in this process's latentstruct and print one JSON line per size."""
+    device = torch.device(args.device)
+    for name, structure, shape, _ in _selected(args.only):
+        for n in args.sizes:
+            print(json.dumps({"structure": name, "n": n, **time_ours(name, structure, shape, n, args.batch, device)}))
+    return 0
+
+
+def time_baseline(tree, env, name, n, args) -> dict:
+    """Run this script as a worker in the baseline tree for one structure and size; its timings (or the error)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--only", name, "--sizes", str(n)]
+    cmd += ["--batch", str(args.batch), "--device", args.device]
+    proc = subprocess.run(cmd, cwd=tree.path, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(args, device, before=None, log=print):
+    """The rows (structure, n, op: ours, reference, before) and the notes. ``before`` = (tree, env) or None."""
     rows, notes = [], []
-    for name, structure, shape, reference in suite():
-        if only and not any(name.startswith(o) for o in only):
-            continue
+    for index, (name, structure, shape, reference) in enumerate(_selected(args.only)):
         ref = None
         if reference is not None:
             try:
@@ -225,31 +346,74 @@ def run(sizes, batch, device, only=None, log=print):
                 ref = (ref_name, ref_ops)
             except Exception as err:  # noqa: BLE001 — a broken reference is a result to report, not a crash
                 notes.append(f"{name}: reference unavailable ({type(err).__name__}: {err}).")
-        for n in sizes:
-            gen = torch.Generator(device=device).manual_seed(n)
-            scores = torch.randn(*shape(batch, n), generator=gen, device=device)
-            theirs = {}
+        for k, n in enumerate(args.sizes):
+            theirs, old = {}, {}
+            baseline_first = (index + k) % 2 == 0  # interleave: the order alternates
+            if before is not None and baseline_first:
+                old = time_baseline(*before, name, n, args)
+            ours = time_ours(name, structure, shape, n, args.batch, device)
+            if before is not None and not baseline_first:
+                old = time_baseline(*before, name, n, args)
+            if "error" in old:
+                notes.append(f"{name}, n = {n}: the baseline failed ({old['error']}).")
             if ref is not None:
+                scores = _inputs(shape, n, args.batch, device)
                 try:
                     theirs = {op: median_ms(fn, device) for op, fn in ref[1](scores).items()}
                 except Exception as err:  # noqa: BLE001
                     notes.append(f"{name}, n = {n}: {ref[0]} failed ({type(err).__name__}: {err}).")
-            for op, fn in our_ops(structure, scores).items():
-                ours = median_ms(fn, device)
+            for op in [op for op in ours if op in ("map", "map_parts", "marginals", "marginals+backward")] + [
+                "sparsemap+backward"
+            ]:
                 row = {
                     "structure": name,
                     "n": n,
                     "op": op,
-                    "ours_ms": ours,
+                    "ours_ms": ours[op],
+                    "before_ms": old.get(op),
                     "reference": ref[0] if ref else "—",
                     "theirs_ms": theirs.get(op),
-                    "ratio": ours / theirs[op] if op in theirs else None,
                 }
-                if op == "sparsemap+backward" and not isinstance(structure, TopK):  # TopK: closed form
-                    row["iterations"] = sparsemap_active_set(structure, scores).iterations
+                if op == "sparsemap+backward":
+                    stats = ("iterations", "map_calls", "support", "oracle_ms", "oracle_share", "in_map")
+                    row |= {key: ours.get(key) for key in stats}
+                    row |= {f"before_{key}": old.get(key) for key in stats}
+                    row["marginals_ms"] = ours.get("marginals+backward")
                 rows.append(row)
                 log(_line(row))
     return rows, notes
+
+
+def warm_start(args, device, log=print) -> list[dict]:
+    """Cold vs warm SparseMAP on scores s + ε N(0, 1), the warm one started at the solution for s."""
+    rows = []
+    for name, structure, shape, _ in _selected(args.only):
+        if isinstance(structure, TopK):
+            continue
+        scores = _inputs(shape, WARM_N, args.batch, device)
+        previous = sparsemap_active_set(structure, scores)
+        for eps in WARM_NOISE:
+            noise = torch.randn(scores.shape, generator=torch.Generator(device=device).manual_seed(1), device=device)
+            near = scores + eps * noise
+            cold = sparsemap_active_set(structure, near)
+            warm = sparsemap_active_set(structure, near, init=previous)
+            solve = functools.partial(sparsemap_active_set, structure, near)
+            row = {
+                "structure": name,
+                "eps": eps,
+                "cold_calls": cold.map_calls,
+                "warm_calls": warm.map_calls,
+                "cold_iterations": cold.iterations,
+                "warm_iterations": warm.iterations,
+                "cold_ms": median_ms(solve, device),
+                "warm_ms": median_ms(functools.partial(solve, init=previous), device),
+            }
+            rows.append(row)
+            log(
+                f"  warm start {name:22s} ε={eps}: MAP calls {row['cold_calls']} → {row['warm_calls']}, "
+                f"{row['cold_ms']:.1f} → {row['warm_ms']:.1f} ms"
+            )
+    return rows
 
 
 def batch_scaling(device, n=30, batches=(1, 32, 256), log=print):
@@ -265,52 +429,113 @@ def batch_scaling(device, n=30, batches=(1, 32, 256), log=print):
     return rows
 
 
-def _fmt(x, digits=1):
-    return "—" if x is None else f"{x:.{digits}f}"
+# ------------------------------------------------------------------------------------------------------------ report
+
+
+def _fmt(x, digits=1, suffix=""):
+    return "—" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def _ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def _line(row) -> str:
-    extra = f"  ({row['iterations']} iterations)" if "iterations" in row else ""
+    extra = ""
+    if row["op"] == "sparsemap+backward" and row.get("iterations") is not None:
+        extra = f"  ({row['iterations']} it, oracle share {row['oracle_share']:.2f}, in MAP {row['in_map']:.2f})"
     return (
-        f"  {row['structure']:22s} n={row['n']:3d} {row['op']:20s} ours {row['ours_ms']:9.2f} ms"
-        f"  theirs {_fmt(row['theirs_ms'], 2):>9s} ms  ratio {_fmt(row['ratio'], 2)}{extra}"
+        f"  {row['structure']:22s} n={row['n']:3d} {row['op']:20s} now {row['ours_ms']:9.2f} ms"
+        f"  before {_fmt(row['before_ms'], 2):>9s}  theirs {_fmt(row['theirs_ms'], 2):>9s}{extra}"
     )
 
 
-def write_markdown(path: Path, rows, notes, scaling, args, device) -> None:
+def write_markdown(path: Path, rows, notes, warm, scaling, args, device, baseline) -> None:
     env = environment(device)
+    before = baseline is not None
     lines = [
         "# Structures benchmark",
         "",
-        f"Median wall time (ms) per call at batch {args.batch}, float32, {device.type.upper()}; ratio = ours / theirs "
-        "(< 1: ours faster). Both sides run in the same process on the same inputs.",
+        f"Median wall time (ms) per call at batch {args.batch}, float32, {device.type.upper()}, i.i.d. N(0, 1) scores"
+        + (
+            f"; **before** = commit {baseline['commit'][:12]} ({baseline['subject']}), **now** = this tree, the "
+            "same inputs, timed structure by structure in alternation"
+            if before
+            else ""
+        )
+        + ". Reference libraries run in the same process on the same inputs; ratio = now / theirs (< 1: ours faster).",
         "",
         f"- git commit: {env['git_commit']}{' (dirty)' if env['git_dirty'] else ''}",
         f"- hardware: {env['hardware']} ({platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} torch threads)",
         f"- torch {torch.__version__}, Python {platform.python_version()}",
         f"- generated: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- regenerate with: `make bench-structures` (`{' '.join(sys.argv)}`)",
+        f"- regenerate with: `make bench-structures{f' BENCH_BASELINE={args.baseline}' if before else ''}` "
+        f"(`{' '.join(sys.argv)}`)",
         "",
-        "| structure | n | operation | ours (ms) | reference | theirs (ms) | ours / theirs | SparseMAP iterations |",
-        "|---|---|---|---|---|---|---|---|",
+        "## SparseMAP + backward",
+        "",
+        "Iterations, MAP calls (batched) and support (vertices with positive weight, mean over the batch) of the "
+        "active-set solver; **oracle share** = iterations × one call of the solver's MAP oracle on the whole batch / "
+        "the total (issue #17's definition; the oracle is `map_parts` where the structure has one, else `map`); **in "
+        "MAP** = the time measured inside the oracle's calls / the total; **÷ marg.** = the time over the structure's "
+        "marginals+backward. TopK has a closed form.",
+        "",
     ]
+    head = "| structure | n |" + (" before (ms) | before it. |" if before else "")
+    head += " now (ms) |" + (" speed-up |" if before else "")
+    head += " iterations | MAP calls | support | oracle share | in MAP | ÷ marg. |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        lines.append(
-            f"| {r['structure']} | {r['n']} | {r['op']} | {_fmt(r['ours_ms'], 2)} | {r['reference']} | "
-            f"{_fmt(r['theirs_ms'], 2)} | {_fmt(r['ratio'], 2)} | {r.get('iterations', '')} |"
-        )
-    lines += [
-        "",
-        "## SparseMAP vs marginals (ours)",
-        "",
-        "sparsemap+backward time / marginals+backward time, same structure and n.",
-        "",
-    ]
-    by = {(r["structure"], r["n"], r["op"]): r["ours_ms"] for r in rows}
-    for (structure, n, op), ms in by.items():
-        if op == "sparsemap+backward" and (structure, n, "marginals+backward") in by:
-            lines.append(f"- {structure}, n = {n}: {ms / by[(structure, n, 'marginals+backward')]:.1f}×")
+        if r["op"] != "sparsemap+backward":
+            continue
+        cells = [r["structure"], str(r["n"])]
+        if before:
+            cells += [_fmt(r["before_ms"]), str(r.get("before_iterations") or "—")]
+        cells.append(_fmt(r["ours_ms"]))
+        if before:
+            cells.append(_fmt(_ratio(r["before_ms"], r["ours_ms"]), 1, "×"))
+        cells += [
+            str(r.get("iterations") or "—"),
+            str(r.get("map_calls") or "—"),
+            _fmt(r.get("support"), 0),
+            _fmt(r.get("oracle_share"), 2),
+            _fmt(r.get("in_map"), 2),
+            _fmt(_ratio(r["ours_ms"], r.get("marginals_ms")), 1, "×"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## MAP and marginals", ""]
+    head = "| structure | n | operation |" + (" before (ms) |" if before else "") + " now (ms) |"
+    head += (" speed-up |" if before else "") + " reference | theirs (ms) | now / theirs |"
+    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r["op"] == "sparsemap+backward":
+            continue
+        cells = [r["structure"], str(r["n"]), r["op"]]
+        if before:
+            cells.append(_fmt(r["before_ms"], 2))
+        cells.append(_fmt(r["ours_ms"], 2))
+        if before:
+            cells.append(_fmt(_ratio(r["before_ms"], r["ours_ms"]), 1, "×"))
+        cells += [r["reference"], _fmt(r["theirs_ms"], 2), _fmt(_ratio(r["ours_ms"], r["theirs_ms"]), 2)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if warm:
+        lines += [
+            "",
+            f"## SparseMAP warm start (n = {WARM_N})",
+            "",
+            "The solver on scores s + ε N(0, 1), started cold (at MAP) or warm (`init=` the solution for s). Warm "
+            "starts save MAP calls only for nearby scores: for distant ones the old vertices must leave one drop step "
+            "at a time.",
+            "",
+            "| structure | ε | MAP calls cold → warm | iterations cold → warm | cold (ms) | warm (ms) |",
+            "|---|---|---|---|---|---|",
+        ]
+        for w in warm:
+            lines.append(
+                f"| {w['structure']} | {w['eps']} | {w['cold_calls']} → {w['warm_calls']} | "
+                f"{w['cold_iterations']} → {w['warm_iterations']} | {w['cold_ms']:.1f} | {w['warm_ms']:.1f} |"
+            )
     if scaling:
         lines += [
             "",
@@ -323,6 +548,7 @@ def write_markdown(path: Path, rows, notes, scaling, args, device) -> None:
     lines += ["", "## Notes", "", *[f"- {n}" for n in notes]]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
+    path.with_suffix(".json").write_text(json.dumps({"rows": rows, "warm": warm, "scaling": scaling}, indent=1) + "\n")
 
 
 def main(argv=None) -> int:
@@ -332,14 +558,32 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 30, 60])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--only", nargs="*", help="structure name prefixes to run (default: all)")
+    parser.add_argument("--baseline", metavar="REV", help="a git revision to time beside this tree (the 'before')")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--no-scaling", action="store_true", help="skip the batch-scaling section")
+    parser.add_argument("--no-warm", action="store_true", help="skip the warm-start section")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.worker:
+        return worker(args)
+    from bench.trees import baseline_tree, check_import, tree_env
+
     device = torch.device(args.device)
     torch.manual_seed(0)
     print(f"benchmarking on {device} with {torch.get_num_threads()} threads")
-    rows, notes = run(args.sizes, args.batch, device, args.only)
+    with tempfile.TemporaryDirectory(prefix="bench-structures-") as work, contextlib.ExitStack() as stack:
+        baseline = before = None
+        if args.baseline:
+            tree, baseline = stack.enter_context(baseline_tree(args.baseline, Path(work)))
+            env = tree_env(tree, args.threads)
+            print(f"before: {baseline['commit'][:12]} imports {check_import(tree, env)}")
+            before = (tree, env)
+        rows, notes = run(args, device, before)
+    warm = [] if args.no_warm else warm_start(args, device)
     scaling = [] if args.no_scaling else batch_scaling(device)
-    write_markdown(args.out, rows, notes, scaling, args, device)
+    write_markdown(args.out, rows, notes, warm, scaling, args, device, baseline)
     print(f"wrote {args.out}")
     return 0
 

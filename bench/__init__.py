@@ -1,0 +1,1 @@
+"""Benchmark drivers (``make bench-structures``, ``make bench-layers``); results in ``results/bench/``."""

@@ -1,0 +1,82 @@
+"""What both benchmarks need to time this checkout beside an older commit: the checkouts ("trees") and the machine.
+
+``baseline_tree(rev, work)`` checks REV out into a temporary ``git worktree`` under ``work`` (removed on exit); a
+subprocess run with ``PYTHONPATH=<tree>`` and the tree as its working directory imports that tree's
+``latentstruct`` (``check_import`` makes sure of it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Tree:
+    """A checkout whose ``latentstruct`` is run: "now" (this one) or "before" (a worktree of the baseline)."""
+
+    label: str
+    path: Path
+    commit: str  # full hash of its HEAD
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def this_tree() -> Tree:
+    return Tree("now", ROOT, git("rev-parse", "HEAD"))
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str, work: Path) -> Iterator[tuple[Tree, dict[str, str]]]:
+    """The "before" tree at ``rev`` (a worktree under ``work``) and a description of it for the results header."""
+    commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    path = work / "baseline"
+    git("worktree", "add", "--detach", "--quiet", str(path), commit)
+    try:
+        subject = git("log", "-1", "--format=%s", commit)
+        yield Tree("before", path, commit), {"rev": rev, "commit": commit, "subject": subject}
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)], check=False)
+
+
+def tree_env(tree: Tree, threads: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a subprocess that must import ``tree``'s latentstruct."""
+    env = dict(os.environ, PYTHONPATH=str(tree.path), **extra)
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def check_import(tree: Tree, env: dict[str, str]) -> str:
+    """The ``latentstruct/__init__.py`` a subprocess of this tree imports; raises unless it is the tree's own."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import latentstruct; print(latentstruct.__file__)"],
+        cwd=tree.path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(out).resolve().is_relative_to(tree.path.resolve()):
+        raise RuntimeError(f"the {tree.label} tree imports latentstruct from {out}, not from {tree.path}")
+    return out
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
