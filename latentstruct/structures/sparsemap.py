@@ -249,6 +249,8 @@ class _ActiveSet:
         for name in self.fields:
             setattr(self, name, values[name])
         self.marker = torch.zeros(self.s.shape, dtype=torch.int8, device=self.s.device)  # all 0 between uses
+        self.at = torch.arange(self.s.shape[0], device=self.s.device)
+        self.room = 0  # a lower bound, kept on the host, on the free slots of every example
 
     @classmethod
     def start(cls, s, c, threshold, lengths, idx, part, weights) -> _ActiveSet:
@@ -291,7 +293,8 @@ class _ActiveSet:
         return st
 
     def take(self, keep: torch.Tensor) -> _ActiveSet:
-        values = {name: getattr(self, name)[keep] for name in self.fields}
+        """The examples ``keep`` (indices ``[k]``) alone."""
+        values = {name: getattr(self, name).index_select(0, keep) for name in self.fields}
         return _ActiveSet(None if self.lengths is None else self.lengths[keep], **values)
 
     def grow(self) -> None:
@@ -301,6 +304,7 @@ class _ActiveSet:
         self.idx, self.part = pad(self.idx, (0, 0, 0, extra)), pad(self.part, (0, 0, 0, extra))
         self.mask, self.alpha, self.zs, self.x = [pad(t, (0, extra)) for t in (self.mask, self.alpha, self.zs, self.x)]
         self.gram, self.inv = pad(self.gram, (0, extra, 0, extra)), pad(self.inv, (0, extra, 0, extra))
+        self.room += extra
 
     def widen(self, width: int) -> None:
         """Room for vertices with up to ``width`` parts."""
@@ -309,43 +313,47 @@ class _ActiveSet:
     def add(self, adding: torch.Tensor, z_idx: torch.Tensor, z_part: torch.Tensor) -> torch.Tensor:
         """Put vertex z (``z_idx``, ``z_part`` ``[m, K]``) in the first free slot of the examples where ``adding``
         ``[m]``, with weight 0; update G, <z, s>, P and the face solution x (module docstring). Returns ``[m]`` bool:
-        where z was affinely dependent on the active set, and so was not added."""
-        if bool(self.mask.all(-1).any()):
-            self.grow()
-        m = self.mask.shape[0]
-        at = torch.arange(m, device=self.s.device)
+        where z was affinely dependent on the active set, and so was not added.
+
+        The other examples get z's data written into their first free slot too, which stays free: nothing reads a
+        free slot's data unmasked (its weight, x and P entries are 0).
+        """
+        if self.room < 1:  # possibly full: look (a host synchronisation), grow if so
+            self.room = self.mask.shape[1] - int(self.mask.sum(-1).max())
+            if self.room < 1:
+                self.grow()
+        self.room -= 1
+        at = self.at
         slot = (~self.mask).to(torch.int8).argmax(-1)
         self.marker.scatter_add_(1, z_idx, z_part.to(torch.int8))
-        hits = self.marker.gather(1, self.idx.view(m, -1)).view(self.idx.shape) != 0
+        hits = self.marker.gather(1, self.idx.view(self.idx.shape[0], -1)).view(self.idx.shape) != 0
         self.marker.scatter_(1, z_idx, 0)
-        inner = ((hits & self.part).sum(-1) * self.mask).to(self.s.dtype)  # <z_i, z> on the active slots
-        size = z_part.sum(-1).to(self.s.dtype)
+        inner = (hits & self.part & self.mask.unsqueeze(-1)).sum(-1, dtype=self.s.dtype)  # <z_i, z>, active slots
+        size = z_part.sum(-1, dtype=self.s.dtype)
         zs = _gather(self.s, z_idx, z_part)
         border = torch.cat([self.c[:, None], inner], dim=1)  # (c, Z_A z): the new row of K_A
         u = _matvec(self.inv, border)
         sigma = size - (border * u).sum(-1)
-        dependent = adding & ~(sigma > _DEPENDENT * size.clamp_min(1.0))
+        dependent = adding & (sigma <= _DEPENDENT * size.clamp_min(1.0))
         ok = adding & ~dependent
-        sigma = torch.where(ok, sigma, 1.0)
-        v = u
-        v[at, slot + 1] = -1.0
-        v = v * ok[:, None]
-        self.x += v * (((border * self.x).sum(-1) - zs) / sigma)[:, None]
-        self.inv.addcmul_(v.unsqueeze(2), (v / sigma[:, None]).unsqueeze(1))
+        u[at, slot + 1] = -1.0
+        v = u * ok.unsqueeze(-1)
+        v_over_sigma = v / torch.where(ok, sigma, 1.0).unsqueeze(-1)
+        self.x.addcmul_(v_over_sigma, ((border * self.x).sum(-1) - zs).unsqueeze(-1))
+        self.inv.addcmul_(v.unsqueeze(2), v_over_sigma.unsqueeze(1))
         inner[at, slot] = size
-        row = torch.where(ok[:, None], inner, self.gram[at, slot])
-        self.gram[at, slot] = row
-        self.gram[at, :, slot] = row
-        self.idx[at, slot] = torch.where(ok[:, None], z_idx, self.idx[at, slot])
-        self.part[at, slot] = z_part & ok[:, None]
-        self.zs[at, slot] = torch.where(ok, zs, self.zs[at, slot])
-        self.mask[at, slot] |= ok
+        self.gram[at, slot] = inner
+        self.gram[at, :, slot] = inner
+        self.idx[at, slot] = z_idx
+        self.part[at, slot] = z_part
+        self.zs[at, slot] = zs
+        self.mask[at, slot] = ok
         self.newest = torch.where(ok, slot, self.newest)
         return dependent
 
     def drop(self, dropping: torch.Tensor, slot: torch.Tensor) -> None:
         """Remove ``slot`` ``[m]`` from the active sets of the examples where ``dropping`` ``[m]`` (module docs)."""
-        at = torch.arange(self.mask.shape[0], device=self.s.device)
+        at = self.at
         j = slot + 1
         col = self.inv[at, :, j]  # a copy
         w = torch.where(dropping, 1.0 / col[at, j], 0.0)
@@ -354,7 +362,7 @@ class _ActiveSet:
         rows = dropping.nonzero().squeeze(1)
         j, slot = j[rows], slot[rows]
         self.inv[rows, j, :] = self.inv[rows, :, j] = self.x[rows, j] = 0.0
-        self.zs[rows, slot] = self.alpha[rows, slot] = 0.0
+        self.alpha[rows, slot] = 0.0
         self.mask[rows, slot] = False
 
     def drop_step(self) -> torch.Tensor:
@@ -381,10 +389,10 @@ class _ActiveSet:
 
     def refresh(self) -> None:
         """Recompute P and x from G where the face solution's KKT residual exceeds ``_REFRESH_TOL``."""
-        rhs = torch.cat([self.c[:, None], self.zs], dim=1)
+        rhs = torch.cat([self.c[:, None], self.zs * self.mask], dim=1)
         nu, a_hat = self.x[:, 0], self.x[:, 1:]
         face = (_matvec(self.gram, a_hat) + self.c[:, None] * nu[:, None]) * self.mask
-        residual = torch.cat([(self.c * (a_hat.sum(-1) - 1.0))[:, None], face - self.zs], dim=1)
+        residual = torch.cat([(self.c * (a_hat.sum(-1) - 1.0))[:, None], face - rhs[:, 1:]], dim=1)
         bad = ~(residual.abs().amax(-1) <= _REFRESH_TOL * rhs.abs().amax(-1))
         if not bad.any():
             return
@@ -504,18 +512,18 @@ def sparsemap_active_set(
         ready = ~st.drop_step() & ~st.stalled
         face = st.x[:, 1:].clamp_min(0.0) * st.mask
         st.alpha = torch.where(ready[:, None], face / face.sum(-1, keepdim=True), st.alpha)
-        leaving = st.stalled.clone()
+        leaving = st.stalled
         rows = None if bool(ready.all()) else ready.nonzero().squeeze(1)
         if rows is None or rows.numel():
             map_calls += 1
             g, done = st.map_step(structure, part_shape, rows)
             gap[st.rows if rows is None else st.rows[rows]] = g
-            converged[st.rows[done]] = True
-            leaving |= done | st.stalled
+            converged[st.rows] = done  # the working examples had not converged
+            leaving = done | st.stalled
         if leaving.any():
-            gone = st.take(leaving)
-            retired.append((gone.rows, gone.idx, gone.part, gone.alpha * gone.mask, gone.gram))
-            st = st.take(~leaving)
+            gone = leaving.nonzero().squeeze(1)
+            retired.append((st.rows[gone], st.idx[gone], st.part[gone], (st.alpha * st.mask)[gone], st.gram[gone]))
+            st = st.take((~leaving).nonzero().squeeze(1))
     if st.rows.numel():
         retired.append((st.rows, st.idx, st.part, st.alpha * st.mask, st.gram))
 
