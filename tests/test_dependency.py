@@ -189,6 +189,22 @@ def test_map_breaks_ties_like_a_scalar_reference(multiroot, dtype):
         assert torch.all(z[b, length + 1 :] == 0) and torch.all(z[b, :, length + 1 :] == 0)
 
 
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_equals_a_scalar_reference_on_random_scores(multiroot):
+    """The batched walk over longer sentences and mixed lengths, and the same examples one at a time (the SparseMAP
+    solver calls ``map`` on a few examples)."""
+    struct = ProjectiveDepTree(multiroot)
+    g = torch.Generator().manual_seed(8)
+    n, batch = 13, 10
+    scores = torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, n + 1, (batch,), generator=g)
+    lengths[0] = n
+    z = struct.map(scores, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        assert _heads(z[b, : length + 1, : length + 1]) == _eisner_reference(scores[b].tolist(), length, multiroot)
+        assert torch.equal(struct.map(scores[b : b + 1], lengths[b : b + 1]), z[b : b + 1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multiroot", ROOTS)
 @pytest.mark.parametrize("n", SIZES)
