@@ -284,23 +284,20 @@ def _eisner_max(s: torch.Tensor, lengths: torch.Tensor, multiroot: bool) -> tupl
 
     Returns the back-pointers, per width w = 1..n the split offsets t (those of :func:`_split_views`, int64) of the
     incomplete items ``[1, N-w, 1, B]`` (I→[i, i+w] and I←[i, i+w] share k = i + t) and of the complete ones
-    ``[2, N-w, 1, B]`` (C→[i, i+w]: k = i + 1 + t; C←[i, i+w]: k = i + t), as views of one ``[3, N, N, B]`` tensor;
-    and, for a single root, the root's child ``[B]``. Ties go to the first (smallest) split, and to the first child,
-    as ``max`` breaks them.
+    ``[2, N-w, 1, B]`` (C→[i, i+w]: k = i + 1 + t; C←[i, i+w]: k = i + t); and, for a single root, the root's
+    child ``[B]``. Ties go to the first (smallest) split, and to the first child, as ``max`` breaks them.
     """
     s = s.contiguous()  # for the views of _arc_diagonal
     batch, size, _ = s.shape
     chart = s.new_zeros(4, size, size, batch)  # C[i, i] = 0
-    pointers = torch.empty(3, size, size, batch, dtype=torch.long, device=s.device)
-    split = s.new_empty(1, size, 1, batch)
     choices = []
     for w in range(1, size):
         left, right, first, second = _split_views(chart, w)
-        split_w, choice = split[:, : size - w], (_diagonal(pointers, w, 0), _diagonal(pointers, w, 1, 2))
-        torch.max(left + right, 2, keepdim=True, out=(split_w, choice[0]))
-        torch.add(split_w, _arc_diagonal(s, w), out=_diagonal(chart, w, _IR, 2, 2))
-        torch.max(first + second, 2, keepdim=True, out=(_diagonal(chart, w, _CR, 2, 2), choice[1]))
-        choices.append(choice)
+        split, t_in = torch.max(left + right, 2, keepdim=True)
+        torch.add(split, _arc_diagonal(s, w), out=_diagonal(chart, w, _IR, 2, 2))
+        value, t_c = torch.max(first + second, 2, keepdim=True)
+        _diagonal(chart, w, _CR, 2, 2).copy_(value)
+        choices.append((t_in, t_c))
     if multiroot:
         return choices, None
     left, right = _root_factors(chart, lengths)
@@ -354,7 +351,7 @@ def _backtrack(choices: list, root_child: torch.Tensor | None, lengths: torch.Te
 
 def _softmax_(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-sum-exp over the splits (dim 2) and their softmax weights, overwriting ``x``: x ← e = exp(x - max);
-    returns (e, r = 1 / Σ e, log Σ exp x), the last two without dim 2; the weights are p = e · r.
+    returns (e, r = 1 / Σ e, log Σ exp x), the last two with dim 2 of size 1; the weights are p = e · r.
 
     A slice that is all −inf gets the value −inf and weights 0 (e = 0, r = 1) rather than NaN.
     """
@@ -369,7 +366,7 @@ def _log_inside(s: torch.Tensor, lengths: torch.Tensor, multiroot: bool):
 
     Returns (log Z ``[B]``, the weights q ``[n, B]`` of the root's child (single root; else None), and
     per width w = 1..n the split weights (e, r) of :func:`_softmax_`, of the incomplete items (``[1, N-w, w, B]``,
-    ``[1, N-w, B]``) and of the complete ones (``[2, N-w, w, B]``, ``[2, N-w, B]``)).
+    ``[1, N-w, 1, B]``) and of the complete ones (``[2, N-w, w, B]``, ``[2, N-w, 1, B]``)).
     """
     s = s.contiguous()  # for the views of _arc_diagonal
     batch, size, _ = s.shape
