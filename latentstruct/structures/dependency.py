@@ -318,10 +318,10 @@ def _backtrack(choices: list, root_child: torch.Tensor | None, lengths: torch.Te
     items pass 0, so the walk needs neither a host copy nor a per-example loop: four scatters per width, each over
     every item of the width. In a derivation every count is 0 or 1; the arcs are the used incomplete items.
 
-    Measured on CPU against the host walk this replaced (back-pointers copied to the host, then O(B · n) Python
-    steps): for a few examples the ~11 tensor calls per width cost ~25-40 µs per width whatever the batch, where the
-    host walk took ~0.1 ms in all; at B = 32 the two cost about the same up to n = 30, and this one ~2x more at
-    n = 60 (the scatters touch every item: ~4 ms against ~2 ms, next to ~10-15 ms for the max pass).
+    Measured on CPU (one thread) against the host walk this replaced (back-pointers copied to the host, then
+    O(B · n) Python steps): for a few examples the ~11 tensor calls per width cost ~20 µs per width (1.2 ms at
+    n = 60), where the host walk took < 0.1 ms in all; at B = 32 this walk costs 1-1.3x the host walk (3 ms at
+    n = 60, next to 13 ms for the max pass).
     """
     size, batch = len(choices) + 1, lengths.shape[0]
     used = torch.zeros(4, size, size, batch, dtype=torch.uint8, device=lengths.device)
