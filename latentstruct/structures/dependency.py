@@ -105,8 +105,9 @@ class ProjectiveDepTree(Structure):
 
     Scores ``[batch, n+1, n+1]``, ``scores[b, h, m]`` = score of the arc h → m. ``lengths`` ``[batch]`` (integer,
     each ≥ 1; default n for every example) is the number of words; positions past it are padding: they may hold any
-    value (even ±inf or NaN), are ignored, and are 0 in every output. ``multiroot=False`` restricts the vertices to
-    trees in which the root has exactly one child.
+    value (even ±inf or NaN), are ignored, and are 0 in every output. A real arc may score −inf (forbidden): it gets
+    marginal 0 and is in no MAP tree, as long as some tree avoids every forbidden arc. ``multiroot=False`` restricts
+    the vertices to trees in which the root has exactly one child.
 
     ``map`` is Eisner's O(n³) algorithm with back-pointers; ``log_partition`` the inside algorithm in log space
     (differentiable twice); ``marginals`` its gradient by inside-outside (differentiable once; module docstring).
