@@ -189,6 +189,22 @@ def test_map_breaks_ties_like_a_scalar_reference(multiroot, dtype):
         assert torch.all(z[b, length + 1 :] == 0) and torch.all(z[b, :, length + 1 :] == 0)
 
 
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_equals_a_scalar_reference_on_random_scores(multiroot):
+    """The batched walk over longer sentences and mixed lengths, and the same examples one at a time (the SparseMAP
+    solver calls ``map`` on a few examples)."""
+    struct = ProjectiveDepTree(multiroot)
+    g = torch.Generator().manual_seed(8)
+    n, batch = 13, 10
+    scores = torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, n + 1, (batch,), generator=g)
+    lengths[0] = n
+    z = struct.map(scores, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        assert _heads(z[b, : length + 1, : length + 1]) == _eisner_reference(scores[b].tolist(), length, multiroot)
+        assert torch.equal(struct.map(scores[b : b + 1], lengths[b : b + 1]), z[b : b + 1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multiroot", ROOTS)
 @pytest.mark.parametrize("n", SIZES)
@@ -228,6 +244,26 @@ def test_column_zero_and_diagonal_are_ignored(multiroot):
     torch.testing.assert_close(struct.log_partition(junk), struct.log_partition(scores))
     torch.testing.assert_close(struct.marginals(junk), struct.marginals(scores))
     assert torch.equal(struct.map(junk), struct.map(scores))
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_forbidden_arcs_get_no_mass(multiroot):
+    """−inf on real arcs removes the trees that use them. Forbidding 1 → 2 makes every split of I→[1, 2] and of
+    C→[1, 2] −inf, where a log-sum-exp's gradient is NaN unless handled."""
+    struct = ProjectiveDepTree(multiroot)
+    scores = _scores(3, 4, seed=13)
+    forbid = torch.zeros_like(scores, dtype=torch.bool)
+    forbid[:, 1, 2] = forbid[:, 4, 3] = True
+    forbid[0, 0, 2] = True
+    constrained = scores.masked_fill(forbid, float("-inf"))
+    vertices, vs = _vertex_scores(scores, multiroot)
+    vs = vs.masked_fill(torch.einsum("bhm,vhm->bv", forbid.double(), vertices) > 0, float("-inf"))
+    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
+    torch.testing.assert_close(struct.marginals(constrained), expected)
+    torch.testing.assert_close(struct.log_partition(constrained), torch.logsumexp(vs, -1))
+    assert torch.all(struct.map(constrained)[forbid] == 0)
+    x = scores.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: struct.marginals(x.masked_fill(forbid, float("-inf"))), (x,))
 
 
 # ------------------------------------------------------------------------------------------------------------ lengths
@@ -275,6 +311,35 @@ def test_marginals_gradcheck(multiroot):
     assert torch.autograd.gradcheck(lambda s: struct.marginals(s, lengths), (scores,))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_marginals_backward_is_the_covariance_times_g(multiroot, dtype):
+    """The backward of μ is H g with H = ∇² log Z = Cov_p(z) = Σ_v p_v v vᵀ − μ μᵀ, by enumeration (exact, no finite
+    differences), with padding in the batch."""
+    struct = ProjectiveDepTree(multiroot)
+    n, lengths = 4, torch.tensor([4, 3, 4])
+    scores = _scores(3, n, dtype, seed=21).requires_grad_(True)
+    g = _scores(3, n, dtype, seed=22, scale=1.0)
+    (struct.marginals(scores, lengths) * g).sum().backward()
+    for b, length in enumerate(lengths.tolist()):
+        crop = (slice(None), slice(0, length + 1), slice(0, length + 1))
+        vertices, vs = _vertex_scores(scores.detach()[b : b + 1][crop].double(), multiroot)
+        p, gb = torch.softmax(vs[0], -1), g[b][crop[1:]].double()
+        mu = torch.einsum("v,vhm->hm", p, vertices)
+        inner = torch.einsum("vhm,hm->v", vertices, gb)
+        expected = torch.einsum("v,vhm->hm", p * inner, vertices) - mu * (mu * gb).sum()
+        torch.testing.assert_close(scores.grad[b][crop[1:]].double(), expected, **_tol(dtype))
+        assert torch.all(scores.grad[b, length + 1 :] == 0) and torch.all(scores.grad[b, :, length + 1 :] == 0)
+
+
+def test_marginals_are_differentiable_once():
+    """A third derivative of log Z is not supported: it raises instead of returning something wrong."""
+    scores = _scores(2, 3).requires_grad_(True)
+    mu = ProjectiveDepTree().marginals(scores)
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad((mu * torch.randn_like(mu)).sum(), scores, create_graph=True)
+
+
 # ----------------------------------------------------------------------------------------------------------- sample
 
 
@@ -312,6 +377,21 @@ def test_batch_of_sentences_of_thirty_words(multiroot):
     assert torch.all(struct.score(z, scores.detach()) <= struct.log_partition(scores.detach(), lengths) + 1e-4)
     if not multiroot:
         assert torch.all(z[:, 0].sum(-1) == 1)
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_float32_marginals_and_their_backward_track_float64(multiroot):
+    struct = ProjectiveDepTree(multiroot)
+    lengths = torch.tensor([30, 17, 30, 1])
+    scores, g = _scores(4, 30, seed=6, scale=3.0), _scores(4, 30, seed=7, scale=1.0)
+    out = {}
+    for dtype in DTYPES:
+        x = scores.to(dtype).requires_grad_(True)
+        mu = struct.marginals(x, lengths)
+        (mu * g.to(dtype)).sum().backward()
+        out[dtype] = mu.detach().double(), x.grad.double()
+    for single, double in zip(out[torch.float32], out[torch.float64], strict=True):
+        torch.testing.assert_close(single, double, atol=1e-4, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
