@@ -97,7 +97,7 @@ import torch
 
 from latentstruct.structures.base import Structure
 
-__all__ = ["ProjectiveDepTree"]
+__all__ = ["ProjectiveDepTree", "tree_parts"]
 
 
 class ProjectiveDepTree(Structure):
@@ -128,6 +128,13 @@ class ProjectiveDepTree(Structure):
             choices, root_child = _eisner_max(s, lengths, self.multiroot)
             z = _backtrack(choices, root_child, lengths)
         return z.to(device=scores.device, dtype=scores.dtype)
+
+    def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP tree as its arcs, one per word (``Structure.map_parts``, :func:`tree_parts`)."""
+        with torch.no_grad():
+            s, lengths = _prepare(scores.detach(), lengths)
+            choices, root_child = _eisner_max(s, lengths, self.multiroot)
+            return tree_parts(_backtrack(choices, root_child, lengths), lengths)
 
     def marginals(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """E_p[z] ``[batch, n+1, n+1]`` by inside-outside; differentiable once (its backward is H g, exact)."""
@@ -165,6 +172,15 @@ def _prepare(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.
     """Check shapes; replace every non-part (column 0, diagonal, padding) by 0 (see :func:`arc_parts`)."""
     s, lengths, _ = arc_parts(scores, lengths, "ProjectiveDepTree")
     return s, lengths
+
+
+def tree_parts(z: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trees ``[B, N, N]`` (0/1, any dtype) → their arcs as parts (``Structure.map_parts``): word m's arc h → m is
+    the flat part h·N + m, ``[B, n]`` for m = 1..n, on where m ≤ lengths[b] (a tree has one arc into each word)."""
+    size = z.shape[-1]
+    words = torch.arange(1, size, device=z.device)
+    heads = z[:, :, 1:].argmax(1)  # the only nonzero of each real word's column
+    return heads * size + words, words <= lengths.view(-1, 1)
 
 
 def arc_parts(
