@@ -10,9 +10,9 @@ constraints, both dtypes, with and without lengths, on moderate scores (the slog
 import functools
 import itertools
 
-import numpy as np
 import pytest
 import torch
+from reference import recursive_chu_liu_edmonds
 
 from latentstruct.structures import ProjectiveDepTree
 from latentstruct.structures.nonprojective import (
@@ -345,83 +345,6 @@ def test_invalid_inputs_are_rejected():
 # ------------------------------------------------------------------- MAP: the batched rounds and the recursive CLE
 
 
-def _reference_clean(s, multiroot):
-    """One example's scores [L+1, L+1] (NumPy, float64, a copy) as the reference CLE wants them: non-parts -inf,
-    ±inf / NaN parts replaced as NonProjectiveDepTree documents, and for a single root the root arcs lowered by
-    (L+1)(max - min + 1) over the parts."""
-    size = s.shape[0]
-    part = ~np.eye(size, dtype=bool)
-    part[:, 0] = False
-    values = s[part]
-    finite = np.isfinite(values)
-    lo, hi = (values[finite].min(), values[finite].max()) if finite.any() else (0.0, 0.0)
-    big = size * (hi - lo + 1.0)
-    values = np.where(np.isposinf(values), hi + big, np.where(finite, values, lo - big))
-    out = np.full((size, size), -np.inf)
-    out[part] = values
-    if not multiroot:
-        out[0, 1:] -= size * (values.max() - values.min() + 1.0)
-    return out
-
-
-def _reference_cle(s):
-    """Heads [N] (heads[0] = -1) of a maximum arborescence rooted at 0 of the dense digraph s[h, m] (-inf: no arc):
-    the textbook recursion (contract one cycle, recurse on the smaller graph, expand), one example at a time."""
-    size = s.shape[0]
-    heads = s.argmax(0)
-    heads[0] = -1
-    cycle = _reference_find_cycle(heads)
-    if cycle is None:
-        return heads
-    in_cycle = np.zeros(size, dtype=bool)
-    in_cycle[cycle] = True
-    outside = np.flatnonzero(~in_cycle)  # the kept nodes, root first; the cycle becomes node k
-    k = outside.size
-    rows = np.arange(k)
-    contracted = np.full((k + 1, k + 1), -np.inf)
-    contracted[:k, :k] = s[np.ix_(outside, outside)]
-    enter = s[np.ix_(outside, cycle)] - s[heads[cycle], cycle]  # [k, |C|]: u → v replaces the cycle arc into v
-    enter_at = enter.argmax(1)
-    contracted[:k, k] = enter[rows, enter_at]
-    leave = s[np.ix_(cycle, outside)]  # [|C|, k]
-    leave_from = leave.argmax(0)
-    contracted[k, :k] = leave[leave_from, rows]
-    sub = _reference_cle(contracted)
-    result = heads.copy()
-    for i in range(1, k):
-        result[outside[i]] = cycle[leave_from[i]] if sub[i] == k else outside[sub[i]]
-    result[cycle[enter_at[sub[k]]]] = outside[sub[k]]
-    return result
-
-
-def _reference_find_cycle(heads):
-    """The nodes of one cycle of the head function (heads[0] = -1), or None if following heads always reaches 0."""
-    heads = heads.tolist()
-    state = [0] * len(heads)  # 0: unseen, 1: on the current path, 2: known to reach the root
-    state[0] = 2
-    for start in range(1, len(heads)):
-        path, node = [], start
-        while state[node] == 0:
-            state[node] = 1
-            path.append(node)
-            node = heads[node]
-        if state[node] == 1:
-            return np.asarray(path[path.index(node) :])
-        for p in path:
-            state[p] = 2
-    return None
-
-
-def _reference_map(scores, lengths, multiroot):
-    """0/1 trees [B, n+1, n+1] (float64) from the recursive reference, one example at a time."""
-    s = scores.detach().double().numpy()
-    z = torch.zeros(s.shape, dtype=torch.float64)
-    for b, length in enumerate(lengths.tolist()):
-        heads = _reference_cle(_reference_clean(s[b, : length + 1, : length + 1], multiroot))
-        z[b, heads[1:], torch.arange(1, length + 1)] = 1.0
-    return z
-
-
 def _messy_scores(batch, n, seed, scale=1.0):
     """Gaussian scores with ±inf and NaN on some parts and junk on the padding, and random lengths (one full)."""
     g = torch.Generator().manual_seed(seed)
@@ -446,7 +369,7 @@ def test_map_equals_the_recursive_reference(n, scale, multiroot, dtype):
     lengths = torch.randint(1, n + 1, (32,), generator=g)
     z = struct.map(scores, lengths)
     assert z.dtype == dtype
-    assert torch.equal(z.double(), _reference_map(scores, lengths, multiroot))
+    assert torch.equal(z.double(), recursive_chu_liu_edmonds(scores, lengths, multiroot))
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -457,7 +380,7 @@ def test_map_with_infinite_and_nan_part_scores_equals_the_reference(multiroot):
     scores, lengths = _messy_scores(40, 8, seed=3)
     scores[:4, 0] = float("-inf")
     z = struct.map(scores, lengths)
-    assert torch.equal(z, _reference_map(scores, lengths, multiroot))
+    assert torch.equal(z, recursive_chu_liu_edmonds(scores, lengths, multiroot))
     for zb, length in zip(z, lengths.tolist(), strict=True):
         _assert_valid_tree(zb, multiroot, length)
 

@@ -378,10 +378,11 @@ def _chu_liu_edmonds(t: torch.Tensor) -> torch.Tensor:
 
 class _NumPyOps:
     """The array operations of :func:`_rounds`, on NumPy arrays: ``take(x, i)`` = x[i] (along the first axis), ``put``
-    a copy of x with x[i] = values, ``mark(i, n)`` the bool [n] that is True at i, ``segment_max(init, seg, values)``
-    a copy of init with init[k] = max(init[k], max values[seg == k]) (``segment_min`` likewise)."""
+    a copy of x with x[i] = values, ``pick(x, j)`` = x[k, j[k]] for every row k, ``mark(i, n)`` the bool [n] that is
+    True at i, ``segment_max(init, seg, values)`` a copy of init with init[k] = max(init[k], max values[seg == k])
+    (``segment_min`` likewise)."""
 
-    where, minimum, amax = staticmethod(np.where), staticmethod(np.minimum), staticmethod(np.amax)
+    where, minimum = staticmethod(np.where), staticmethod(np.minimum)
     arange, flatnonzero = staticmethod(np.arange), staticmethod(np.flatnonzero)
 
     @staticmethod
@@ -391,6 +392,10 @@ class _NumPyOps:
     @staticmethod
     def take(x, i):
         return x[i]
+
+    @staticmethod
+    def pick(x, j):
+        return x[np.arange(len(j)), j]
 
     @staticmethod
     def put(x, i, values):
@@ -420,7 +425,7 @@ class _NumPyOps:
 class _TorchOps:
     """The same operations on torch tensors of one device (every one out of place, deterministic)."""
 
-    where, minimum, amax = staticmethod(torch.where), staticmethod(torch.minimum), staticmethod(torch.amax)
+    where, minimum = staticmethod(torch.where), staticmethod(torch.minimum)
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -434,6 +439,10 @@ class _TorchOps:
     @staticmethod
     def take(x, i):
         return x.index_select(0, i)
+
+    @staticmethod
+    def pick(x, j):
+        return x.gather(1, j.unsqueeze(1)).squeeze(1)
 
     @staticmethod
     def put(x, i, values):
@@ -514,8 +523,9 @@ def _rounds(t, xp):
         scan = xp.where(
             xp.take(comp.reshape(batch, size), stale // size) == xp.take(comp, stale)[:, None], -np.inf, scan
         )
-        head = xp.put(head, stale, scan.argmax(1) + xp.take(first, stale))
-        m = xp.put(m, stale, xp.amax(scan, 1))
+        best_head = scan.argmax(1)
+        head = xp.put(head, stale, best_head + xp.take(first, stale))
+        m = xp.put(m, stale, xp.pick(scan, best_head))
         # Each supernode's best entering arc: the best over its nodes (ties: the smallest node).
         score = m - off
         best = xp.segment_max(xp.full(n_all, -np.inf), comp, score)
