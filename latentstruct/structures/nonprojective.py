@@ -24,18 +24,18 @@ count. Both equations above then hold by construction: the best arc into a super
 
     m[v] - off[v],      m[v] = max_{u : comp[u] ≠ comp[v]} s[u, v],
 
-and its head is whatever supernode contains u. A round: (1) rescan m[v] for the nodes whose best arc fell inside
-their new supernode (the first round scans all, O(N²)); (2) give every supernode its best entering arc (ties: the
-smallest head, then the smallest node v), its head supernode being the parent; (3) find the cycles of the parent map
-of every example at once by pointer jumping (Wyllie, 1979): after ⌈log₂(N - 1)⌉ doublings of parent^(2^k), and of the
-smallest node among the first 2^k of every orbit, the supernodes on cycles are the image of parent^(2^k), each cycle
-named by its smallest supernode; (4) contract them: comp and off as above. A round costs O(N log N) per example plus
-O(N) per rescanned node, so O(N²) at most; the number of rounds is the nesting depth of the contractions, at most n
-(about n/2 for the slowest of 32 examples with i.i.d. Gaussian scores, n = 30 or 60), and a batch takes as many
-rounds as its slowest example; the examples without a cycle drop out once they are half the batch. A round is ~50
-calls on arrays of B N numbers, where the per-call overhead dominates: the rounds run in NumPy on the CPU (about half
-of torch's overhead per call) and in torch on the scores' device otherwise (a host sync per round). Both do the same
-float64 maxima and subtractions with the same deterministic ties, so they return the same tree.
+and its head is whatever supernode contains u. A round: (1) rescan m[v] for the nodes whose best arc fell inside their
+new supernode (the first round scans all, O(N²)); (2) give every supernode its best entering arc (ties: the smallest
+head, then the smallest node v), its head supernode being the parent; (3) find the cycles of the parent map of every
+example at once by pointer jumping (Wyllie, 1979): after ⌈log₂(N - 1)⌉ doublings of parent^(2^k), and of the smallest
+node among the first 2^k of every orbit, the supernodes on cycles are the image of parent^(2^k), each cycle named by its
+smallest supernode; (4) contract them: comp and off as above. A round costs O(N log N) per example plus O(N) per
+rescanned node, so O(N²) at most; the number of rounds is the nesting depth of the contractions, at most n, and a batch
+takes as many rounds as its slowest example (measured on batches of 32 with i.i.d. Gaussian scores: 13-21 rounds at n =
+30, 24-37 at n = 60, 18-22 and 35-39 with a single root); the examples without a cycle drop out once they are half the
+batch. A round is ~50 calls on arrays of B N numbers, where the per-call overhead dominates: the rounds run in NumPy on
+the CPU (about half of torch's overhead per call) and in torch on the scores' device otherwise (a host sync per round).
+Both do the same float64 maxima and subtractions with the same deterministic ties, so they return the same tree.
 
 Single root (``multiroot=False``): every root arc is lowered by the same constant P = (n + 1)(max s - min s + 1), max
 and min over the parts and 0, so P > n · (max s - min s). A tree with k root children loses k · P, so any
@@ -350,7 +350,7 @@ def _incoming_scores(s: torch.Tensor, lengths: torch.Tensor, part: torch.Tensor,
     t = s.transpose(1, 2).to(torch.float64, memory_format=torch.contiguous_format)
     part = part.transpose(1, 2)
     size = (lengths + 1).to(torch.float64)
-    if not bool(torch.isfinite(s).all()):  # some part is ±inf or NaN
+    if not bool(s.sum().isfinite()):  # some part may be ±inf or NaN (a finite sum rules them out, cheaply)
         finite = torch.isfinite(t) & part
         lo = t.masked_fill(~finite, torch.inf).amin((1, 2))
         hi = t.masked_fill(~finite, -torch.inf).amax((1, 2))
@@ -477,7 +477,7 @@ def _rounds(t, xp):
     rows = t.reshape(n_all, size)  # rows[g]: the scores of the arcs into g, by head (numbered within the example)
     ids = xp.arange(n_all)
     first = ids - ids % size  # the root of g's example
-    not_root = ids != first
+    not_root, last, unset = ids != first, first + (size - 1), xp.full(n_all, -np.inf)
     doublings = max(1, (size - 2).bit_length())  # 2^doublings ≥ N - 1 ≥ every path and cycle length
     head = rows.argmax(1) + first
     m = xp.take(rows.reshape(-1), ids * size + head - first)
@@ -512,6 +512,7 @@ def _rounds(t, xp):
                 batch, n_all = n_busy, n_busy * size
                 ids = xp.arange(n_all)
                 first = ids - ids % size
+                last, unset = first + (size - 1), xp.full(n_all, -np.inf)
         rep = xp.where(on_cycle, low, ids)
         history.append((enter_u, enter_v, on_cycle, rep, comp, ids))
         # Contract. Entering a cycle at its supernode X drops X's cycle arc, whose score is best[X].
@@ -528,8 +529,8 @@ def _rounds(t, xp):
         m = xp.put(m, stale, xp.pick(scan, best_head))
         # Each supernode's best entering arc: the best over its nodes (ties: the smallest node).
         score = m - off
-        best = xp.segment_max(xp.full(n_all, -np.inf), comp, score)
-        enter_v = xp.segment_min(first + (size - 1), comp, xp.where(score == xp.take(best, comp), ids, n_all))
+        best = xp.segment_max(unset, comp, score)
+        enter_v = xp.segment_min(last, comp, xp.where(score == xp.take(best, comp), ids, n_all))
         enter_u = xp.take(head, enter_v)
     # Expand, last round first: the supernodes of a cycle keep their own entering arcs, except the one containing the
     # endpoint of the arc that entered the contracted cycle: that one takes this arc.
