@@ -82,8 +82,9 @@ class Matching(Structure):
         sizes = [n] * batch if lengths is None else _lengths(scores, lengths).tolist()
         host = scores.detach().to("cpu", torch.float64).numpy()
         z = np.zeros((batch, n, n))
-        for b, size in enumerate(sizes):  # rows come back as 0..size-1 in order (a square problem)
-            z[b, np.arange(size), linear_sum_assignment(host[b, :size, :size], maximize=True)[1]] = 1.0
+        for b, size in enumerate(sizes):
+            rows, cols = linear_sum_assignment(host[b, :size, :size], maximize=True)
+            z[b, rows, cols] = 1.0
         return torch.from_numpy(z).to(device=scores.device, dtype=scores.dtype)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
