@@ -12,9 +12,19 @@ import itertools
 
 import pytest
 import torch
+from reference import recursive_chu_liu_edmonds
 
 from latentstruct.structures import ProjectiveDepTree
-from latentstruct.structures.nonprojective import NonProjectiveDepTree, _inexact, _laplacian, _prepare
+from latentstruct.structures.nonprojective import (
+    NonProjectiveDepTree,
+    _incoming_scores,
+    _inexact,
+    _laplacian,
+    _NumPyOps,
+    _prepare,
+    _rounds,
+    _TorchOps,
+)
 from latentstruct.structures.sparsemap import sparsemap_active_set
 
 SIZES = list(range(1, 6))
@@ -330,6 +340,86 @@ def test_invalid_inputs_are_rejected():
         struct.marginals(torch.zeros(2, 4, 4), torch.tensor([3, 0]))
     with pytest.raises(ValueError, match="lengths must lie in"):
         struct.map(torch.zeros(2, 4, 4), torch.tensor([4, 1]))
+
+
+# ------------------------------------------------------------------- MAP: the batched rounds and the recursive CLE
+
+
+def _messy_scores(batch, n, seed, scale=1.0):
+    """Gaussian scores with ±inf and NaN on some parts and junk on the padding, and random lengths (one full)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = scale * torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)
+    u = torch.rand(scores.shape, generator=g, dtype=torch.float64)
+    scores[u < 0.03] = float("-inf")
+    scores[(u >= 0.03) & (u < 0.05)] = float("inf")
+    scores[(u >= 0.05) & (u < 0.06)] = float("nan")
+    lengths = torch.randint(1, n + 1, (batch,), generator=g)
+    lengths[0] = n
+    return scores, lengths
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize(("n", "scale"), [(10, 1.0), (30, 1.0), (30, 1000.0), (60, 1.0)])
+def test_map_equals_the_recursive_reference(n, scale, multiroot, dtype):
+    # Continuous scores: the best tree is unique, so both must return the very same tree (with padding and lengths).
+    struct = NonProjectiveDepTree(multiroot)
+    g = torch.Generator().manual_seed(n + int(scale))
+    scores = (scale * torch.randn(32, n + 1, n + 1, generator=g, dtype=torch.float64)).to(dtype)
+    lengths = torch.randint(1, n + 1, (32,), generator=g)
+    z = struct.map(scores, lengths)
+    assert z.dtype == dtype
+    assert torch.equal(z.double(), recursive_chu_liu_edmonds(scores, lengths, multiroot))
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_with_infinite_and_nan_part_scores_equals_the_reference(multiroot):
+    # -inf / NaN parts are used as little as possible and +inf parts as much as possible, as in the reference; some
+    # examples need a -inf arc (e.g. when every root arc is -inf).
+    struct = NonProjectiveDepTree(multiroot)
+    scores, lengths = _messy_scores(40, 8, seed=3)
+    scores[:4, 0] = float("-inf")
+    z = struct.map(scores, lengths)
+    assert torch.equal(z, recursive_chu_liu_edmonds(scores, lengths, multiroot))
+    for zb, length in zip(z, lengths.tolist(), strict=True):
+        _assert_valid_tree(zb, multiroot, length)
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_numpy_and_torch_rounds_agree(multiroot):
+    # The CPU path runs the rounds in NumPy, other devices in torch: the same operations, hence the same tree, ties
+    # included (small-integer scores: ties everywhere, nested cycles) and with examples finishing at different rounds.
+    g = torch.Generator().manual_seed(5)
+    ties = torch.randint(-2, 3, (64, 9, 9), generator=g).double()
+    ties[:32, 0] -= 3  # poor root arcs: more and deeper contractions
+    messy, messy_lengths = _messy_scores(64, 20, seed=6)
+    for scores, lengths in ((ties, torch.randint(1, 9, (64,), generator=g)), (messy, messy_lengths)):
+        t = _incoming_scores(*_prepare(scores, lengths), multiroot)
+        heads = torch.from_numpy(_rounds(t.numpy(), _NumPyOps()))
+        assert torch.equal(heads, _rounds(t, _TorchOps(t.device)))
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_ties_prefer_the_smallest_head(multiroot):
+    # Documented tie-breaking: among equally good trees, every word takes the smallest head it can. With all scores
+    # equal: every word hangs from the root, or (single root) word 1 does and every other word hangs from word 1.
+    n = 6
+    z = NonProjectiveDepTree(multiroot).map(torch.zeros(3, n + 1, n + 1), torch.tensor([6, 3, 1]))
+    for zb, length in zip(z, [6, 3, 1], strict=True):
+        expected = [0] * length if multiroot else [0] + [1] * (length - 1)
+        assert _heads(zb[: length + 1, : length + 1]) == tuple(expected)
+        _assert_valid_tree(zb, multiroot, length)
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+def test_map_batch_does_not_change_the_trees(multiroot):
+    # Examples leave the batched rounds at different times (and are dropped from the arrays): each example's tree is
+    # the one it gets alone.
+    struct = NonProjectiveDepTree(multiroot)
+    scores, lengths = _messy_scores(24, 12, seed=7)
+    z = struct.map(scores, lengths)
+    for b in range(len(lengths)):
+        assert torch.equal(z[b : b + 1], struct.map(scores[b : b + 1], lengths[b : b + 1]))
 
 
 # ---------------------------------------------------------------------------------------------- second derivatives
