@@ -77,15 +77,33 @@ class Matching(Structure):
         compiled solver is the cost (the loop around it adds a few µs per example), and batched alternatives in torch
         were far slower (module docstring).
         """
+        cols, sizes = self._assign(scores, lengths)
+        batch, n, _ = scores.shape
+        rows = np.arange(n)
+        z = np.zeros((batch, n * n))
+        np.put_along_axis(z, rows * n + cols, rows < np.asarray(sizes)[:, None], axis=1)  # padded rows: a 0 in place
+        return torch.from_numpy(z.reshape(batch, n, n)).to(device=scores.device, dtype=scores.dtype)
+
+    def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MAP matching as its parts (``Structure.map_parts``): row i's pair is the flat index i n + σ(i),
+        ``[batch, n]``, on for the rows i < lengths[b]."""
+        cols, sizes = self._assign(scores, lengths)
+        n = scores.shape[-1]
+        parts = torch.from_numpy(np.arange(n) * n + cols).to(scores.device)
+        return parts, torch.arange(n, device=scores.device) < torch.tensor(sizes, device=scores.device).view(-1, 1)
+
+    @staticmethod
+    def _assign(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[np.ndarray, list[int]]:
+        """σ(i) for every row of every example (``[batch, n]`` int64, 0 past lengths[b]) and the sizes, by SciPy."""
         _check(scores)
         batch, n, _ = scores.shape
         sizes = [n] * batch if lengths is None else _lengths(scores, lengths).tolist()
         host = scores.detach().to("cpu", torch.float64).numpy()
-        z = np.zeros((batch, n, n))
+        cols = np.zeros((batch, n), dtype=np.int64)
         for b, size in enumerate(sizes):
-            rows, cols = linear_sum_assignment(host[b, :size, :size], maximize=True)
-            z[b, rows, cols] = 1.0
-        return torch.from_numpy(z).to(device=scores.device, dtype=scores.dtype)
+            # rows come back as 0..size-1 in order (a perfect matching of a square block)
+            cols[b, :size] = linear_sum_assignment(host[b, :size, :size], maximize=True)[1]
+        return cols, sizes
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Not available: the log-permanent of exp(scores) is #P-hard to compute (see :meth:`sinkhorn`)."""
