@@ -244,12 +244,16 @@ class _ActiveSet:
 
     fields = "rows s idx part mask alpha gram zs c inv x threshold stalled newest".split()
 
-    def __init__(self, lengths, **values):
+    def __init__(self, lengths, buffers=None, **values):
         self.lengths = lengths
         for name in self.fields:
             setattr(self, name, values[name])
-        self.marker = torch.zeros(self.s.shape, dtype=torch.int8, device=self.s.device)  # all 0 between uses
-        self.at = torch.arange(self.s.shape[0], device=self.s.device)
+        m = self.s.shape[0]
+        if buffers is None:  # [M, d] each, M ≥ m, kept as examples retire (large tensors: no allocation per step)
+            buffers = torch.zeros_like(self.s, dtype=torch.int8), torch.empty_like(self.s)
+        self.buffers = buffers
+        self.marker = buffers[0][:m]  # all 0 between uses
+        self.at = torch.arange(m, device=self.s.device)
         self.room = 0  # a lower bound, kept on the host, on the free slots of every example
 
     @classmethod
@@ -295,7 +299,7 @@ class _ActiveSet:
     def take(self, keep: torch.Tensor) -> _ActiveSet:
         """The examples ``keep`` (indices ``[k]``) alone."""
         values = {name: getattr(self, name).index_select(0, keep) for name in self.fields}
-        return _ActiveSet(None if self.lengths is None else self.lengths[keep], **values)
+        return _ActiveSet(None if self.lengths is None else self.lengths[keep], self.buffers, **values)
 
     def grow(self) -> None:
         """More slots (a quarter more, at least 8): the state is copied, so not one slot at a time."""
@@ -414,7 +418,12 @@ class _ActiveSet:
         """
         pick = (lambda t: t) if rows is None else (lambda t: t[rows])  # noqa: E731
         alpha = pick(self.alpha)
-        resid = _combine(pick(self.idx), pick(self.part), -alpha, pick(self.s).clone())
+        resid = self.buffers[1][: alpha.shape[0]]
+        if rows is None:
+            resid.copy_(self.s)
+        else:
+            torch.index_select(self.s, 0, rows, out=resid)
+        _combine(pick(self.idx), pick(self.part), -alpha, resid)
         z_idx, z_part = _oracle(structure, resid, part_shape, None if self.lengths is None else pick(self.lengths))
         # <s - μ, z - μ> = <r, z> - <r, μ> with r = s - μ, and <r, μ> = αᵀ(Z_A s) - αᵀGα (exact G: no pass over d).
         gap = _gather(resid, z_idx, z_part) - (alpha * (pick(self.zs) - _matvec(pick(self.gram), alpha))).sum(-1)
