@@ -123,18 +123,20 @@ class ProjectiveDepTree(Structure):
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """A highest-scoring projective tree: 0/1 tensor ``[batch, n+1, n+1]`` in the scores' dtype, no gradient."""
-        with torch.no_grad():
-            s, lengths = _prepare(scores.detach(), lengths)
-            choices, root_child = _eisner_max(s, lengths, self.multiroot)
-            z = _backtrack(choices, root_child, lengths)
+        z, _ = self._best_tree(scores, lengths)
         return z.to(device=scores.device, dtype=scores.dtype)
 
     def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The MAP tree as its arcs, one per word (``Structure.map_parts``, :func:`tree_parts`)."""
+        z, lengths = self._best_tree(scores, lengths)
+        return tree_parts(z[:, :, 1:].argmax(1), lengths)  # a word's head: the only nonzero of its column
+
+    def _best_tree(self, scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Eisner's MAP tree, 0/1 ``[batch, n+1, n+1]`` (uint8), and the lengths."""
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
             choices, root_child = _eisner_max(s, lengths, self.multiroot)
-            return tree_parts(_backtrack(choices, root_child, lengths), lengths)
+            return _backtrack(choices, root_child, lengths), lengths
 
     def marginals(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """E_p[z] ``[batch, n+1, n+1]`` by inside-outside; differentiable once (its backward is H g, exact)."""
@@ -174,12 +176,11 @@ def _prepare(scores: torch.Tensor, lengths: torch.Tensor | None) -> tuple[torch.
     return s, lengths
 
 
-def tree_parts(z: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Trees ``[B, N, N]`` (0/1, any dtype) → their arcs as parts (``Structure.map_parts``): word m's arc h → m is
-    the flat part h·N + m, ``[B, n]`` for m = 1..n, on where m ≤ lengths[b] (a tree has one arc into each word)."""
-    size = z.shape[-1]
-    words = torch.arange(1, size, device=z.device)
-    heads = z[:, :, 1:].argmax(1)  # the only nonzero of each real word's column
+def tree_parts(heads: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Trees given by the heads of words 1..n, ``[B, n]``, → their arcs as parts (``Structure.map_parts``), shared
+    by both dependency structures: word m's arc h → m is the flat part h·(n+1) + m, on where m ≤ lengths[b]."""
+    size = heads.shape[-1] + 1
+    words = torch.arange(1, size, device=heads.device)
     return heads * size + words, words <= lengths.view(-1, 1)
 
 

@@ -116,7 +116,7 @@ import numpy as np
 import torch
 
 from latentstruct.structures.base import Structure
-from latentstruct.structures.dependency import _is_tree, arc_parts
+from latentstruct.structures.dependency import _is_tree, arc_parts, tree_parts
 
 __all__ = ["NonProjectiveDepTree"]
 
@@ -164,12 +164,11 @@ class NonProjectiveDepTree(Structure):
             return torch.zeros_like(s).scatter_(1, heads.unsqueeze(1), words.unsqueeze(1))
 
     def map_parts(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MAP tree as its arcs, one per word (``Structure.map_parts``): heads[m] · (n+1) + m for m = 1..n."""
+        """The MAP tree as its arcs, one per word (``Structure.map_parts``,
+        :func:`~latentstruct.structures.dependency.tree_parts`)."""
         with torch.no_grad():
             s, lengths, part = _prepare(scores.detach(), lengths)
-            heads = _chu_liu_edmonds(_incoming_scores(s, lengths, part, self.multiroot))[:, 1:]
-            words = torch.arange(1, s.shape[-1], device=s.device)
-            return heads * s.shape[-1] + words, words <= lengths.view(-1, 1)
+            return tree_parts(_chu_liu_edmonds(_incoming_scores(s, lengths, part, self.multiroot))[:, 1:], lengths)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """log Σ_z exp <s, z> over all trees, shape ``[batch]``, in the scores' dtype; differentiable (twice)."""

@@ -80,7 +80,7 @@ from typing import NamedTuple
 
 import torch
 
-from latentstruct.structures.parts import dense_to_parts
+from latentstruct.structures.parts import dense_to_parts, parts_to_dense
 
 __all__ = ["sparsemap", "sparsemap_active_set", "SparseMAPSolution", "SparseMAPConvergenceError"]
 
@@ -132,10 +132,9 @@ class SparseMAPSolution(NamedTuple):
     @property
     def vertices(self) -> torch.Tensor:
         """The active vertices as dense 0/1 tensors ``[batch, A, *part_shape]`` in μ's dtype (built on demand)."""
-        batch, width, _ = self.indices.shape
-        d = math.prod(self.mu.shape[1:])
-        on = (self.indices >= 0).to(self.mu.dtype)
-        dense = self.mu.new_zeros(batch, width, d).scatter_add_(2, self.indices.clamp_min(0), on)
+        batch, width, k = self.indices.shape
+        flat = self.indices.reshape(batch * width, k)
+        dense = parts_to_dense(flat.clamp_min(0), flat >= 0, math.prod(self.mu.shape[1:]), self.mu.dtype)
         return dense.reshape(batch, width, *self.mu.shape[1:])
 
     @property
@@ -291,8 +290,7 @@ class _ActiveSet:
         for i in range(1, weights.shape[1]):
             given = weights[:, i] > 0
             added = given & ~st.add(given, idx[:, i], part[:, i])
-            slot = (st.idx == idx[:, i, None]).all(-1) & (st.part == part[:, i, None]).all(-1) & st.mask
-            st.alpha = torch.where(slot & added[:, None], weights[:, i, None], st.alpha)
+            st.alpha[st.at[added], st.newest[added]] = weights[added, i]  # newest: the slot it went to
         st.alpha = st.alpha / st.alpha.sum(-1, keepdim=True)
         return st
 
