@@ -68,6 +68,7 @@ from latentstruct.structures.sparsemap import sparsemap_active_set  # noqa: E402
 
 NUM_TAGS = 17  # BIOES over the four CoNLL-2003 entity types, as in the NER task
 TOP_K = 5
+OPS = ("map", "map_parts", "marginals", "marginals+backward", "sparsemap+backward")  # in our_ops's order
 WARM_N = 30  # the size of the warm-start comparison
 WARM_NOISE = (0.01, 0.1)
 
@@ -362,9 +363,7 @@ def run(args, device, before=None, log=print):
                     theirs = {op: median_ms(fn, device) for op, fn in ref[1](scores).items()}
                 except Exception as err:  # noqa: BLE001
                     notes.append(f"{name}, n = {n}: {ref[0]} failed ({type(err).__name__}: {err}).")
-            for op in [op for op in ours if op in ("map", "map_parts", "marginals", "marginals+backward")] + [
-                "sparsemap+backward"
-            ]:
+            for op in [op for op in ours if op in OPS]:  # ours also holds the solver's statistics
                 row = {
                     "structure": name,
                     "n": n,

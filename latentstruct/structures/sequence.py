@@ -71,11 +71,9 @@ class SequenceTagging(Structure):
         """The Viterbi tag sequence as its parts (``Structure.map_parts``): position i's part is the flat index
         i T² + y_{i-1} T + y_i (y_{-1} = 0), ``[batch, n]``, on the positions i < lengths[b]."""
         tags, lengths = self._viterbi(scores, lengths)
-        batch, n = tags.shape
-        num = self.num_tags
-        prev = torch.cat([torch.zeros_like(tags[:, :1]), tags[:, :-1]], dim=1)
-        parts = torch.arange(n, device=tags.device) * (num * num) + prev * num + tags
-        return parts, torch.arange(n, device=tags.device) < lengths.view(-1, 1)
+        positions = torch.arange(tags.shape[1], device=tags.device)
+        parts = positions * self.num_tags**2 + _transitions(tags, self.num_tags)
+        return parts, positions < lengths.view(-1, 1)
 
     def log_partition(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """log Σ_y exp <s, z(y)> by the forward algorithm, shape ``[batch]``; differentiable (twice)."""
@@ -231,10 +229,15 @@ def _backtrack(last: torch.Tensor, pointers: torch.Tensor) -> torch.Tensor:
     return torch.stack(tags[::-1], 1)
 
 
+def _transitions(tags: torch.Tensor, num: int) -> torch.Tensor:
+    """The part of each position within its ``[T, T]`` block, y_{i-1} T + y_i (row 0 at position 0), ``[B, n]``."""
+    prev = torch.cat([torch.zeros_like(tags[:, :1]), tags[:, :-1]], dim=1)
+    return prev * num + tags
+
+
 def _vertex(tags: torch.Tensor, lengths: torch.Tensor, num: int, dtype: torch.dtype) -> torch.Tensor:
     """Indicator ``[B, n, T, T]`` of tag sequences ``[B, n]``, 0 at positions ≥ ``lengths``."""
     batch, n = tags.shape
-    prev = torch.cat([torch.zeros_like(tags[:, :1]), tags[:, :-1]], dim=1)  # row 0 at position 0
-    z = F.one_hot(prev * num + tags, num * num).view(batch, n, num, num)
+    z = F.one_hot(_transitions(tags, num), num * num).view(batch, n, num, num)
     live = torch.arange(n, device=tags.device).view(1, -1) < lengths.view(-1, 1)
     return (z * live.view(batch, n, 1, 1)).to(dtype)
