@@ -333,6 +333,11 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
     lines = [
         "# Training-step benchmark",
         "",
+        f"**Status: reduced protocol** — a timing benchmark, not a paper table: {meta['steps']} timed steps per run "
+        f"({meta['baseline_steps']} for the baselines, {meta['exact_steps']} for exact SparseMAP on SST), "
+        f"{meta['repeats']} repeat(s), SST with random embeddings and small evaluation subsets, ListOps with "
+        "`+preset=listops_cpu` (see Notes).",
+        "",
         "Seconds per training step of the paper configurations through `python -m latentstruct.train` (steady "
         "state: the warm-up steps subtracted, see Notes), median over repeats"
         + (

@@ -460,6 +460,10 @@ def write_markdown(path: Path, rows, notes, warm, scaling, args, device, baselin
     lines = [
         "# Structures benchmark",
         "",
+        f"**Status: full benchmark protocol** (every structure and operation at batch {args.batch}, n ∈ "
+        f"{{{', '.join(map(str, args.sizes))}}}, i.i.d. N(0, 1) scores) on {device.type.upper()}; a timing "
+        "benchmark, not a paper table.",
+        "",
         f"Median wall time (ms) per call at batch {args.batch}, float32, {device.type.upper()}, i.i.d. N(0, 1) scores"
         + (
             f"; **before** = commit {baseline['commit'][:12]} ({baseline['subject']}), **now** = this tree, the "

@@ -70,7 +70,7 @@ def test_the_tables(tmp_path):
             "warm_ms": 40.0,
         }
     ]
-    args = argparse.Namespace(batch=32, baseline="645b4f9")
+    args = argparse.Namespace(batch=32, baseline="645b4f9", sizes=[30])
     out = tmp_path / "s.md"
     bench.write_markdown(
         out, rows, ["a note"], warm, [], args, torch.device("cpu"), {"commit": "645b4f9" * 5, "subject": "x"}
