@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from shared_data import real_data
 from test_energy_task import check_resume_in_the_method_phase
 
 import latentstruct.train as train_module
@@ -31,7 +32,7 @@ from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = Path("/work/shared/data")
+REAL_DATA = real_data("conll2003")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml") if p.stem != "common")
 TINY_TASK = ["task.hidden=4", "embedding.dim=6", "task.feature_dim=3", "task.neumann_terms=2", "task.spen_steps=2",
              "task.num_samples=2"]
@@ -313,7 +314,7 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
                                      monkeypatch, steps=12)
 
 
-@pytest.mark.skipif(not (REAL_DATA / "conll2003").is_dir(), reason="the shared CoNLL-2003 is not here")
+@pytest.mark.skipif(REAL_DATA is None, reason="the shared CoNLL-2003 is not here")
 @pytest.mark.parametrize("experiment,features", [("cd", "false"), ("mbce", "true")])
 def test_real_conll_smoke_run(tmp_path, experiment, features):
     phases = ["trainer.phases.0.epochs=1"] if experiment != "mbce" else []  # 3 pretraining steps, then the method

@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from shared_data import real_data
 
 import latentstruct.train as train_module
 from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold
@@ -29,7 +30,7 @@ from latentstruct.tasks.energy import MultiLabelEnergy
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = Path("/work/shared/data")
+REAL_DATA = real_data("bibtex")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "mlc").glob("*.yaml") if p.stem != "common")
 TINY_TASK = ["task.feature_hidden=[16]", "task.global_hidden=4"]
 
@@ -371,7 +372,7 @@ def test_the_dataset_configs_read_their_files(tmp_path):
         instantiate(_compose("dataset=eurlex", f"paths.data_dir={tmp_path / 'nowhere'}").dataset)
 
 
-@pytest.mark.skipif(not (REAL_DATA / "bibtex").is_dir(), reason="the shared bibtex is not here")
+@pytest.mark.skipif(REAL_DATA is None, reason="the shared bibtex is not here")
 def test_real_bibtex_smoke_run(tmp_path):
     record = train(_compose("+experiment=mlc/cd", f"paths.data_dir={REAL_DATA}", f"paths.output_dir={tmp_path}",
                             "trainer.progress=false", "trainer.threads=1", "trainer.phases.0.epochs=2",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import pickle
 import struct
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_data import real_dir
 
 from latentstruct.data.images import (
     DATASETS,
@@ -278,18 +278,9 @@ def test_image_classification_errors(data_dir, tmp_path):
 
 # --- real MNIST (skipped when absent) ----------------------------------------------------------------------------
 
-
-def _real_mnist_dir() -> Path | None:
-    candidates = [os.environ.get("LATENTSTRUCT_DATA"), "/work/shared/data"]
-    for root in candidates:
-        if root and (Path(root) / "mnist").is_dir():
-            return Path(root) / "mnist"
-    return None
-
-
-@pytest.mark.skipif(_real_mnist_dir() is None, reason="real MNIST not available")
+@pytest.mark.skipif(real_dir("mnist") is None, reason="real MNIST not available")
 def test_real_mnist():
-    data = load_mnist(_real_mnist_dir())
+    data = load_mnist(real_dir("mnist"))
     x, y = data["train"]
     tx, ty = data["test"]
     assert x.shape == (60000, 28, 28) and tx.shape == (10000, 28, 28)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from shared_data import real_dir
 
 from latentstruct.data.listops import (
     LISTOPS_VOCAB,
@@ -96,11 +96,7 @@ def test_read_listops_errors(tmp_path: Path) -> None:
 
 
 def _official_test_file() -> Path | None:
-    candidates = [Path("/work/shared/data/listops/test_d20s.tsv.gz")]
-    if os.environ.get("LATENTSTRUCT_DATA"):
-        root = Path(os.environ["LATENTSTRUCT_DATA"]) / "listops"
-        candidates += [root / "test_d20s.tsv", root / "test_d20s.tsv.gz"]
-    return next((p for p in candidates if p.is_file()), None)
+    return real_dir("listops/test_d20s.tsv.gz") or real_dir("listops/test_d20s.tsv")
 
 
 def test_official_test_file() -> None:

@@ -5,13 +5,13 @@ invariance, the configs and the sweep, and a smoke run on the official test file
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from shared_data import real_data
 
 import latentstruct.data.listops as listops_data
 from latentstruct.data.listops import (
@@ -329,10 +329,7 @@ def test_invalid_combinations_are_refused():
 
 
 def _real_data() -> Path | None:
-    for root in (os.environ.get("LATENTSTRUCT_DATA"), str(ROOT.parent / "shared" / "data")):
-        if root and any((Path(root) / "listops" / name).is_file() for name in ("test_d20s.tsv", "test_d20s.tsv.gz")):
-            return Path(root).resolve()
-    return None
+    return real_data("listops/test_d20s.tsv") or real_data("listops/test_d20s.tsv.gz")
 
 
 @pytest.mark.skipif(_real_data() is None, reason="the official ListOps test file is not available")

@@ -5,12 +5,12 @@ bibtex / delicious files in the shared data folder when present)."""
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from shared_data import real_dir
 
 from latentstruct.data.mlc import (
     DEFAULT_THRESHOLDS,
@@ -244,17 +244,9 @@ def test_threshold_selection():
 
 # --- real data (skipped when absent) -------------------------------------------------------------------------------
 
-
-def _real_dir(name: str) -> Path | None:
-    for root in (os.environ.get("LATENTSTRUCT_DATA"), "/work/shared/data"):
-        if root and (Path(root) / name).is_dir():
-            return Path(root) / name
-    return None
-
-
-@pytest.mark.skipif(_real_dir("bibtex") is None, reason="real bibtex not available")
+@pytest.mark.skipif(real_dir("bibtex") is None, reason="real bibtex not available")
 def test_real_bibtex():
-    root = _real_dir("bibtex")
+    root = real_dir("bibtex")
     train = read_arff(root / "bibtex-train.arff.gz")  # label count from bibtex.xml
     assert train.x.shape == (4880, 1836) and train.y.shape == (4880, 159)
     assert train.label_names[0] == "TAG_2005" and set(np.unique(train.x)) == {0.0, 1.0}
@@ -266,9 +258,9 @@ def test_real_bibtex():
     assert y.sum(1).mean().item() == pytest.approx(2.402, abs=1e-3)
 
 
-@pytest.mark.skipif(_real_dir("delicious") is None, reason="real delicious not available")
+@pytest.mark.skipif(real_dir("delicious") is None, reason="real delicious not available")
 def test_real_delicious():
-    root = _real_dir("delicious")
+    root = real_dir("delicious")
     test = read_arff(root / "delicious-test.arff.gz")
     assert test.x.shape == (3185, 500) and test.y.shape == (3185, 983)
     assert int((test.y.sum(1) == 0).sum()) == 4

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from shared_data import real_data
 
 from latentstruct.data.text import snli_dataset, sst_dataset
 from latentstruct.show_trees import load_tree_model, parse_sentence
@@ -282,10 +282,7 @@ def test_show_trees_refuses_the_baseline(tmp_path):
 
 
 def _real_data() -> Path | None:
-    for root in (os.environ.get("LATENTSTRUCT_DATA"), str(ROOT.parent / "shared" / "data")):
-        if root and (Path(root) / "sst").is_dir():
-            return Path(root).resolve()
-    return None
+    return real_data("sst")
 
 
 @pytest.mark.skipif(_real_data() is None, reason="real SST not available (../shared/data/sst)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from shared_data import real_data
 
 from latentstruct.data.conll import TAG_PAD
 from latentstruct.data.twpos import TWPOS_SIZES, TWPOS_SPLITS, TWPOS_TAGS, read_tagged, twpos_dataset
@@ -18,7 +19,7 @@ from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = Path("/work/shared/data")
+REAL_DATA = real_data("twpos")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml") if p.stem != "common")
 
 
@@ -135,7 +136,7 @@ def test_the_sweeps_and_the_reduced_presets_compose():
         assert [p.epochs for p in pos_cpu.trainer.phases] == [10, 5] and pos_cpu.dataset.subset is None
 
 
-@pytest.mark.skipif(not (REAL_DATA / "twpos").is_dir(), reason="the shared Twitter POS data is not here")
+@pytest.mark.skipif(REAL_DATA is None, reason="the shared Twitter POS data is not here")
 def test_real_twitter_pos_counts():
     data = twpos_dataset(REAL_DATA)
     assert {split: data.size(split) for split in data.splits} == TWPOS_SIZES

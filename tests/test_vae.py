@@ -4,11 +4,11 @@ semi-supervised MNIST splits (tiny generated IDX files, plus the real MNIST if p
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from shared_data import real_dir
 from test_images import write_mnist
 
 from latentstruct.data.semisupervised import balanced_subset, binarize, semisupervised_mnist
@@ -21,7 +21,7 @@ from latentstruct.models.vae import (
     negative_elbo,
 )
 
-REAL_MNIST = Path("/work/shared/data/mnist")
+REAL_MNIST = real_dir("mnist")
 
 PHI0 = torch.tensor([0.3, -0.5, 1.0, 0.0], dtype=torch.float64)
 THETA = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
@@ -249,7 +249,7 @@ def test_semisupervised_mnist_tiny(tmp_path):
         semisupervised_mnist("cifar10", tmp_path, 20)
 
 
-@pytest.mark.skipif(not REAL_MNIST.exists(), reason="real MNIST not available")
+@pytest.mark.skipif(REAL_MNIST is None, reason="real MNIST not available")
 def test_semisupervised_mnist_real_sizes():
     data = semisupervised_mnist("mnist", REAL_MNIST.parent, n_labelled=100, seed=0)
     assert len(data["train"]["x"]) == 50_000 and len(data["valid"]["x"]) == 10_000

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from shared_data import real_data
 from test_images import write_mnist
 
 import latentstruct.train as train_module
@@ -21,7 +22,7 @@ from latentstruct.tasks.vae import SemiSupervisedVAE
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = Path("/work/shared/data")
+REAL_DATA = real_data("mnist")
 SMALL = ["task.gaussian_dim=4", "task.encoder_hidden=[32,16]", "task.head_hidden=8", "task.decoder_hidden=32"]
 
 
@@ -160,7 +161,7 @@ def test_direct_surrogate_equals_the_direct_estimator_on_a_categorical():
     torch.testing.assert_close(scores.grad, phi.grad)
 
 
-@pytest.mark.skipif(not (REAL_DATA / "mnist").is_dir(), reason="the shared MNIST is not here")
+@pytest.mark.skipif(REAL_DATA is None, reason="the shared MNIST is not here")
 def test_real_mnist_smoke_run_learns_from_the_labels(tmp_path):
     record = train(_cfg(REAL_DATA, tmp_path / "run", "dataset.n_labelled=100", "dataset.n_valid=10000",
                         "trainer.batch_size=100", "trainer.phases.0.epochs=30", "trainer.max_steps=30",
