@@ -1,19 +1,50 @@
-"""Dataclass schemas for every config group, registered in Hydra's ConfigStore (DESIGN.md §6).
+"""Config schemas: derived from the signatures of the classes and functions the configs build (DESIGN.md §6).
 
-Each YAML option starts ``defaults: [<schema>, _self_]`` so that an unknown key or a wrong type fails at
-composition, naming the key. Importing this module registers the schemas.
+**One declaration per setting.** A config option names what it builds by its schema in its defaults list::
+
+    # configs/encoder/bilstm.yaml
+    defaults: [/latentstruct.models.text.BiLSTMEncoder@_here_, _self_]
+    hidden: 100
+
+The schema ``latentstruct.models.text.BiLSTMEncoder`` is a dataclass derived from that class's ``__init__``
+(:func:`schema`): one field per parameter, with the parameter's type and default, and its help text from the
+``Args:`` section of the class's docstring. So a setting is declared once, in the signature, and an unknown key or a
+wrong type fails at composition, naming the key. A task's schema comes from its :meth:`~latentstruct.tasks.Task.build`
+(the model parts it is built from are config groups of their own, not fields). Parameters whose values come from the
+data (sizes) are listed in the class attribute ``FROM_DATA`` and are not settings. Every schema that a file under
+``configs/`` names is registered when this module is imported.
+
+The run-level settings (``trainer``, ``paths``, ``embedding``, the optimizers) configure no class of ours and stay
+dataclasses here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-__all__ = ["register_configs", "option_name"]
+__all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
+           "CONFIG_DIR"]
+
+#: the configs of the entry point (``python -m latentstruct.train``)
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A composed configuration that names a setting its target does not have, or a value outside its choices."""
 
 
 def option_name(option: Any) -> str:
@@ -27,11 +58,190 @@ def _help(text: str, default: Any = MISSING, **kw) -> Any:
     return field(default=default, metadata={"help": text}, **kw)
 
 
-class EvalLatent(str, Enum):
-    map = "map"
-    relaxed = "relaxed"
+# ------------------------------------------------------------------------------------- schemas from signatures
+def locate(target: str) -> Any:
+    """The object a ``_target_`` names (``package.module.Name`` or ``package.module.Class.attribute``)."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ConfigError(f"cannot import {target!r}")
 
 
+def _function(obj: Any) -> Any:
+    """What a config node's values are passed to: a task's ``build``, a class's ``__init__``, or the function."""
+    if isinstance(obj, type):
+        return obj.build if hasattr(obj, "PARTS") else obj.__init__
+    return obj
+
+
+def _skipped(obj: Any) -> set[str]:
+    """Parameters that are not settings: sizes from the data (``FROM_DATA``), a task's data and parts."""
+    skip = set(getattr(obj, "FROM_DATA", ()))
+    if isinstance(obj, type) and hasattr(obj, "PARTS"):
+        skip |= {"dims", "extras", "latent", "embedding", *obj.PARTS}
+    return skip
+
+
+def settings(obj: Any) -> dict[str, inspect.Parameter]:
+    """The settings of a class or function (its configurable parameters), in signature order."""
+    skip = _skipped(obj)
+    params = inspect.signature(_function(obj)).parameters.values()
+    return {p.name: p for p in params if p.name not in skip and p.name != "self"
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def help_texts(obj: Any) -> dict[str, str]:
+    """``{parameter: help}`` from the ``Args:`` sections of the docstrings of ``obj`` (a function, or a class, its
+    ``__init__`` or ``build`` and those of its latentstruct base classes): one ``name: text`` per parameter,
+    continued on more deeply indented lines."""
+    texts: dict[str, str] = {}
+    owners = [c for c in obj.__mro__ if c.__module__.startswith("latentstruct")] if isinstance(obj, type) else [obj]
+    methods = ("__init__", "build")
+    docs = [d for c in owners for d in (vars(c).get("__doc__"), *(getattr(vars(c).get(m), "__doc__", None)
+                                                                   for m in methods))]
+    for doc in docs:  # the first class of the MRO that documents a parameter wins
+        lines = inspect.cleandoc(doc or "").splitlines()
+        for i, line in enumerate(lines):
+            if line.strip() != "Args:":
+                continue
+            indent = len(line) - len(line.lstrip())
+            name, param_depth, found = None, 0, {}
+            for entry in lines[i + 1:]:
+                depth = len(entry) - len(entry.lstrip())
+                if entry.strip() and depth <= indent:
+                    break
+                match = re.match(r"\s*(\w+)(?: \([^)]*\))?: ?(.*)", entry)
+                if match and (name is None or depth <= param_depth):
+                    name, param_depth = match.group(1), depth
+                    found.setdefault(name, match.group(2).strip())
+                elif name is not None and entry.strip():
+                    found[name] = f"{found[name]} {entry.strip()}"
+            for key, text in found.items():
+                texts.setdefault(key, text)
+    return texts
+
+
+_SIMPLE = (int, float, bool, str)
+
+
+def _field_type(annotation: Any) -> Any:
+    """The OmegaConf type of a parameter's annotation: int / float / bool / str, optional, lists of those; a
+    ``Literal`` is a ``str`` (its choices are checked by :func:`validate`); anything else (modules, tensors) Any."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation in _SIMPLE:
+        return annotation
+    if origin is Literal:
+        return str if all(isinstance(a, str) for a in args) else Any
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        inner = _field_type(rest[0]) if len(rest) == 1 else Any
+        return Any if inner is Any else typing.Optional[inner]  # noqa: UP045  (OmegaConf reads typing.Optional)
+    if origin in (list, tuple, Sequence) and args and _field_type(args[0]) in _SIMPLE:
+        return list[_field_type(args[0])]
+    return Any
+
+
+def _choices(annotation: Any) -> tuple | None:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return args
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for a in args:
+            if typing.get_origin(a) is Literal:
+                return (*typing.get_args(a), *([None] if type(None) in args else []))
+    return None
+
+
+def _hints(obj: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(_function(obj))
+    except Exception:  # an annotation that does not evaluate here (a name imported under TYPE_CHECKING): Any
+        return {}
+
+
+@cache
+def schema(target: str) -> type:
+    """The dataclass schema of ``target`` (a ``_target_`` string): ``_target_``, ``_partial_`` (true by default
+    when the data gives some parameters, ``FROM_DATA``) and one field per setting, with its type, default and help."""
+    obj = locate(target)
+    hints, texts = _hints(obj), help_texts(obj)
+    fields: list[tuple] = [("_target_", str, field(default=target))]
+    if getattr(obj, "FROM_DATA", ()):
+        fields.append(("_partial_", bool, field(default=True)))
+    for name, p in settings(obj).items():
+        kind = _field_type(hints.get(name, Any))
+        default = MISSING if p.default is inspect.Parameter.empty else p.default
+        if isinstance(default, tuple):
+            default = list(default)
+        if isinstance(default, (list, dict)):
+            value = field(default_factory=lambda d=default: type(d)(d), metadata={"help": texts.get(name, "")})
+        elif not (default is None or default is MISSING or isinstance(default, _SIMPLE)):
+            kind, value = Any, field(default=MISSING, metadata={"help": texts.get(name, "")})
+        else:
+            value = field(default=default, metadata={"help": texts.get(name, "")})
+        fields.append((name, kind, value))
+    return dataclasses.make_dataclass(target.rsplit(".", 1)[-1] + "Conf", fields)
+
+
+def _schema_names(config_dir: Path) -> set[str]:
+    """The schemas the config files name: ``/<dotted target>@<package>`` entries of their defaults lists."""
+    names = set()
+    for path in config_dir.rglob("*.yaml"):
+        names.update(re.findall(r"/((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)@", path.read_text()))
+    return names
+
+
+# ------------------------------------------------------------------------------------------------- validation
+def _close(name: str, options) -> str:
+    near = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(near)}?" if near else ""
+
+
+def validate(cfg: DictConfig, where: str = "") -> None:
+    """Refuse what composition lets through: a key that no schema declares (Hydra accepts any ``+key``), and a
+    value outside a parameter's choices (``Literal``). Every node with a ``_target_`` is checked against its
+    target's settings; the dataclass nodes (``trainer``, ``paths``...) against their fields."""
+    if not isinstance(cfg, DictConfig):
+        return
+    known: set[str] | None = None  # the keys this node may hold; None: anything
+    target = cfg._get_node("_target_")._value() if "_target_" in cfg else None
+    if isinstance(target, str) and not target.startswith("${"):
+        obj = locate(target)
+        params, hints = settings(obj), _hints(obj)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(_function(obj)).parameters.values())
+        known = None if takes_any else {"_target_", "_partial_", "_recursive_", "_convert_", "_args_", *params}
+        for name in params:
+            choices = _choices(hints.get(name))
+            if choices and name in cfg and not OmegaConf.is_interpolation(cfg, name) and cfg[name] not in choices:
+                raise ConfigError(f"{where}{name}={cfg[name]!r} is not one of {', '.join(map(repr, choices))} "
+                                  f"({target})")
+    else:
+        typed = OmegaConf.get_type(cfg)
+        if dataclasses.is_dataclass(typed):
+            known = {f.name for f in dataclasses.fields(typed)}
+    for key in cfg.keys():
+        if known is not None and key not in known:
+            options = sorted(k for k in known if not k.startswith("_"))
+            owner = where[:-1] or "the config"
+            raise ConfigError(f"unknown setting {where}{key}{_close(str(key), options)} (the settings of {owner}: "
+                              f"{', '.join(options)})")
+        node = cfg._get_node(key)
+        if node._is_none() or node._is_missing() or node._is_interpolation():
+            continue
+        if isinstance(node, DictConfig):
+            validate(node, f"{where}{key}.")
+        elif isinstance(node, ListConfig):
+            for i in range(len(node)):
+                validate(node._get_node(i), f"{where}{key}.{i}.")
+
+
+# ------------------------------------------------------------ legacy schemas (moving into the signatures)
 class LatentSource(str, Enum):
     predicted = "predicted"
     gold = "gold"
@@ -47,11 +257,6 @@ class Device(str, Enum):
     auto = "auto"
     cpu = "cpu"
     cuda = "cuda"
-
-
-class Baseline(str, Enum):
-    none = "none"
-    moving_average = "moving_average"
 
 
 class SortingBaseline(str, Enum):
@@ -236,11 +441,6 @@ class TaskConf:
 
 
 @dataclass
-class ClassificationConf(TaskConf):
-    _target_: str = "latentstruct.tasks.LatentClassifier"
-
-
-@dataclass
 class SortingConf(TaskConf):
     _target_: str = "latentstruct.tasks.Sorting"
     hidden: int = _help("units of the μ-network's hidden layer (seed 002 App. C.1, Mena et al. 2018: 32)", 32)
@@ -399,101 +599,6 @@ class NEREnergyTaskConf(TaskConf):
     spen_lr: float = _help("spen: their step size; our choice", 0.1)
 
 
-# ------------------------------------------------------------------------------------------- model parts
-@dataclass
-class IdentityEncoderConf:
-    _target_: str = "latentstruct.models.encoders.Identity"
-
-
-@dataclass
-class LinearScorerConf:
-    _target_: str = "latentstruct.models.scorers.Linear"
-    bias: bool = _help("learn a bias b_f", True)
-
-
-@dataclass
-class CategoricalConf:
-    _target_: str = "latentstruct.structures.Categorical"
-
-
-@dataclass
-class ProjectiveDepTreeConf:
-    _target_: str = "latentstruct.structures.ProjectiveDepTree"
-    multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
-    sparsemap_max_iter: int | None = _help(
-        "SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n and use the iterate "
-        "(the seed 001 authors ran lp-sparsemap with 50)", None)
-
-
-@dataclass
-class NonProjectiveDepTreeConf:
-    _target_: str = "latentstruct.structures.NonProjectiveDepTree"
-    multiroot: bool = _help("allow several children of the root (False: exactly one)", True)
-    sparsemap_max_iter: int | None = _help(
-        "SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n and use the iterate "
-        "(the seed 001 authors ran lp-sparsemap with 50)", None)
-
-
-@dataclass
-class SequenceTaggingConf:
-    _target_: str = "latentstruct.structures.SequenceTagging"
-    num_tags: int = _help("number of tags T (scores [batch, n, T, T])")
-
-
-@dataclass
-class BinaryTreeConf:
-    _target_: str = "latentstruct.structures.BinaryTree"
-
-
-@dataclass
-class MatchingConf:
-    _target_: str = "latentstruct.structures.Matching"
-
-
-@dataclass
-class TopKConf:
-    _target_: str = "latentstruct.structures.TopK"
-    k: int = _help("size of the selected subset (scores [batch, n], vertices k-hot)")
-
-
-@dataclass
-class DecoderConf:
-    _target_: str = MISSING
-
-
-# ------------------------------------------------------------------------------------------------ estimator
-@dataclass
-class EstimatorConf:
-    _target_: str = MISSING
-    eval_latent: EvalLatent = _help("decoder input at evaluation: relaxed (the relaxation, if any) or map", "relaxed")
-
-
-@dataclass
-class PulledBackConf(EstimatorConf):
-    eta: float = _help("pull-back step size η", 1.0)
-    steps: int = _help("k inner pull-back steps (each extra step calls the decoder)", 1)
-
-
-@dataclass
-class GumbelConf(EstimatorConf):
-    tau: float = _help("temperature τ of the relaxation", 1.0)
-
-
-@dataclass
-class SfeConf(EstimatorConf):
-    baseline: Baseline = _help("control variate: none or moving_average", "none")
-    decay: float = _help("decay of the moving-average baseline", 0.9)
-
-
-@dataclass
-class DirectConf(EstimatorConf):
-    epsilon: float = _help("loss perturbation ε (< 0: towards-best, as in seed 002; |ε| = 12 for matchings)", -12.0)
-    sigma: float = _help("noise scale σ: 0 (Hazan et al. 2010), 1 (Lorberbom et al. 2018); a task may learn it", 1.0)
-    samples: int = _help("noise perturbations per example (gradients averaged)", 1)
-    grow: float = _help("factor on |ε| when an example's update is zero while its loss is not", 1.1)
-    max_retries: int = _help("cap on those ε growths per example", 100)
-
-
 # ---------------------------------------------------------------------------------------------- optim etc.
 @dataclass
 class OptimConf:
@@ -563,11 +668,12 @@ class PathsConf:
 @dataclass
 class TrainConf:
     dataset: Any = MISSING
-    encoder: Any = MISSING
-    scorer: Any = MISSING
-    structure: Any = MISSING
-    estimator: Any = MISSING
-    decoder: Any = MISSING
+    # the model parts (latentstruct.tasks.base.PART_GROUPS): the task's option selects those it is built from
+    encoder: Any = None
+    scorer: Any = None
+    structure: Any = None
+    estimator: Any = None
+    decoder: Any = None
     optim: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
@@ -593,7 +699,6 @@ _SCHEMAS = {
     ("dataset", "base_conll"): CoNLLConf,
     ("dataset", "base_twpos"): TwPOSConf,
     ("task", "base_task"): TaskConf,
-    ("task", "base_classification"): ClassificationConf,
     ("task", "base_sorting"): SortingConf,
     ("task", "base_knn"): KNNConf,
     ("task", "base_sst"): SSTTaskConf,
@@ -602,21 +707,6 @@ _SCHEMAS = {
     ("task", "base_listops"): ListOpsTaskConf,
     ("task", "base_mlc_energy"): MLCEnergyTaskConf,
     ("task", "base_ner_energy"): NEREnergyTaskConf,
-    ("encoder", "base_encoder"): IdentityEncoderConf,
-    ("scorer", "base_scorer"): LinearScorerConf,
-    ("structure", "base_structure"): CategoricalConf,
-    ("structure", "base_projective_dep_tree"): ProjectiveDepTreeConf,
-    ("structure", "base_nonprojective_dep_tree"): NonProjectiveDepTreeConf,
-    ("structure", "base_sequence_tagging"): SequenceTaggingConf,
-    ("structure", "base_binary_tree"): BinaryTreeConf,
-    ("structure", "base_matching"): MatchingConf,
-    ("structure", "base_topk"): TopKConf,
-    ("decoder", "base_decoder"): DecoderConf,
-    ("estimator", "base_estimator"): EstimatorConf,
-    ("estimator", "base_pulled_back"): PulledBackConf,
-    ("estimator", "base_gumbel"): GumbelConf,
-    ("estimator", "base_sfe"): SfeConf,
-    ("estimator", "base_direct"): DirectConf,
     ("optim", "base_optim"): OptimConf,
     ("trainer", "base_trainer"): TrainerConf,
     ("logger", "base_logger"): LoggerConf,
@@ -625,7 +715,8 @@ _SCHEMAS = {
 }
 
 
-def register_configs() -> None:
+def register_configs(config_dir: Path = CONFIG_DIR) -> None:
+    """Register the run schema, the schemas the config files name, and the resolvers."""
     # ``${k:${dataset.num_clusters}}`` -> "k10": a string key into a per-setting ``tuned`` table (an interpolated
     # key segment must be a string, and a bare integer cannot be one).
     OmegaConf.register_new_resolver("k", lambda value: f"k{value}", replace=True)
@@ -633,6 +724,8 @@ def register_configs() -> None:
     cs.store(name="base_train", node=TrainConf)
     for (group, name), node in _SCHEMAS.items():
         cs.store(group=group, name=name, node=node)
+    for name in sorted(_schema_names(config_dir)):
+        cs.store(name=name, node=schema(name))
 
 
 register_configs()

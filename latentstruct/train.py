@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import latentstruct.optim
-from latentstruct.config import option_name  # importing latentstruct.config registers the config schemas
+from latentstruct.config import option_name, validate  # importing latentstruct.config registers the schemas
 from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.records import (
     environment,
@@ -128,9 +128,9 @@ def _check_same_run(saved: dict, current: dict, where: Path) -> None:
 
 
 def build_model(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
-    """The task ``cfg.task`` names (classification: encoder → scorer → structure, estimator → decoder), built by its
-    class from the config, the sizes the data dictates and its extras (``latentstruct/tasks/base.py``: the
-    interface)."""
+    """The task ``cfg.task`` names (classification: encoder → scorer → structure, estimator → decoder), built by
+    :meth:`~latentstruct.tasks.Task.from_config` from its parts, its settings, the sizes the data dictates and its
+    extras (``latentstruct/tasks/base.py``: the interface)."""
     return get_class(cfg.task._target_).from_config(cfg, dims, extras or {})
 
 
@@ -143,6 +143,7 @@ def _print_metrics(metrics: dict[str, float], header: str) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict."""
+    validate(cfg)
     out = Path(cfg.paths.output_dir)
     record = read_record(out)
     if record and record.get("status") == "completed" and not cfg.trainer.force:

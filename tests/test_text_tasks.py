@@ -223,7 +223,7 @@ def test_experiments_carry_table4_settings(task):
         assert eta is None or cfg.estimator.eta == eta
         assert cfg.trainer.select.value == "best"
         assert cfg.latent.value == ("none" if method == "baseline" else "predicted")
-        assert cfg.estimator.eval_latent.value == eval_latent
+        assert cfg.estimator.eval_latent == eval_latent
     assert _compose(f"+experiment={task}/baseline").task.dropout == (0.0 if task == "sst" else 0.2)
 
 

@@ -16,7 +16,6 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from omegaconf.errors import ValidationError
 from test_energy_ner import write_conll
 from test_energy_task import write_mlc
 from test_images import write_cifar, write_mnist
@@ -25,6 +24,7 @@ from test_text_tasks import write_snli, write_sst
 from test_twpos import write_twpos
 
 import latentstruct.train as train_module
+from latentstruct.config import ConfigError, validate
 from latentstruct.data.images import DATASETS
 from latentstruct.tasks import Task
 from latentstruct.train import train
@@ -174,10 +174,12 @@ def test_wrong_type_and_unknown_key_name_the_key():
     with pytest.raises(ConfigCompositionException) as err:
         _compose("estimator.eta=fast")
     assert "estimator.eta" in str(err.value.__cause__ or err.value)
-    with pytest.raises((ConfigCompositionException, ValidationError), match="eval_latent"):
-        _compose("estimator.eval_latent=sometimes")
+    with pytest.raises(ConfigError, match=r"estimator.eval_latent='sometimes' is not one of 'map', 'relaxed'"):
+        validate(_compose("estimator.eval_latent=sometimes"))  # choices: checked first thing by train()
     with pytest.raises(ConfigCompositionException, match="etta"):
         _compose("estimator.etta=1")
+    with pytest.raises(ConfigError, match="unknown setting estimator.etta; did you mean eta"):
+        validate(_compose("+estimator.etta=1"))  # Hydra lets any +key through; the schema does not
 
 
 def test_latent_none_requires_a_latent_free_decoder(tmp_path):

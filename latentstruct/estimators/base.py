@@ -10,6 +10,7 @@ gradient the optimizer would see at μ.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import nn
@@ -60,11 +61,14 @@ class Estimator(nn.Module):
     """Base class. ``relaxed`` estimators feed the decoder a continuous relaxation while training; at evaluation
     ``eval_latent`` decides what the decoder sees: ``"relaxed"`` (the estimator's deterministic relaxation; MAP for
     the non-relaxed ones) or ``"map"`` (always MAP).
+
+    Args:
+        eval_latent: decoder input at evaluation: relaxed (the relaxation, if any) or map.
     """
 
     relaxed: bool = False
 
-    def __init__(self, eval_latent: str = "relaxed"):
+    def __init__(self, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__()
         if eval_latent not in EVAL_LATENTS:
             raise ValueError(f"eval_latent must be one of {EVAL_LATENTS}, got {eval_latent!r}")
@@ -95,9 +99,13 @@ class Estimator(nn.Module):
 
 
 class Tempered(Estimator):
-    """An estimator with a temperature τ > 0 (the Gumbel family)."""
+    """An estimator with a temperature τ > 0 (the Gumbel family).
 
-    def __init__(self, tau: float = 1.0, eval_latent: str = "relaxed"):
+    Args:
+        tau: temperature τ of the relaxation.
+    """
+
+    def __init__(self, tau: float = 1.0, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if not tau > 0:
             raise ValueError(f"tau must be > 0, got {tau}")

@@ -58,6 +58,7 @@ direct loss minimization", ICML (seed 002).
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 
@@ -118,7 +119,7 @@ class Direct(Estimator):
         samples: int = 1,
         grow: float = 1.1,
         max_retries: int = 100,
-        eval_latent: str = "relaxed",
+        eval_latent: Literal["map", "relaxed"] = "relaxed",
     ):
         super().__init__(eval_latent)
         if not _is_real(epsilon) or not math.isfinite(epsilon) or epsilon == 0:

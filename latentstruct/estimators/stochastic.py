@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from latentstruct.estimators.base import Estimator, Tempered, surrogate
@@ -36,11 +38,16 @@ class Sfe(Estimator):
     with L_b = downstream(z)_b the example's own loss (not the batch mean), and b = 0 (``baseline="none"``) or a
     moving average of past batch-mean losses (``baseline="moving_average"``, decay ``decay``), updated after use.
     The decoder's own parameters get their usual gradient through the sampled z.
+
+    Args:
+        baseline: control variate: none or moving_average.
+        decay: decay of the moving-average baseline.
     """
 
     BASELINES = ("none", "moving_average")
 
-    def __init__(self, baseline: str = "none", decay: float = 0.9, eval_latent: str = "relaxed"):
+    def __init__(self, baseline: Literal["none", "moving_average"] = "none", decay: float = 0.9,
+                 eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if baseline not in self.BASELINES:
             raise ValueError(f"baseline must be one of {self.BASELINES}, got {baseline!r}")

@@ -16,6 +16,8 @@ step of ``spigot_ce`` / ``spigot_eg``, calls ``downstream`` once.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
@@ -28,11 +30,15 @@ class PulledBack(Estimator):
 
     The default ``pull_back`` is Algorithm 1's loop μt = project(μ(t-1) - ηγ(μ(t-1))), returning μ0 - μk; a
     subclass picks μ0 (ẑ, whose γ is the incoming gradient, or Marg(s)) and the projection.
+
+    Args:
+        eta: pull-back step size η.
+        steps: k inner pull-back steps (each extra step calls the decoder).
     """
 
     starts_at_map = True  # μ0 = ẑ (else Marg(s))
 
-    def __init__(self, eta: float = 1.0, steps: int = 1, eval_latent: str = "relaxed"):
+    def __init__(self, eta: float = 1.0, steps: int = 1, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if not eta > 0:
             raise ValueError(f"eta must be > 0, got {eta}")

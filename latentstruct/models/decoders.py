@@ -19,6 +19,8 @@ class Bilinear(nn.Module):
 
     uses_latent = True
 
+    FROM_DATA = ("in_features", "latent_dim", "num_classes")  # given by the task, from the data
+
     def __init__(self, in_features: int, latent_dim: int, num_classes: int):
         super().__init__()
         # Same parameters and initialisation as nn.Bilinear(latent_dim, in_features, num_classes), but computed as
@@ -39,6 +41,8 @@ class Linear(nn.Module):
     """The no-latent baseline: ŷ = W x + b; ``z`` is ignored."""
 
     uses_latent = False
+
+    FROM_DATA = ("in_features", "latent_dim", "num_classes")  # given by the task, from the data
 
     def __init__(self, in_features: int, latent_dim: int, num_classes: int):
         super().__init__()

@@ -111,6 +111,11 @@ class ProjectiveDepTree(Structure):
 
     ``map`` is Eisner's O(n³) algorithm with back-pointers; ``log_partition`` the inside algorithm in log space
     (differentiable twice); ``marginals`` its gradient by inside-outside (differentiable once; module docstring).
+
+    Args:
+        multiroot: allow several children of the root (false: exactly one).
+        sparsemap_max_iter: SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n
+            and use the iterate (the seed 001 authors ran lp-sparsemap with 50).
     """
 
     def __init__(self, multiroot: bool = True, sparsemap_max_iter: int | None = None):

@@ -141,6 +141,11 @@ class NonProjectiveDepTree(Structure):
     the inverse Laplacian (the elimination's gradient for those examples), differentiable twice. ``sample``
     (perturb-and-MAP) and ``sparsemap`` (the generic active-set solver) come from the base class. Formulas and
     accuracy: see the module docstring.
+
+    Args:
+        multiroot: allow several children of the root (false: exactly one).
+        sparsemap_max_iter: SparseMAP active-set iterations: null = solve exactly (gap <= 1e-6); n = stop after n
+            and use the iterate (the seed 001 authors ran lp-sparsemap with 50).
     """
 
     def __init__(self, multiroot: bool = True, sparsemap_max_iter: int | None = None):

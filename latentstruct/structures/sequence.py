@@ -53,6 +53,9 @@ class SequenceTagging(Structure):
     Scores ``[batch, n, T, T]``, ``scores[b, i, s, t]`` = score of tag s at i-1 followed by tag t at i; at i = 0 only
     ``scores[b, 0, 0, t]`` (the start) is a part. ``lengths`` ``[batch]`` (integer, each in 1..n; default n) is the
     number of positions; padding may hold any value and is 0 in every output.
+
+    Args:
+        num_tags: number of tags T (scores [batch, n, T, T]).
     """
 
     def __init__(self, num_tags: int):

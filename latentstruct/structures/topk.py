@@ -52,6 +52,9 @@ class TopK(Structure):
     Scores ``[batch, n]``. ``lengths`` ``[batch]`` (integer, k ≤ lengths[b] ≤ n; default n): only the first
     ``lengths[b]`` positions are candidates; the rest are padding, may hold any value (even ±inf or NaN), are
     ignored, get no gradient and are 0 in every output.
+
+    Args:
+        k: size of the selected subset (scores [batch, n], vertices k-hot).
     """
 
     def __init__(self, k: int):

@@ -1,8 +1,12 @@
 """The task interface: everything ``train.py`` asks of a model, whatever the task.
 
-A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. ``train.py``
-builds it with ``<class>.from_config(cfg, dims, extras)`` — the task knows which config groups it reads (the classifier:
-encoder, scorer, structure, estimator, decoder; sorting: structure and estimator) — and then only uses:
+A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. Its model parts
+are config groups of their own, listed in ``PARTS`` (the classifier: encoder, scorer, structure, estimator, decoder;
+sorting: structure and estimator), each an option with a ``_target_`` (a partial where the data gives the sizes).
+``train.py`` builds it with :meth:`Task.from_config`, which instantiates those groups and passes them, with the task's
+own settings (the ``task`` node, whose schema is :meth:`build`'s signature), the sizes the data dictates and its
+extras to :meth:`build`; a part group that the task does not list is refused, never silently ignored. ``train.py``
+then only uses:
 
 * ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
 * ``evaluate(data, batch_size)`` → ``{metric: value}`` under no_grad, restoring the train/eval mode; it must hold
@@ -22,22 +26,62 @@ encoder, scorer, structure, estimator, decoder; sorting: structure and estimator
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-__all__ = ["Task"]
+__all__ = ["Task", "PART_GROUPS", "SHARED"]
+
+#: the top-level config groups that hold model parts; a task reads those of them its ``PARTS`` lists
+PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder")
+#: top-level settings shared by the tasks, passed to :meth:`Task.build` when its signature names them
+SHARED = {"latent": "predicted", "embedding": None}
+
+
+def _plain(value: Any) -> Any:
+    """A config value as plain Python: containers as dicts / lists, enum members as their strings."""
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True, enum_to_str=True)
+    return getattr(value, "value", value)
 
 
 class Task(nn.Module):
     """Base class of the tasks (module docstring: the interface ``train.py`` relies on)."""
 
+    #: the config groups this task is built from (a subset of :data:`PART_GROUPS`), passed to :meth:`build`
+    PARTS: tuple[str, ...] = ()
+
     @classmethod
-    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
-        """Build the task from the composed config ``cfg``, the sizes the data dictates (``TensorSplits.dims``) and
-        what else comes with the data (``TensorSplits.extras``: a vocabulary, pretrained embeddings)."""
+    def build(cls, dims: dict[str, int], extras: dict[str, Any], **kwargs: Any) -> Task:
+        """The task from its parts (instantiated config groups: modules, or partials that take the sizes of
+        ``dims``), its settings (the ``task`` node) and the data's sizes and extras."""
         raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
+        """Build the task from the composed config ``cfg``, the sizes the data dictates (``TensorSplits.dims``) and
+        what else comes with the data (``TensorSplits.extras``: a vocabulary, pretrained embeddings).
+
+        Refuses a part group that is set (not null) but not in ``PARTS``: ``decoder=linear`` on a task without a
+        decoder is an error, not a no-op."""
+        unread = [g for g in PART_GROUPS if g not in cls.PARTS and cfg.get(g) is not None]
+        if unread:
+            raise ValueError(
+                f"task {cls.__name__} is built from {', '.join(cls.PARTS) or 'no parts'}; it does not read "
+                + ", ".join(f"{g} (set to {cfg[g].get('_target_', '?')})" for g in unread)
+                + ": remove those overrides"
+            )
+        takes = inspect.signature(cls.build).parameters
+        if "latent" not in takes and cfg.get("latent", "predicted") != SHARED["latent"]:
+            raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={cfg.latent}")
+        parts = {g: None if cfg.get(g) is None else instantiate(cfg[g]) for g in cls.PARTS}
+        shared = {k: _plain(cfg[k]) for k in SHARED if k in takes}
+        settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}
+        return cls.build(dims, extras or {}, **parts, **shared, **settings)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named parameter groups for the optimizers; by default one group, ``default``, in ``parameters()`` order."""

@@ -7,13 +7,12 @@ with the features detached, so that estimators can take pulled-back steps (DESIG
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 from sklearn.metrics import v_measure_score
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.tasks.base import Task
 
@@ -33,23 +32,23 @@ class LatentClassifier(Task):
     """``latent`` = ``predicted`` (the estimator's z), ``gold`` (the oracle: the true z, one-hot) or ``none``
     (a decoder that ignores z, e.g. the linear baseline)."""
 
+    PARTS = ("encoder", "scorer", "structure", "estimator", "decoder")
+
     @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentClassifier:
-        """Instantiate encoder → scorer → structure, estimator → decoder with the sizes the data dictates
-        (``input_dim``, ``latent_dim``, ``num_classes``); ``latent`` is the top-level config key."""
-        encoder = instantiate(cfg.encoder, input_dim=dims["input_dim"])
+    def build(cls, dims: dict[str, int], extras: dict, encoder, scorer, structure, estimator, decoder,
+              latent: Literal["predicted", "gold", "none"] = "predicted") -> LatentClassifier:
+        """encoder → scorer → structure, estimator → decoder, sized by the data (``input_dim``, ``latent_dim``,
+        ``num_classes``); ``latent`` is the top-level config key."""
+        encoder = encoder(input_dim=dims["input_dim"])
         return cls(
             encoder=encoder,
-            scorer=instantiate(cfg.scorer, in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
-            structure=instantiate(cfg.structure),
-            estimator=instantiate(cfg.estimator),
-            decoder=instantiate(
-                cfg.decoder,
-                in_features=encoder.output_dim,
-                latent_dim=dims["latent_dim"],
-                num_classes=dims["num_classes"],
+            scorer=scorer(in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
+            structure=structure,
+            estimator=estimator,
+            decoder=decoder(
+                in_features=encoder.output_dim, latent_dim=dims["latent_dim"], num_classes=dims["num_classes"]
             ),
-            latent=option_name(cfg.latent),
+            latent=latent,
         )
 
     def __init__(self, encoder, scorer, structure, estimator, decoder, latent: str = "predicted"):
