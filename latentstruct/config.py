@@ -165,10 +165,17 @@ def _hints(obj: Any) -> dict[str, Any]:
         return {}
 
 
+#: schemas of targets that are not ours (no signature with help texts to derive them from)
+_EXTERNAL: dict[str, type] = {}
+
+
 @cache
 def schema(target: str) -> type:
     """The dataclass schema of ``target`` (a ``_target_`` string): ``_target_``, ``_partial_`` (true by default
     when the data gives some parameters, ``FROM_DATA``) and one field per setting, with its type, default and help."""
+    if target in _EXTERNAL:
+        return dataclasses.make_dataclass(_EXTERNAL[target].__name__, [("_target_", str, field(default=target))],
+                                          bases=(_EXTERNAL[target],))
     obj = locate(target)
     hints, texts = _hints(obj), help_texts(obj)
     fields: list[tuple] = [("_target_", str, field(default=target))]
@@ -602,10 +609,15 @@ class NEREnergyTaskConf(TaskConf):
 # ---------------------------------------------------------------------------------------------- optim etc.
 @dataclass
 class OptimConf:
+    """The schema of the torch optimizers (``configs/optim/``): a partial, given the parameters by ``optim.py``."""
+
     _target_: str = MISSING
     _partial_: bool = True
     lr: float = _help("learning rate", 1e-3)
     weight_decay: float = _help("weight decay (decoupled for AdamW)", 0.0)
+
+
+_EXTERNAL.update({"torch.optim.Adam": OptimConf, "torch.optim.AdamW": OptimConf, "torch.optim.SGD": OptimConf})
 
 
 @dataclass
@@ -634,17 +646,6 @@ class TrainerConf:
     threads: int | None = _help("torch CPU threads; null = torch's default", None)
     progress: bool = _help("show a progress bar", True)
     log_every: int = _help("send the training loss to the logger every this many steps", 100)
-
-
-@dataclass
-class LoggerConf:
-    _target_: str = MISSING
-
-
-@dataclass
-class WandbLoggerConf(LoggerConf):
-    project: str = _help("wandb project", "latentstruct")
-    mode: str = _help("offline (default: never touches the network), online or disabled", "offline")
 
 
 @dataclass
@@ -707,11 +708,6 @@ _SCHEMAS = {
     ("task", "base_listops"): ListOpsTaskConf,
     ("task", "base_mlc_energy"): MLCEnergyTaskConf,
     ("task", "base_ner_energy"): NEREnergyTaskConf,
-    ("optim", "base_optim"): OptimConf,
-    ("trainer", "base_trainer"): TrainerConf,
-    ("logger", "base_logger"): LoggerConf,
-    ("logger", "base_wandb"): WandbLoggerConf,
-    ("paths", "base_paths"): PathsConf,
 }
 
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Literal
 
 __all__ = ["NoLogger", "CsvLogger", "WandbLogger"]
 
 
 class NoLogger:
-    """Only the run record (metrics.json, history.csv)."""
+    """Only the run record (metrics.json, history.csv).
+
+    A logger option is a partial: ``train.py`` gives it the run's directory and configuration.
+    """
+
+    FROM_DATA = ("output_dir", "run_config")  # given by train.py
 
     def __init__(self, output_dir: str | None = None, run_config: dict | None = None):
         pass
@@ -39,9 +45,15 @@ class CsvLogger(NoLogger):
 
 class WandbLogger(NoLogger):
     """Weights & Biases. ``mode="offline"`` (the default) writes under the run directory and never needs the
-    network; ``wandb sync`` uploads later."""
+    network; ``wandb sync`` uploads later.
 
-    def __init__(self, output_dir: str, run_config: dict | None = None, project: str = "latentstruct", mode="offline"):
+    Args:
+        project: wandb project.
+        mode: offline (the default: never touches the network), online or disabled.
+    """
+
+    def __init__(self, output_dir: str, run_config: dict | None = None, project: str = "latentstruct",
+                 mode: Literal["offline", "online", "disabled"] = "offline"):
         import wandb  # imported here: heavy, and only this logger needs it
 
         self.run = wandb.init(project=project, mode=mode, dir=output_dir, config=run_config, reinit=True)

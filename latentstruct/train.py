@@ -165,7 +165,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
     phases, max_steps = _plan(tc, {name: data.size(name) for name in data.splits})
     config = OmegaConf.to_container(cfg)  # the run's identity: logged, checkpointed, compared on resume
-    logger = instantiate(cfg.logger, output_dir=str(out), run_config=config, _recursive_=False, _convert_="all")
+    logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 
     step, history, elapsed = 0, [], 0.0
     ckpt_path = out / "checkpoint.pt"
