@@ -1,0 +1,127 @@
+"""The config schemas (latentstruct/config.py): every setting declared once, in the signature it configures."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import MISSING
+
+import latentstruct.config as config
+from latentstruct.tasks import Task
+
+CONFIGS = config.CONFIG_DIR
+# Groups whose options are whole compositions (package _global_), not instances of one schema.
+COMPOSITIONS = {"experiment", "sweep", "preset", "hydra"}
+# Groups typed by the run schema (TrainConf's fields), with no target of their own.
+TYPED = {"trainer", "paths"}
+
+
+def _options() -> list[tuple[str, str, Path]]:
+    return sorted(
+        (str(p.parent.relative_to(CONFIGS)), p.stem, p)
+        for p in CONFIGS.rglob("*.yaml")
+        if p.parent != CONFIGS and p.relative_to(CONFIGS).parts[0] not in COMPOSITIONS
+    )
+
+
+def _schema_names(path: Path) -> list[str]:
+    defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
+    return [d.split("@")[0][1:] for d in defaults if isinstance(d, str) and d.startswith("/") and "." in d]
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(("group", "name", "path"), _options(), ids=lambda x: str(x) if isinstance(x, str) else "")
+def test_every_option_names_its_schema_and_only_its_settings(group, name, path):
+    names = _schema_names(path)
+    if "base_" in path.read_text():
+        pytest.xfail("TRANSITION: a legacy schema of config.py")  # removed when the last area has moved
+    if group in TYPED:
+        assert not names
+        return
+    assert len(names) == 1, f"{group}/{name} names {names}: one schema per option"
+    raw = yaml.safe_load(path.read_text()) or {}
+    node = raw.get("task", {}) if group == "task" else raw
+    fields = {f.name for f in dataclasses.fields(config.schema(names[0]))}
+    assert set(node) - {"defaults"} <= fields, f"{group}/{name}: {set(node) - fields - {'defaults'}} are not settings"
+    assert "_target_" not in node, f"{group}/{name}: the schema carries the target"
+
+
+def test_every_schema_is_its_signature_with_help():
+    """Fields = the settings of the target's signature, with the same defaults, and each one documented."""
+    names = config._schema_names(CONFIGS)
+    assert names, "no schema named under configs/"
+    for name in sorted(names - set(config._EXTERNAL)):
+        obj = config.locate(name)
+        fields = {f.name: f for f in dataclasses.fields(config.schema(name)) if not f.name.startswith("_")}
+        params = config.settings(obj)
+        assert list(fields) == list(params), name
+        for key, param in params.items():
+            default = (
+                fields[key].default_factory()
+                if fields[key].default_factory is not dataclasses.MISSING
+                else fields[key].default
+            )
+            expected = MISSING if param.default is inspect.Parameter.empty else param.default
+            assert default == (list(expected) if isinstance(expected, tuple) else expected), f"{name}.{key}"
+            assert fields[key].metadata.get("help"), f"{name}.{key} has no help text (an Args: entry)"
+
+
+def test_help_texts_read_args_sections_through_the_class_hierarchy():
+    from latentstruct.estimators import Spigot
+
+    texts = config.help_texts(Spigot)
+    assert texts["eta"].startswith("pull-back step size") and texts["eval_latent"].startswith("decoder input")
+
+
+def test_option_lists_hold_no_internal_names():
+    out = subprocess.run(
+        [sys.executable, "-m", "latentstruct.train", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=CONFIGS.parent,
+        check=True,
+    ).stdout
+    groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    if "base_" in groups or "common" in groups:
+        pytest.xfail("TRANSITION: legacy schemas and shared fragments still listed")
+    assert "base_" not in groups and "common" not in groups
+
+
+def test_unknown_keys_and_choices_are_refused_naming_the_key():
+    with pytest.raises(config.ConfigError, match=r"unknown setting trainer.max_step; did you mean max_steps"):
+        config.validate(_compose("+trainer.max_step=10"))
+    with pytest.raises(config.ConfigError, match=r"unknown setting scorer.bais; did you mean bias"):
+        config.validate(_compose("+scorer.bais=false"))
+    with pytest.raises(config.ConfigError, match=r"logger.mode='sometimes' is not one of"):
+        config.validate(_compose("logger=wandb", "logger.mode=sometimes"))
+    config.validate(_compose())  # the default experiment is valid
+
+
+class _OnlyStructure(Task):
+    PARTS = ("structure", "estimator")
+
+    @classmethod
+    def build(cls, dims, extras, structure, estimator):
+        return cls()
+
+
+def test_a_part_group_the_task_does_not_read_is_refused():
+    cfg = _compose()  # the classifier's parts: encoder, scorer, structure, estimator, decoder
+    with pytest.raises(ValueError, match=r"does not read encoder .*scorer .*decoder"):
+        _OnlyStructure.from_config(cfg, {}, {})
+    cfg.encoder = cfg.scorer = cfg.decoder = None
+    assert isinstance(_OnlyStructure.from_config(cfg, {}, {}), _OnlyStructure)
+    with pytest.raises(ValueError, match="no latent source"):
+        cfg.latent = "gold"
+        _OnlyStructure.from_config(cfg, {}, {})
