@@ -103,8 +103,8 @@ def help_texts(obj: Any) -> dict[str, str]:
     texts: dict[str, str] = {}
     owners = [c for c in obj.__mro__ if c.__module__.startswith("latentstruct")] if isinstance(obj, type) else [obj]
     methods = ("__init__", "build")
-    docs = [d for c in owners for d in (vars(c).get("__doc__"), *(getattr(vars(c).get(m), "__doc__", None)
-                                                                   for m in methods))]
+    docs = [d for c in owners for d in (c.__doc__ if not isinstance(c, type) else vars(c).get("__doc__"),
+                                        *(getattr(vars(c).get(m), "__doc__", None) for m in methods))]
     for doc in docs:  # the first class of the MRO that documents a parameter wins
         lines = inspect.cleandoc(doc or "").splitlines()
         for i, line in enumerate(lines):
@@ -266,17 +266,6 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class SortingBaseline(str, Enum):
-    none = "none"
-    gumbel_sinkhorn = "gumbel_sinkhorn"
-
-
-class KNNBaseline(str, Enum):
-    none = "none"
-    neuralsort = "neuralsort"
-    neuralsort_stochastic = "neuralsort_stochastic"
-
-
 class ListOpsMethod(str, Enum):
     lstm = "lstm"
     chart = "chart"
@@ -319,41 +308,6 @@ class InnerOptimizer(str, Enum):
 
 
 # ---------------------------------------------------------------------------------------------------- dataset
-@dataclass
-class SyntheticClustersConf:
-    _target_: str = "latentstruct.data.synthetic.synthetic_clusters"
-    num_features: int = _help("input dimension D", 100)
-    num_clusters: int = _help("number of clusters K (also the latent size)", 3)
-    n_train: int = _help("training examples", 5000)
-    n_valid: int = _help("validation examples", 1000)
-    n_test: int = _help("test examples", 1000)
-    noise: float = _help("σ of the isotropic noise around each centre", 0.1)
-    seed: int = _help("data seed: centres, cluster models and samples", 42)
-    data_dir: str | None = _help("unused (generated data)", None)
-
-
-@dataclass
-class SortingNumbersConf:
-    _target_: str = "latentstruct.data.sorting.sorting_numbers"
-    num_items: int = _help("d, the length of each sequence (the matching is d × d)", 10)
-    n_train: int = _help("training sequences (seed 002's released code: 10, one full batch)", 10)
-    n_valid: int = _help("validation sequences (best-validation selection stands in for early stopping)", 200)
-    n_test: int = _help("test sequences (the paper: a single one per repetition; we report means over many)", 1000)
-    seed: int = _help("data seed: every split's numbers", 42)
-    data_dir: str | None = _help("unused (generated data)", None)
-
-
-@dataclass
-class ImageClassificationConf:
-    _target_: str = "latentstruct.data.images.image_classification"
-    name: str = _help("mnist, fashion_mnist or cifar10 (read from <data_dir>/<name>/, see latentstruct/data/images.py)",
-                      MISSING)
-    n_valid: int = _help("training images held out for validation", 5000)
-    seed: int = _help("seed of the validation hold-out", 0)
-    subset: int | None = _help("keep only this many training images (reduced runs); null = all", None)
-    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
-
-
 @dataclass
 class SemiSupervisedConf:
     _target_: str = "latentstruct.data.semisupervised.semisupervised_dataset"
@@ -445,36 +399,6 @@ class TwPOSConf(_TextDatasetConf):
 @dataclass
 class TaskConf:
     _target_: str = _help("the task class; train.py builds it with <class>.from_config(cfg, dims, extras)")
-
-
-@dataclass
-class SortingConf(TaskConf):
-    _target_: str = "latentstruct.tasks.Sorting"
-    hidden: int = _help("units of the μ-network's hidden layer (seed 002 App. C.1, Mena et al. 2018: 32)", 32)
-    learn_sigma: bool = _help("learn σ per sequence with a σ-network Linear(d → 1) → softplus (needs estimator=direct)",
-                              False)
-    baseline: SortingBaseline = _help(
-        "none: train through the configured estimator; gumbel_sinkhorn: Mena et al. (2018) instead", "none"
-    )
-    tau: float = _help("gumbel_sinkhorn: Sinkhorn temperature τ", 1.0)
-    sinkhorn_iters: int = _help("gumbel_sinkhorn: Sinkhorn normalisation rounds", 10)
-    samples: int = _help("gumbel_sinkhorn: Gumbel noise samples per sequence", 5)
-
-
-@dataclass
-class KNNConf(TaskConf):
-    _target_: str = "latentstruct.tasks.KNN"
-    k: int = _help("neighbours (seed 002 Table 3: 1, 3, 5, 9)", MISSING)
-    num_queries: int = _help("queries per batch; the rest of trainer.batch_size are the candidates", 100)
-    embedding: str = _help("embedding network: mnist_convnet or resnet18 (latentstruct/models/vision.py)",
-                           "mnist_convnet")
-    learn_sigma: bool = _help("learn σ per query with the σ-network (needs estimator=direct)", False)
-    sigma_net: str = _help("σ-network: mnist_convnet or cifar_convnet", "mnist_convnet")
-    baseline: KNNBaseline = _help(
-        "none: train through the configured estimator; neuralsort / neuralsort_stochastic: Grover et al. (2019)",
-        "none")
-    tau: float = _help("NeuralSort temperature τ", 16.0)
-    samples: int = _help("neuralsort_stochastic: Plackett-Luce samples per query", 5)
 
 
 @dataclass
@@ -675,6 +599,7 @@ class TrainConf:
     structure: Any = None
     estimator: Any = None
     decoder: Any = None
+    sigma_net: Any = None
     optim: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
@@ -689,9 +614,6 @@ class TrainConf:
 
 
 _SCHEMAS = {
-    ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
-    ("dataset", "base_sorting_numbers"): SortingNumbersConf,
-    ("dataset", "base_image_classification"): ImageClassificationConf,
     ("dataset", "base_sst"): SSTConf,
     ("dataset", "base_snli"): SNLIConf,
     ("dataset", "base_semisupervised"): SemiSupervisedConf,
@@ -700,8 +622,6 @@ _SCHEMAS = {
     ("dataset", "base_conll"): CoNLLConf,
     ("dataset", "base_twpos"): TwPOSConf,
     ("task", "base_task"): TaskConf,
-    ("task", "base_sorting"): SortingConf,
-    ("task", "base_knn"): KNNConf,
     ("task", "base_sst"): SSTTaskConf,
     ("task", "base_nli"): NLITaskConf,
     ("task", "base_vae"): VAETaskConf,

@@ -9,20 +9,22 @@ import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from test_images import write_mnist
 from torch import nn
 
+import latentstruct.config as config
 import latentstruct.optim
-from latentstruct.estimators import Direct, Spigot
-from latentstruct.models.vision import MnistConvNet
-from latentstruct.structures import TopK
+from latentstruct.estimators import Direct, NeuralSort, Spigot
+from latentstruct.models.vision import CifarSigmaNet, MnistConvNet, MnistSigmaNet, ResNet18
+from latentstruct.structures import Categorical, TopK
 from latentstruct.tasks import KNN
 from latentstruct.tasks.knn import knn_loss, knn_predict
 from latentstruct.train import build_model, train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "knn").glob("*.yaml") if p.stem != "common")
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "knn").glob("*.yaml"))
 
 
 def _compose(*overrides: str):
@@ -82,17 +84,34 @@ def test_direct_step_builds_the_topk_problem_of_the_batch():
     assert all(p.grad is not None for p in task.parameters())
 
 
-@pytest.mark.parametrize("baseline", ["neuralsort", "neuralsort_stochastic"])
-def test_neuralsort_baselines_train_on_a_relaxed_topk(baseline):
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_neuralsort_baselines_train_on_a_relaxed_topk(stochastic):
     torch.manual_seed(2)
-    task = KNN(Flat(), Spigot(), k=2, num_classes=3, num_queries=3, baseline=baseline, tau=0.5, samples=4)
+    estimator = NeuralSort(tau=0.5, stochastic=stochastic, samples=4, eval_latent="map")
+    task = KNN(Flat(), estimator, k=2, num_classes=3, num_queries=3)
     out = task(_batch(10))
     assert out.z.shape == (3, 7) and bool(((out.z >= 0) & (out.z <= 1 + 1e-6)).all())
     torch.testing.assert_close(out.z.sum(-1), torch.full((3,), 2.0))
     out.loss.backward()
     assert task.embedding.lin.weight.grad.abs().sum() > 0
-    task.eval()  # at evaluation the baselines predict like every method: the hard top-k
+    task.eval()  # with eval_latent=map the baselines predict like every method: the hard top-k
     assert set(task(_batch(10)).z.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_neuralsort_estimator_is_the_relaxed_topk_averaged_over_samples():
+    from latentstruct.structures.neuralsort import relaxed_topk
+
+    scores = torch.randn(4, 9)
+    torch.manual_seed(5)
+    z = NeuralSort(tau=2.0, stochastic=True, samples=3)(scores, TopK(3))
+    torch.manual_seed(5)
+    expected = torch.stack([relaxed_topk(scores, 3, 2.0, True) for _ in range(3)]).mean(0)
+    torch.testing.assert_close(z, expected)
+    deterministic = NeuralSort(tau=2.0, samples=3)
+    torch.testing.assert_close(deterministic(scores, TopK(3)), relaxed_topk(scores, 3, 2.0))  # one draw, no noise
+    torch.testing.assert_close(deterministic.eval()(scores, TopK(3)), relaxed_topk(scores, 3, 2.0))
+    with pytest.raises(ValueError, match="structure=topk"):
+        NeuralSort()(torch.randn(2, 3), Categorical())
 
 
 def test_learned_sigma_is_per_query_and_gets_a_gradient():
@@ -102,7 +121,7 @@ def test_learned_sigma_is_per_query_and_gets_a_gradient():
     torch.manual_seed(3)
     task(_batch(12)).loss.backward()
     assert sigma_net[1].weight.grad is not None and bool(torch.isfinite(sigma_net[1].weight.grad).all())
-    with pytest.raises(ValueError, match="learn_sigma"):
+    with pytest.raises(ValueError, match="sigma_net needs estimator=direct"):
         KNN(Flat(), Spigot(), k=2, num_classes=3, sigma=sigma_net)
 
 
@@ -129,15 +148,17 @@ def test_batches_too_small_for_queries_and_k_are_refused():
     task = KNN(Flat(), Direct(), k=3, num_classes=3, num_queries=5)
     with pytest.raises(ValueError, match="batch_size"):
         task(_batch(7))
-    with pytest.raises(ValueError, match="baseline"):
-        KNN(Flat(), Direct(), k=3, num_classes=3, baseline="nope")
+    with pytest.raises(ValueError, match="k >= 1"):
+        KNN(Flat(), Direct(), k=0, num_classes=3)
 
 
 def test_protocol_hyper_parameters():
-    for name, embedding, batch in (("mnist", "mnist_convnet", 900), ("fashion_mnist", "resnet18", 900),
-                                   ("cifar10", "resnet18", 700)):
+    nets = {"mnist": (MnistConvNet, MnistSigmaNet, 900), "fashion_mnist": (ResNet18, MnistSigmaNet, 900),
+            "cifar10": (ResNet18, CifarSigmaNet, 700)}
+    for name, (encoder, sigma_net, batch) in nets.items():
         cfg = _compose("+experiment=knn/direct_learned", f"dataset={name}", "task.k=1")
-        assert (cfg.task.embedding, cfg.trainer.batch_size, cfg.task.num_queries) == (embedding, batch, 100)
+        assert (cfg.encoder._target_, cfg.sigma_net._target_) == (_name(encoder), _name(sigma_net))
+        assert (cfg.trainer.batch_size, cfg.task.num_queries) == (batch, 100)
         assert cfg.trainer.max_epochs == 220 * (batch // 100)
         assert (cfg.optim._target_, cfg.optim.lr, cfg.optim_groups.sigma._target_) == ("torch.optim.Adam", 1e-3,
                                                                                          "torch.optim.SGD")
@@ -145,7 +166,31 @@ def test_protocol_hyper_parameters():
     assert _compose("+experiment=knn/direct_learned", "task.k=9").estimator.samples == 1
     assert _compose("+experiment=knn/direct_sigma0", "task.k=3").estimator.sigma == 0.0
     assert _compose("+experiment=knn/direct_sigma1", "task.k=3").estimator.sigma == 1.0
-    assert _compose("+experiment=knn/neuralsort_stochastic", "task.k=3").task.baseline.value == "neuralsort_stochastic"
+    for experiment in ("direct_sigma0", "direct_sigma1", "neuralsort", "neuralsort_stochastic"):
+        assert _compose(f"+experiment=knn/{experiment}", "task.k=3").sigma_net is None  # σ is learned by one only
+    stochastic = _compose("+experiment=knn/neuralsort_stochastic", "task.k=3").estimator
+    assert (stochastic._target_, stochastic.stochastic, stochastic.tau, stochastic.samples) == (
+        "latentstruct.estimators.NeuralSort", True, 16.0, 5)
+    assert not _compose("+experiment=knn/neuralsort", "task.k=3").estimator.stochastic
+    # A network chosen on the command line replaces the dataset's: used, not ignored.
+    assert _compose("+experiment=knn/direct_learned", "task.k=1", "encoder=resnet18").encoder._target_ == _name(
+        ResNet18)
+
+
+def test_the_tuned_networks_take_only_sizes_from_the_data():
+    """encoder=tuned and sigma_net=tuned carry no settings: each network the tuned table names takes only the sizes
+    of the data (FROM_DATA), and every k-NN experiment passes the config check."""
+    cfg = _compose("+experiment=knn/direct_learned", "task.k=1")
+    for name in ("mnist", "fashion_mnist", "cifar10"):
+        for group in ("encoder", "sigma_net"):
+            assert config.settings(config.locate(cfg.tuned[name][group])) == {}, (name, group)
+    for experiment in EXPERIMENTS:
+        for dataset in ("mnist", "fashion_mnist", "cifar10"):
+            config.validate(_compose(f"+experiment=knn/{experiment}", "task.k=3", f"dataset={dataset}"))
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__name__}"
 
 
 def test_sweep_composes_the_paper_grid():
@@ -170,9 +215,30 @@ def test_every_knn_experiment_runs_on_mnist_files(tmp_path, experiment):
 def test_the_mnist_conv_net_is_built_with_its_sigma_network():
     cfg = _compose("+experiment=knn/direct_learned", "task.k=3")
     task = build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
-    assert isinstance(task.embedding, MnistConvNet) and task.sigma is not None
+    assert isinstance(task.embedding, MnistConvNet) and isinstance(task.sigma, MnistSigmaNet)
+    assert (task.k, task.structure.k, task.num_queries) == (3, 3, 100)
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, task.param_groups())
     assert {k: type(v).__name__ for k, v in optimizer.optimizers.items()} == {"default": "Adam", "sigma": "SGD"}
+    cifar = build_model(_compose("+experiment=knn/direct_learned", "task.k=3", "dataset=cifar10"),
+                        {"channels": 3, "height": 32, "width": 32, "num_classes": 10})
+    assert isinstance(cifar.embedding, ResNet18) and isinstance(cifar.sigma, CifarSigmaNet)
+
+
+@pytest.mark.parametrize("override", ["+scorer=linear", "+decoder=bilinear", "+structure=topk"])
+def test_a_part_group_knn_does_not_read_is_refused(override):
+    """The structure is TopK(task.k), built by the task: a structure, scorer or decoder set on the command line is an
+    error, not a no-op (without the +, at composition: the k-NN options select no such group)."""
+    cfg = _compose("+experiment=knn/direct_sigma0", "task.k=3", override)
+    with pytest.raises(ValueError, match=r"task KNN is built from encoder, estimator, sigma_net; it does not read"):
+        build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
+    with pytest.raises(ConfigCompositionException, match="No match in the defaults list"):
+        _compose("+experiment=knn/direct_sigma0", "task.k=3", override[1:])
+
+
+def test_a_learned_sigma_needs_the_direct_estimator():
+    cfg = _compose("+experiment=knn/neuralsort", "task.k=3", "sigma_net=mnist_convnet")
+    with pytest.raises(ValueError, match="sigma_net needs estimator=direct"):
+        build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
 
 
 def test_drop_last_yields_only_full_batches_and_counts_them():

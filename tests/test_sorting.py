@@ -22,7 +22,7 @@ from latentstruct.structures import Matching
 from latentstruct.structures.base import gumbel_like
 from latentstruct.structures.matching import sinkhorn
 from latentstruct.tasks import LatentClassifier, Sorting
-from latentstruct.tasks.sorting import kendall_tau, sorting_loss
+from latentstruct.tasks.sorting import LinearSigmaNet, RankScorer, kendall_tau, sorting_loss
 from latentstruct.train import build_model, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +93,7 @@ def test_loss_is_half_the_squared_distance_between_permutation_matrices(d):
 
 
 def test_gumbel_sinkhorn_loss_is_the_reconstruction_error_of_the_sorted_sequence():
-    task = Sorting(Matching(), Spigot(), num_items=4, baseline="gumbel_sinkhorn", tau=0.5, sinkhorn_iters=7, samples=3)
+    task = Sorting(Matching(), None, RankScorer(4), baseline="gumbel_sinkhorn", tau=0.5, sinkhorn_iters=7, samples=3)
     x = torch.rand(6, 4)
     scores = torch.randn(6, 4, 4)
     torch.manual_seed(0)
@@ -115,7 +115,7 @@ def test_gumbel_sinkhorn_loss_is_the_reconstruction_error_of_the_sorted_sequence
 
 def _task_predicting(positions: torch.Tensor) -> Sorting:
     """A task whose scores make the Hungarian matching put element i of sequence b at ``positions[b, i]``."""
-    task = Sorting(Matching(), Direct(), num_items=positions.shape[1])
+    task = Sorting(Matching(), Direct(), RankScorer(positions.shape[1]))
     table = F.one_hot(positions, positions.shape[1]).float()
     task.scores = lambda x: table[: len(x)]
     return task
@@ -182,12 +182,17 @@ def test_protocol_hyper_parameters():
     learned = _compose("+experiment=sorting/direct_learned")
     assert (learned.optim._target_, learned.optim.lr) == ("torch.optim.Adam", 0.1)
     assert (learned.optim_groups.sigma._target_, learned.optim_groups.sigma.lr) == ("torch.optim.SGD", 1e-6)
-    assert (learned.estimator.epsilon, learned.estimator.samples, learned.task.learn_sigma) == (-12.0, 5, True)
+    assert (learned.estimator.epsilon, learned.estimator.samples) == (-12.0, 5)
+    assert learned.sigma_net._target_ == "latentstruct.tasks.sorting.LinearSigmaNet"
+    assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.tasks.sorting.RankScorer", 32)
     assert (learned.trainer.select.value, learned.trainer.max_epochs, learned.dataset.num_items) == ("best", 2000, 10)
     assert _compose("+experiment=sorting/direct_sigma0").estimator.sigma == 0.0
     assert _compose("+experiment=sorting/direct_sigma1").estimator.sigma == 1.0
-    gs = _compose("+experiment=sorting/gumbel_sinkhorn").task
-    assert (gs.baseline.value, gs.tau, gs.sinkhorn_iters, gs.samples) == ("gumbel_sinkhorn", 1.0, 10, 5)
+    for experiment in ("direct_sigma0", "direct_sigma1", "gumbel_sinkhorn"):
+        assert _compose(f"+experiment=sorting/{experiment}").sigma_net is None  # σ is learned by one only
+    gs = _compose("+experiment=sorting/gumbel_sinkhorn")
+    assert (gs.task.baseline, gs.task.tau, gs.task.sinkhorn_iters, gs.task.samples) == ("gumbel_sinkhorn", 1.0, 10, 5)
+    assert gs.estimator is None  # trained by its reconstruction loss, evaluated by the Hungarian MAP
 
 
 def test_sweep_composes_the_paper_grid():
@@ -223,11 +228,15 @@ def test_learned_sigma_gets_a_gradient_and_its_own_optimizer():
 
 
 def test_invalid_combinations_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="learn_sigma"):
-        Sorting(Matching(), Spigot(), num_items=3, learn_sigma=True)
+    with pytest.raises(ValueError, match="sigma_net needs estimator=direct"):
+        Sorting(Matching(), Spigot(), RankScorer(3), LinearSigmaNet(3))
     with pytest.raises(ValueError, match="matching"):
-        Sorting(object(), Direct(), num_items=3)
-    groups = Sorting(Matching(), Direct(), num_items=3).param_groups()
+        Sorting(object(), Direct(), RankScorer(3))
+    with pytest.raises(ValueError, match="without an estimator"):
+        Sorting(Matching(), Direct(), RankScorer(3), baseline="gumbel_sinkhorn")
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        Sorting(Matching(), Direct(), RankScorer(3), baseline="sinkhorn")
+    groups = Sorting(Matching(), Direct(), RankScorer(3)).param_groups()
     sgd = {"_target_": "torch.optim.SGD", "_partial_": True, "lr": 0.1}
     with pytest.raises(ValueError, match="sigma"):
         latentstruct.optim.build(sgd, {"sigma": sgd}, groups)
@@ -235,6 +244,30 @@ def test_invalid_combinations_are_refused(tmp_path):
         latentstruct.optim.build(sgd, {"default": sgd}, groups)
     with pytest.raises(ValueError, match="dataset=sorting"):
         train(_compose("task=sorting", "structure=matching", "trainer.max_steps=1", f"paths.output_dir={tmp_path}"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["+experiment=sorting/gumbel_sinkhorn", "estimator=direct"], "without an estimator"),
+        (["+experiment=sorting/direct_sigma1", "+decoder=bilinear"], "does not read decoder"),
+        (["+experiment=sorting/direct_sigma1", "+encoder=identity"], "does not read encoder"),
+        (["+experiment=sorting/direct_sigma1", "sigma_net=mnist_convnet"], "unexpected keyword argument 'in_features'"),
+    ],
+)
+def test_a_part_the_experiment_does_not_use_is_refused(overrides, error):
+    """An estimator for the Gumbel-Sinkhorn baseline, a decoder or an encoder is an error, not a no-op."""
+    with pytest.raises((ValueError, TypeError), match=error):
+        build_model(_compose(*overrides), {"input_dim": 5, "num_items": 5})
+
+
+def test_the_parts_are_the_protocol_networks():
+    """μ-network Linear(1 → 32) → ReLU → Linear(32 → d) on each number; σ-network Linear(d → 1) → softplus."""
+    task = build_model(_compose("+experiment=sorting/direct_learned"), {"input_dim": 10, "num_items": 10})
+    assert [(m.in_features, m.out_features) for m in task.mu if isinstance(m, torch.nn.Linear)] == [(1, 32), (32, 10)]
+    assert isinstance(task.sigma, LinearSigmaNet) and (task.sigma[0].in_features, task.sigma[0].out_features) == (10, 1)
+    assert sum(p.numel() for p in task.parameters()) == (2 * 32 + 33 * 10) + 11
+    assert task.scores(torch.rand(4, 10)).shape == (4, 10, 10)
 
 
 def test_direct_sigma1_training_improves_validation_accuracy(tmp_path):

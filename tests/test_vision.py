@@ -1,19 +1,18 @@
-"""Embedding and σ-networks of the image experiments: shapes, positivity, gradients, parameter count, factories."""
+"""Embedding and σ-networks of the image experiments: shapes, positivity, gradients, parameter count, options."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
 
-from latentstruct.models.vision import (
-    MnistConvNet,
-    ResNet18,
-    SigmaNet,
-    cifar_sigma_net,
-    embedding_net,
-    mnist_sigma_net,
-    sigma_net,
-)
+import latentstruct.config  # noqa: F401  (registers the schemas the options name)
+from latentstruct.models.vision import CifarSigmaNet, MnistConvNet, MnistSigmaNet, ResNet18, SigmaNet
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 # (in_channels, side): Fashion-MNIST / MNIST and CIFAR-10 inputs
 INPUTS = [(1, 28), (3, 32)]
@@ -63,7 +62,7 @@ def test_resnet18_parameter_count():
     assert _n_params(ResNet18(3)) == 11_173_962 - 5130
 
 
-@pytest.mark.parametrize("builder", [mnist_sigma_net, cifar_sigma_net])
+@pytest.mark.parametrize("builder", [MnistSigmaNet, CifarSigmaNet])
 @pytest.mark.parametrize("channels,side", INPUTS)
 def test_sigma_nets(builder, channels, side):
     torch.manual_seed(0)
@@ -76,22 +75,26 @@ def test_sigma_nets(builder, channels, side):
 
 
 def test_sigma_net_layouts():
-    assert (mnist_sigma_net().head.in_features, mnist_sigma_net().head.out_features) == (500, 1)
-    assert cifar_sigma_net().head.in_features == 20 * 14 * 14
-    assert cifar_sigma_net(1, image_size=28).head.in_features == 20 * 12 * 12
-    assert isinstance(mnist_sigma_net().activation, torch.nn.Softplus)
+    assert (MnistSigmaNet().head.in_features, MnistSigmaNet().head.out_features) == (500, 1)
+    assert CifarSigmaNet().head.in_features == 20 * 14 * 14
+    assert CifarSigmaNet(1, image_size=28).head.in_features == 20 * 12 * 12
+    assert isinstance(MnistSigmaNet().activation, torch.nn.Softplus)
 
 
-def test_factories():
-    assert isinstance(embedding_net("mnist_convnet", 1), MnistConvNet)
-    assert isinstance(embedding_net("resnet18", 3), ResNet18)
-    assert sigma_net("mnist_convnet", 1)(torch.randn(1, 1, 28, 28)).shape == (1, 1)
-    assert sigma_net("cifar_convnet", 3)(torch.randn(1, 3, 32, 32)).shape == (1, 1)
-    assert sigma_net("cifar_convnet", 1)(torch.randn(1, 1, 28, 28)).shape == (1, 1)
-    with pytest.raises(ValueError, match="mnist_convnet, resnet18"):
-        embedding_net("vgg", 3)
-    with pytest.raises(ValueError, match="mnist_convnet, cifar_convnet"):
-        sigma_net("resnet18", 3)
+def _part(group: str, option: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return instantiate(compose("train", overrides=["task=knn", f"{group}={option}"])[group])
+
+
+def test_options_build_the_networks_from_the_image_sizes():
+    """The encoder and sigma_net options are partials that take the sizes of the data (FROM_DATA)."""
+    assert isinstance(_part("encoder", "mnist_convnet")(in_channels=1, image_size=28), MnistConvNet)
+    assert isinstance(_part("encoder", "resnet18")(in_channels=3), ResNet18)
+    assert _part("sigma_net", "mnist_convnet")(in_channels=1, image_size=28)(torch.randn(1, 1, 28, 28)).shape == (1, 1)
+    assert _part("sigma_net", "cifar_convnet")(in_channels=3, image_size=32)(torch.randn(1, 3, 32, 32)).shape == (1, 1)
+    assert _part("sigma_net", "cifar_convnet")(in_channels=1, image_size=28)(torch.randn(1, 1, 28, 28)).shape == (1, 1)
+    assert MnistConvNet.FROM_DATA == MnistSigmaNet.FROM_DATA == CifarSigmaNet.FROM_DATA == ("in_channels", "image_size")
+    assert ResNet18.FROM_DATA == ("in_channels",)  # adaptive pooling: any side
 
 
 def test_too_small_image():

@@ -35,6 +35,7 @@ import lzma
 import pickle
 import zlib
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -175,14 +176,22 @@ def _to_tensor(images: np.ndarray, name: str) -> torch.Tensor:
 
 
 def image_classification(
-    name: str,
+    name: Literal["mnist", "fashion_mnist", "cifar10"],
     data_dir: str,
     n_valid: int = 5000,
     seed: int = 0,
     subset: int | None = None,
 ) -> TensorSplits:
     """Train / valid / test splits of ``name`` (one of :data:`DATASETS`) read from ``data_dir/name``; each split is
-    ``{"x": float32 [N, C, H, W] normalised, "y": int64 [N]}``. See the module docstring for the protocol."""
+    ``{"x": float32 [N, C, H, W] normalised, "y": int64 [N]}``. See the module docstring for the protocol.
+
+    Args:
+        name: mnist, fashion_mnist or cifar10 (read from <data_dir>/<name>/, see latentstruct/data/images.py)
+        data_dir: root of the real datasets
+        n_valid: training images held out for validation
+        seed: seed of the validation hold-out
+        subset: keep only this many training images (reduced runs); null = all
+    """
     if name not in DATASETS:
         raise ValueError(f"unknown image dataset {name!r}; choose one of {', '.join(DATASETS)}")
     folder = Path(data_dir) / name

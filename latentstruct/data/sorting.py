@@ -42,6 +42,14 @@ def sorting_numbers(
 
     Deterministic in ``seed`` (NumPy's legacy generator, stable across versions); the splits are drawn in the order
     train, valid, test, so a larger ``n_test`` never changes the training data.
+
+    Args:
+        num_items: d, the length of each sequence (the matching is d × d)
+        n_train: training sequences (seed 002's released code: 10, one full batch)
+        n_valid: validation sequences (best-validation selection stands in for early stopping)
+        n_test: test sequences (the paper: a single one per repetition; we report means over many)
+        seed: data seed: every split's numbers
+        data_dir: unused (generated data)
     """
     if num_items < 1:
         raise ValueError(f"num_items must be >= 1, got {num_items}")

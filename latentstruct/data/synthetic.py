@@ -25,7 +25,18 @@ def synthetic_clusters(
     seed: int = 42,
     data_dir: str | None = None,
 ) -> TensorSplits:
-    """Generate the three splits. Deterministic in ``seed`` (NumPy's legacy generator, stable across versions)."""
+    """Generate the three splits. Deterministic in ``seed`` (NumPy's legacy generator, stable across versions).
+
+    Args:
+        num_features: input dimension D
+        num_clusters: number of clusters K (also the latent size)
+        n_train: training examples
+        n_valid: validation examples
+        n_test: test examples
+        noise: σ of the isotropic noise around each centre
+        seed: data seed: centres, cluster models and samples
+        data_dir: unused (generated data)
+    """
     rng = np.random.RandomState(seed)
     centres = rng.randn(num_clusters, num_features)
     weights = rng.randn(num_clusters, num_features)

@@ -3,7 +3,7 @@ structure interface, so that it works unchanged on every structure."""
 
 from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
 from latentstruct.estimators.direct import Direct
-from latentstruct.estimators.relaxed import GumbelSoftmax, Marginals, Sparsemap
+from latentstruct.estimators.relaxed import GumbelSoftmax, Marginals, NeuralSort, Sparsemap
 from latentstruct.estimators.stochastic import PerturbAndMap, Sfe, StGumbel
 from latentstruct.estimators.surrogate import PulledBack, Spigot, SpigotCe, SpigotEg, SteI, SteS
 
@@ -15,6 +15,7 @@ __all__ = [
     "Marginals",
     "Sparsemap",
     "GumbelSoftmax",
+    "NeuralSort",
     "StGumbel",
     "PerturbAndMap",
     "Sfe",

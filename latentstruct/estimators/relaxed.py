@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+import torch
+
 from latentstruct.estimators.base import Estimator, Tempered
 from latentstruct.structures.base import gumbel_like
+from latentstruct.structures.neuralsort import relaxed_topk
+from latentstruct.structures.topk import TopK
 
-__all__ = ["Marginals", "Sparsemap", "GumbelSoftmax"]
+__all__ = ["Marginals", "Sparsemap", "GumbelSoftmax", "NeuralSort"]
 
 
 class Marginals(Estimator):
@@ -45,3 +51,46 @@ class GumbelSoftmax(Tempered):
 
     def relax(self, scores, structure, lengths):
         return structure.marginals(scores / self.tau, lengths)
+
+
+class NeuralSort(Tempered):
+    """NeuralSort (Grover et al., 2019) on a :class:`~latentstruct.structures.TopK`: the relaxed top-k, the sum of the
+    first k rows of the NeuralSort relaxation of the sorting permutation at temperature τ
+    (:func:`~latentstruct.structures.neuralsort.relaxed_topk`); ``stochastic``: the mean over ``samples`` relaxed
+    Plackett-Luce samples (the scores perturbed by Gumbel noise). At evaluation the relaxation drops the noise.
+
+    Args:
+        stochastic: relax Plackett-Luce samples of the scores (stochastic NeuralSort) instead of their sort.
+        samples: stochastic: samples per example, whose relaxed top-k are averaged.
+    """
+
+    relaxed = True
+
+    def __init__(
+        self,
+        tau: float = 1.0,
+        stochastic: bool = False,
+        samples: int = 1,
+        eval_latent: Literal["map", "relaxed"] = "relaxed",
+    ):
+        super().__init__(tau, eval_latent)
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}")
+        self.stochastic, self.samples = stochastic, samples
+
+    def train_forward(self, scores, structure, lengths, downstream):
+        k = _topk(structure, lengths)
+        draws = self.samples if self.stochastic else 1
+        return torch.stack([relaxed_topk(scores, k, self.tau, self.stochastic) for _ in range(draws)]).mean(0)
+
+    def relax(self, scores, structure, lengths):
+        return relaxed_topk(scores, _topk(structure, lengths), self.tau)
+
+
+def _topk(structure, lengths) -> int:
+    """The k of a :class:`TopK` without padding: what NeuralSort relaxes."""
+    if not isinstance(structure, TopK):
+        raise ValueError(f"NeuralSort relaxes a top-k: it needs structure=topk, got {type(structure).__name__}")
+    if lengths is not None:
+        raise ValueError("NeuralSort takes no lengths (every position is a candidate)")
+    return structure.k

@@ -9,9 +9,12 @@
   classification layer is left out: the 512-d pooled features are the embedding. Adaptive pooling lets it take
   28×28 single-channel (Fashion-MNIST) as well as 32×32 three-channel (CIFAR-10) inputs.
 * σ-networks map an image to one strictly positive scalar ``[B, 1]`` through a final Softplus:
-  :func:`mnist_sigma_net` is the MnistConvNet followed by FC 500→1; :func:`cifar_sigma_net` is Conv 5×5 (20 ch) →
+  :class:`MnistSigmaNet` is the MnistConvNet followed by FC 500→1; :class:`CifarSigmaNet` is Conv 5×5 (20 ch) →
   ReLU → MaxPool 2 → flatten → FC →1 (20·14·14 inputs for 32×32 images, 20·12·12 for 28×28). Softplus is positive
   in exact arithmetic; in float32 it underflows to 0 only for pre-activations below about −100.
+
+They are the options of the ``encoder`` (MnistConvNet, ResNet18) and ``sigma_net`` groups of the k-NN task, partials
+that the task calls with the sizes of the data (``FROM_DATA``: the images' channels and side).
 """
 
 from __future__ import annotations
@@ -19,15 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = [
-    "MnistConvNet",
-    "ResNet18",
-    "SigmaNet",
-    "cifar_sigma_net",
-    "embedding_net",
-    "mnist_sigma_net",
-    "sigma_net",
-]
+__all__ = ["MnistConvNet", "ResNet18", "SigmaNet", "MnistSigmaNet", "CifarSigmaNet"]
 
 
 def _conv_pool_size(size: int, kernel: int = 5, pool: int = 2) -> int:
@@ -41,6 +36,7 @@ def _conv_pool_size(size: int, kernel: int = 5, pool: int = 2) -> int:
 class MnistConvNet(nn.Module):
     """LeNet-style embedding ``[B, C, H, W] → [B, 500]`` (``H = W = image_size``, 28 for MNIST)."""
 
+    FROM_DATA = ("in_channels", "image_size")  # given by the task, from the data
     out_dim = 500
 
     def __init__(self, in_channels: int = 1, image_size: int = 28):
@@ -85,8 +81,9 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """CIFAR-style ResNet-18 without its classifier: ``[B, C, H, W] → [B, 512]`` pooled features."""
+    """CIFAR-style ResNet-18 without its classifier: ``[B, C, H, W] → [B, 512]`` pooled features (any side)."""
 
+    FROM_DATA = ("in_channels",)  # given by the task, from the data
     out_dim = 512
 
     def __init__(self, in_channels: int = 3):
@@ -121,48 +118,26 @@ class SigmaNet(nn.Module):
         return self.activation(self.head(self.features(x)))
 
 
-def mnist_sigma_net(in_channels: int = 1, image_size: int = 28) -> SigmaNet:
+class MnistSigmaNet(SigmaNet):
     """The MnistConvNet layers, then FC 500→1 and Softplus."""
-    return SigmaNet(MnistConvNet(in_channels, image_size), MnistConvNet.out_dim)
+
+    FROM_DATA = ("in_channels", "image_size")  # given by the task, from the data
+
+    def __init__(self, in_channels: int = 1, image_size: int = 28):
+        super().__init__(MnistConvNet(in_channels, image_size), MnistConvNet.out_dim)
 
 
-def cifar_sigma_net(in_channels: int = 3, image_size: int = 32) -> SigmaNet:
+class CifarSigmaNet(SigmaNet):
     """Conv 5×5 (20 ch) → ReLU → MaxPool 2 → flatten → FC → 1 → Softplus (20·14·14 inputs for 32×32 images)."""
-    side = _conv_pool_size(image_size)
-    features = nn.Sequential(
-        nn.Conv2d(in_channels, 20, kernel_size=5),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-    )
-    return SigmaNet(features, 20 * side * side)
 
+    FROM_DATA = ("in_channels", "image_size")  # given by the task, from the data
 
-_DEFAULT_SIZE = {1: 28, 3: 32}
-
-
-def _image_size(in_channels: int, image_size: int | None) -> int:
-    """Default side length: 28 for single-channel (MNIST-like) inputs, 32 otherwise (CIFAR-like)."""
-    if image_size is not None:
-        return image_size
-    return _DEFAULT_SIZE.get(in_channels, 32)
-
-
-def embedding_net(name: str, in_channels: int, image_size: int | None = None) -> nn.Module:
-    """Embedding network by name: ``"mnist_convnet"`` or ``"resnet18"``; the result has an ``out_dim``.
-    ``image_size`` matters only for ``mnist_convnet`` (default 28 for one channel, 32 otherwise)."""
-    if name == "mnist_convnet":
-        return MnistConvNet(in_channels, _image_size(in_channels, image_size))
-    if name == "resnet18":
-        return ResNet18(in_channels)
-    raise ValueError(f"unknown embedding network {name!r}; choose one of mnist_convnet, resnet18")
-
-
-def sigma_net(name: str, in_channels: int, image_size: int | None = None) -> SigmaNet:
-    """σ-network by name: ``"mnist_convnet"`` or ``"cifar_convnet"``; output ``[B, 1]``, strictly positive.
-    ``image_size`` defaults to 28 for one channel and 32 otherwise."""
-    if name == "mnist_convnet":
-        return mnist_sigma_net(in_channels, _image_size(in_channels, image_size))
-    if name == "cifar_convnet":
-        return cifar_sigma_net(in_channels, _image_size(in_channels, image_size))
-    raise ValueError(f"unknown sigma network {name!r}; choose one of mnist_convnet, cifar_convnet")
+    def __init__(self, in_channels: int = 3, image_size: int = 32):
+        side = _conv_pool_size(image_size)
+        features = nn.Sequential(
+            nn.Conv2d(in_channels, 20, kernel_size=5),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+        )
+        super().__init__(features, 20 * side * side)

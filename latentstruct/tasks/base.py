@@ -2,7 +2,8 @@
 
 A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. Its model parts
 are config groups of their own, listed in ``PARTS`` (the classifier: encoder, scorer, structure, estimator, decoder;
-sorting: structure and estimator), each an option with a ``_target_`` (a partial where the data gives the sizes).
+sorting: scorer, structure, estimator, sigma_net), each an option with a ``_target_`` (a partial where the data gives
+the sizes).
 ``train.py`` builds it with :meth:`Task.from_config`, which instantiates those groups and passes them, with the task's
 own settings (the ``task`` node, whose schema is :meth:`build`'s signature), the sizes the data dictates and its
 extras to :meth:`build`; a part group that the task does not list is refused, never silently ignored. ``train.py``
@@ -37,7 +38,7 @@ from torch import nn
 __all__ = ["Task", "PART_GROUPS", "SHARED"]
 
 #: the top-level config groups that hold model parts; a task reads those of them its ``PARTS`` lists
-PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder")
+PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder", "sigma_net")
 #: top-level settings shared by the tasks, passed to :meth:`Task.build` when its signature names them
 SHARED = {"latent": "predicted", "embedding": None}
 

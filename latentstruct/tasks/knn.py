@@ -3,24 +3,24 @@ direct loss minimization of seed 002 §5.2 and App. C.2).
 
 **A training step.** A batch of images is split into ``num_queries`` queries (the first ones) and candidates (the
 rest): 100 queries and 800 candidates for MNIST / Fashion-MNIST, 100 and 600 for CIFAR-10, so
-``trainer.batch_size`` = queries + candidates. An embedding network f maps every image to a vector and the part scores
-of query q are the negative squared distances to the candidates, s[q, c] = −||f(x_q) − f(x_c)||². The latent
-structure is :class:`~latentstruct.structures.TopK` over the candidates: its MAP is the k nearest ones.
+``trainer.batch_size`` = queries + candidates. An embedding network f (the ``encoder``) maps every image to a vector
+and the part scores of query q are the negative squared distances to the candidates, s[q, c] = −||f(x_q) − f(x_c)||².
+The latent structure is :class:`~latentstruct.structures.TopK` over the candidates, with the task's k (built by the
+task, not a config group): its MAP is the k nearest ones.
 
-**Loss** (``baseline=none``): the fraction of the k chosen candidates whose label differs from the query's,
+**Loss**: the fraction of the k chosen candidates whose label differs from the query's,
 
     L(z) = 1 − <z, c> / k,          c[j] = 1 iff y_j = y_q,
 
 linear in the k-hot z with slope −c / k, so the ``direct`` estimator's loss-perturbed MAP is exact: with ε < 0 it
 adds |ε| / k to the scores of the candidates of the query's class (seed 002 §5.2: the label is the k-subset of
-candidates with the query's label). The training loss is its mean over the queries. With ``learn_sigma`` the
-σ-network maps each query image to its own noise scale (seed 002 App. C.2), trained by its own optimizer
-(``optim_groups.sigma``).
+candidates with the query's label). The training loss is its mean over the queries, with z from the configured
+estimator. With a σ-network (``sigma_net``) each query image gets its own noise scale (seed 002 App. C.2), trained by
+its own optimizer (``optim_groups.sigma``).
 
-**NeuralSort baselines** (``baseline=neuralsort`` / ``neuralsort_stochastic``, Grover et al. 2019; the estimator is
-then unused while training): the same loss with z replaced by the relaxed top-k of
-:func:`~latentstruct.structures.neuralsort.relaxed_topk` at temperature ``tau`` (stochastic: of a relaxed
-Plackett-Luce sample, averaged over ``samples`` draws).
+**NeuralSort baselines** (Grover et al. 2019): the estimators ``estimator=neuralsort`` / ``neuralsort_stochastic``
+(:class:`~latentstruct.estimators.NeuralSort`), the same loss of the relaxed top-k at temperature ``tau``
+(stochastic: of relaxed Plackett-Luce samples, averaged over ``samples`` draws).
 
 **Evaluation** (every method): the classic kNN classifier in the learned embedding space. The whole training split
 (what ``train.py`` hands over with :meth:`use_training_data`) is embedded and every image of the evaluated split gets
@@ -33,20 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from hydra.utils import instantiate
 from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.estimators.direct import Direct
-from latentstruct.models.vision import embedding_net, sigma_net
-from latentstruct.structures.neuralsort import relaxed_topk
 from latentstruct.structures.topk import TopK
 from latentstruct.tasks.base import Task
 
-__all__ = ["KNN", "KNNOutput", "knn_loss", "knn_predict", "BASELINES"]
-
-BASELINES = ("none", "neuralsort", "neuralsort_stochastic")
+__all__ = ["KNN", "KNNOutput", "knn_loss", "knn_predict"]
 
 
 @dataclass
@@ -77,22 +71,39 @@ def knn_predict(queries: torch.Tensor, reference: torch.Tensor, labels: torch.Te
     return torch.cat(out)
 
 
+def _image_network(part, dims: dict[str, int]) -> nn.Module:
+    """A partial image network (``encoder``, ``sigma_net``) called with the sizes it takes from the data, those its
+    ``FROM_DATA`` lists: ``in_channels``, ``image_size`` (the side of the square images)."""
+    sizes = {"in_channels": dims["channels"], "image_size": dims["height"]}
+    return part(**{name: sizes[name] for name in part.func.FROM_DATA})
+
+
 class KNN(Task):
     """Learn an embedding for k-nearest-neighbour classification (module docstring: step, loss, baselines,
     evaluation).
 
-    Args:
-        embedding: the embedding network (images → ``[B, D]``).
-        estimator: how gradients cross the top-k MAP (``direct`` in seed 002); unused by the NeuralSort baselines.
-        k: neighbours.
-        num_classes: labels of the dataset.
-        num_queries: queries per batch; the rest of the batch are the candidates.
-        sigma: the σ-network (images → ``[B, 1]`` > 0) for learned σ, or None.
-        baseline: ``none`` (train through ``estimator``), ``neuralsort`` or ``neuralsort_stochastic``.
-        tau, samples: the NeuralSort temperature and (stochastic) Plackett-Luce samples per query.
-
-    Batches hold ``x`` ``[B, C, H, W]`` and ``y`` ``[B]``.
+    Built from ``encoder`` (the embedding network, images → ``[B, D]``), ``estimator`` (how gradients cross the top-k
+    MAP: ``direct`` in seed 002, or the NeuralSort relaxations) and ``sigma_net`` (the σ-network, images → ``[B, 1]``
+    > 0, for a learned σ with ``direct``; null for the estimator's own σ). Batches hold ``x`` ``[B, C, H, W]`` and
+    ``y`` ``[B]``.
     """
+
+    PARTS = ("encoder", "estimator", "sigma_net")
+
+    @classmethod
+    def build(cls, dims: dict[str, int], extras: dict, encoder, estimator, sigma_net, k: int,
+              num_queries: int = 100) -> KNN:
+        """The networks sized by the images (channels, side) of an image dataset.
+
+        Args:
+            k: neighbours (seed 002 Table 3: 1, 3, 5, 9)
+            num_queries: queries per batch; the rest of trainer.batch_size are the candidates
+        """
+        if "channels" not in dims:
+            raise ValueError("task=knn needs an image dataset (dataset=mnist, fashion_mnist or cifar10)")
+        embedding = _image_network(encoder, dims)
+        sigma = None if sigma_net is None else _image_network(sigma_net, dims)
+        return cls(embedding, estimator, k, dims["num_classes"], num_queries, sigma)
 
     def __init__(
         self,
@@ -102,46 +113,21 @@ class KNN(Task):
         num_classes: int,
         num_queries: int = 100,
         sigma: nn.Module | None = None,
-        baseline: str = "none",
-        tau: float = 16.0,
-        samples: int = 5,
     ):
         super().__init__()
-        if baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        if sigma is not None and (baseline != "none" or not isinstance(estimator, Direct)):
-            raise ValueError("task.learn_sigma=true needs estimator=direct and task.baseline=none")
-        if k < 1 or num_queries < 1 or not tau > 0 or samples < 1:
-            raise ValueError(f"need k >= 1, num_queries >= 1, tau > 0, samples >= 1; got {k}, {num_queries}, "
-                             f"{tau}, {samples}")
+        if sigma is not None and not isinstance(estimator, Direct):
+            raise ValueError("a learned σ: sigma_net needs estimator=direct")
+        if k < 1 or num_queries < 1:
+            raise ValueError(f"need k >= 1, num_queries >= 1; got {k}, {num_queries}")
         self.embedding, self.estimator, self.sigma = embedding, estimator, sigma
         self.structure = TopK(k)
         self.k, self.num_classes, self.num_queries = k, num_classes, num_queries
-        self.baseline, self.tau, self.samples = baseline, float(tau), samples
         self._reference: dict[str, torch.Tensor] | None = None
         self._cache: tuple[int, torch.Tensor] | None = None  # (updates, reference embeddings)
         self._updates = 0
 
-    @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> KNN:
-        """Reads ``task`` and ``estimator``; channels and classes come from the data (an image dataset)."""
-        if "channels" not in dims:
-            raise ValueError("task=knn needs an image dataset (dataset=mnist, fashion_mnist or cifar10)")
-        task = cfg.task
-        return cls(
-            embedding=embedding_net(task.embedding, dims["channels"]),
-            estimator=instantiate(cfg.estimator),
-            k=task.k,
-            num_classes=dims["num_classes"],
-            num_queries=task.num_queries,
-            sigma=sigma_net(task.sigma_net, dims["channels"]) if task.learn_sigma else None,
-            baseline=option_name(task.baseline),
-            tau=task.tau,
-            samples=task.samples,
-        )
-
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """``default``: the embedding network; ``sigma``: the σ-network (learned σ; App. C.2 trains it by SGD)."""
+        """``default``: the embedding network; ``sigma``: the σ-network (if any; App. C.2 trains it by SGD)."""
         groups = {"default": list(self.embedding.parameters())}
         if self.sigma is not None:
             groups["sigma"] = list(self.sigma.parameters())
@@ -165,11 +151,6 @@ class KNN(Task):
         # −||e_q − e_c||² expanded: no [Q, C, D] intermediate.
         scores = 2 * eq @ ec.T - eq.pow(2).sum(-1, keepdim=True) - ec.pow(2).sum(-1)  # [Q, C]
         same = (y[:queries].unsqueeze(1) == y[queries:].unsqueeze(0)).to(scores.dtype)
-        if self.baseline != "none" and self.training:
-            stochastic = self.baseline == "neuralsort_stochastic"
-            draws = self.samples if stochastic else 1
-            z = torch.stack([relaxed_topk(scores, self.k, self.tau, stochastic) for _ in range(draws)]).mean(0)
-            return KNNOutput(knn_loss(z, same, self.k).mean(), z)
 
         def downstream(mu):
             return knn_loss(mu, same, self.k)

@@ -3,11 +3,12 @@ r"""Sorting numbers as a latent bipartite matching (Mena et al. 2018; seed 002 �
 A sequence x ``[batch, d]`` of numbers in [0, 1] is to be matched with the sorted positions: z*[i, j] = 1 iff x_i is
 the j-th smallest (``latentstruct.data.sorting``).
 
-**Model.** The μ-network scores each number on its own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and
-row i of the scores ``[batch, d, d]`` is f(x_i): the score of placing x_i at sorted position j (Mena et al.'s
-architecture, hidden = 32). With ``learn_sigma`` the σ-network ``Linear(d → 1) → softplus`` maps the whole sequence
-to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002, Corollary 2, App. C.1);
-otherwise σ is the estimator's own (``estimator.sigma``). The latent structure is :class:`Matching` (MAP =
+**Model.** The μ-network (the ``scorer``, :class:`RankScorer`) scores each number on its own,
+``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i of the scores ``[batch, d, d]`` is f(x_i): the score
+of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network (``sigma_net=linear``,
+:class:`LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole sequence is mapped to its noise scale σ
+``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002, Corollary 2, App. C.1); without one
+(``sigma_net`` null) σ is the estimator's own (``estimator.sigma``). The latent structure is :class:`Matching` (MAP =
 Hungarian).
 
 **Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:
@@ -21,10 +22,11 @@ not shrink with d (the authors' code likewise perturbs each part by an O(1) amou
 loss is the batch mean of L(z) over the estimator's z, with whatever estimator is configured (for ``direct``, z is
 the first noise sample's perturbed MAP).
 
-**Gumbel-Sinkhorn baseline** (``baseline=gumbel_sinkhorn``, Mena et al. 2018; the estimator is then unused while
-training). For each sequence, ``samples`` soft permutations P̃ = Sinkhorn((s + G) / τ) with ``sinkhorn_iters``
-rounds of row-then-column normalisation (G i.i.d. standard Gumbel), and the squared reconstruction error of the
-sorted sequence, averaged over samples, sequences and positions:
+**Gumbel-Sinkhorn baseline** (``baseline=gumbel_sinkhorn``, Mena et al. 2018; trained without an estimator,
+``estimator=null``: its loss is not L of one latent per sequence but a reconstruction error, quadratic in each of
+several relaxed samples). For each sequence, ``samples`` soft permutations P̃ = Sinkhorn((s + G) / τ) with
+``sinkhorn_iters`` rounds of row-then-column normalisation (G i.i.d. standard Gumbel), and the squared reconstruction
+error of the sorted sequence, averaged over samples, sequences and positions:
 
     loss = mean_{k, b, j} ((P̃_{k,b}ᵀ x_b)_j − sort(x_b)_j)²,        (P̃ᵀ x)_j = Σ_i P̃[i, j] x_i
 
@@ -38,25 +40,24 @@ random noise is not added"). Metrics over the split's sequences:
 * ``prop_wrong`` = 100 × the fraction of elements placed at a wrong position (Mena et al.'s "Prop. Wrong");
 * ``kendall_tau`` = the mean over sequences of Kendall's τ in [−1, 1] between the predicted positions of the elements
   and their true ranks (1 = perfectly sorted);
-* ``loss`` = the mean number of misplaced elements (L(ẑ) above); ``sigma`` = the mean learned σ (``learn_sigma``).
+* ``loss`` = the mean number of misplaced elements (L(ẑ) above); ``sigma`` = the mean learned σ (with a σ-network).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.estimators.direct import Direct
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
 
-__all__ = ["Sorting", "SortingOutput", "sorting_loss", "kendall_tau", "BASELINES"]
+__all__ = ["Sorting", "SortingOutput", "RankScorer", "LinearSigmaNet", "sorting_loss", "kendall_tau", "BASELINES"]
 
 BASELINES = ("none", "gumbel_sinkhorn")
 
@@ -88,29 +89,81 @@ def kendall_tau(pred: torch.Tensor, gold: torch.Tensor, chunk: int = 256) -> tor
     return torch.cat(out)
 
 
+class RankScorer(nn.Sequential):
+    """The μ-network: ``[batch, d]`` → ``[batch, d, d]``, row i = f(x_i) = the scores of placing the number x_i at
+    each of the d sorted positions, with f = Linear(1 → hidden) → ReLU → Linear(hidden → d) applied to each number on
+    its own (Mena et al. 2018).
+
+    Args:
+        hidden: units of the μ-network's hidden layer (seed 002 App. C.1, Mena et al. 2018: 32).
+    """
+
+    FROM_DATA = ("num_items",)  # given by the task, from the data
+
+    def __init__(self, num_items: int, hidden: int = 32):
+        super().__init__(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_items))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.unsqueeze(-1))
+
+
+class LinearSigmaNet(nn.Sequential):
+    """A σ-network on a whole input vector: ``[batch, in_features]`` → σ = softplus(w·x + b) ``[batch, 1]`` > 0
+    (seed 002 App. C.1's for sorting: one σ per sequence)."""
+
+    FROM_DATA = ("in_features",)  # given by the task, from the data
+
+    def __init__(self, in_features: int):
+        super().__init__(nn.Linear(in_features, 1), nn.Softplus())
+
+
 class Sorting(Task):
     """Learn to sort d numbers through a latent matching (module docstring: model, loss, baseline, metrics).
 
-    Args:
-        structure: a :class:`Matching`.
-        estimator: how gradients cross the Hungarian argmax (``direct`` in seed 002; any estimator that needs only
-            ``map`` / ``sparsemap`` of a matching works); unused while training with ``baseline=gumbel_sinkhorn``.
-        num_items: d.
-        hidden: units of the μ-network's hidden layer.
-        learn_sigma: learn σ with the σ-network (needs the ``direct`` estimator).
-        baseline: ``none`` (train through ``estimator``) or ``gumbel_sinkhorn``.
-        tau, sinkhorn_iters, samples: the Gumbel-Sinkhorn baseline's temperature, rounds and noise samples.
-
-    Batches hold ``x`` ``[batch, d]`` and the ranks ``y`` ``[batch, d]`` (z* = one_hot(y)).
+    Built from ``scorer`` (the μ-network, :class:`RankScorer`), ``structure`` (a :class:`Matching`), ``estimator``
+    (how gradients cross the Hungarian argmax: ``direct`` in seed 002, or any estimator that needs only ``map`` /
+    ``sparsemap`` of a matching; null with ``baseline=gumbel_sinkhorn``) and ``sigma_net`` (a σ-network for a learned
+    σ, with ``direct``; null for the estimator's own σ). Batches hold ``x`` ``[batch, d]`` and the ranks ``y``
+    ``[batch, d]`` (z* = one_hot(y)).
     """
+
+    PARTS = ("scorer", "structure", "estimator", "sigma_net")
+
+    @classmethod
+    def build(
+        cls,
+        dims: dict[str, int],
+        extras: dict,
+        scorer,
+        structure,
+        estimator,
+        sigma_net,
+        baseline: Literal["none", "gumbel_sinkhorn"] = "none",
+        tau: float = 1.0,
+        sinkhorn_iters: int = 10,
+        samples: int = 5,
+    ) -> Sorting:
+        """The μ- and σ-networks sized by d, the length of the sequences (``dataset=sorting``).
+
+        Args:
+            baseline: none: train through the configured estimator; gumbel_sinkhorn: Mena et al. (2018) instead
+            tau: gumbel_sinkhorn: Sinkhorn temperature τ
+            sinkhorn_iters: gumbel_sinkhorn: Sinkhorn normalisation rounds
+            samples: gumbel_sinkhorn: Gumbel noise samples per sequence
+        """
+        if "num_items" not in dims:
+            raise ValueError("task=sorting needs a dataset of sequences to sort (dataset=sorting)")
+        d = dims["num_items"]
+        mu = scorer(num_items=d)
+        sigma = None if sigma_net is None else sigma_net(in_features=d)
+        return cls(structure, estimator, mu, sigma, baseline, tau, sinkhorn_iters, samples)
 
     def __init__(
         self,
         structure: Matching,
-        estimator: nn.Module,
-        num_items: int,
-        hidden: int = 32,
-        learn_sigma: bool = False,
+        estimator: nn.Module | None,
+        mu: nn.Module,
+        sigma: nn.Module | None = None,
         baseline: str = "none",
         tau: float = 1.0,
         sinkhorn_iters: int = 10,
@@ -121,35 +174,18 @@ class Sorting(Task):
             raise ValueError(f"the sorting task needs structure=matching, got {type(structure).__name__}")
         if baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")
-        if learn_sigma and (baseline != "none" or not isinstance(estimator, Direct)):
-            raise ValueError("task.learn_sigma=true needs estimator=direct and task.baseline=none")
+        if (estimator is None) != (baseline == "gumbel_sinkhorn"):
+            raise ValueError("task.baseline=gumbel_sinkhorn trains without an estimator (estimator=null); every "
+                             f"other method through one (got baseline={baseline!r}, estimator={estimator})")
+        if sigma is not None and not isinstance(estimator, Direct):
+            raise ValueError("a learned σ: sigma_net needs estimator=direct (and task.baseline=none)")
         if not tau > 0 or sinkhorn_iters < 1 or samples < 1:
             raise ValueError(f"need tau > 0, sinkhorn_iters >= 1, samples >= 1; got {tau}, {sinkhorn_iters}, {samples}")
-        self.structure, self.estimator, self.num_items = structure, estimator, num_items
+        self.structure, self.estimator, self.mu, self.sigma = structure, estimator, mu, sigma
         self.baseline, self.tau, self.sinkhorn_iters, self.samples = baseline, float(tau), sinkhorn_iters, samples
-        self.mu = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_items))
-        self.sigma = nn.Sequential(nn.Linear(num_items, 1), nn.Softplus()) if learn_sigma else None
-
-    @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> Sorting:
-        """Reads ``task``, ``structure`` and ``estimator``; d comes from the data (``dataset=sorting``)."""
-        if "num_items" not in dims:
-            raise ValueError("task=sorting needs a dataset of sequences to sort (dataset=sorting)")
-        task = cfg.task
-        return cls(
-            structure=instantiate(cfg.structure),
-            estimator=instantiate(cfg.estimator),
-            num_items=dims["num_items"],
-            hidden=task.hidden,
-            learn_sigma=task.learn_sigma,
-            baseline=option_name(task.baseline),
-            tau=task.tau,
-            sinkhorn_iters=task.sinkhorn_iters,
-            samples=task.samples,
-        )
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """``default``: the μ-network; ``sigma``: the σ-network (with ``learn_sigma``; App. C.1 trains it by SGD)."""
+        """``default``: the μ-network; ``sigma``: the σ-network (if any; App. C.1 trains it by SGD)."""
         groups = {"default": list(self.mu.parameters())}
         if self.sigma is not None:
             groups["sigma"] = list(self.sigma.parameters())
@@ -157,11 +193,11 @@ class Sorting(Task):
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """``[batch, d]`` → ``[batch, d, d]``: row i is f(x_i), one number at a time."""
-        return self.mu(x.unsqueeze(-1))
+        return self.mu(x)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> SortingOutput:
         x = batch["x"]
-        target = F.one_hot(batch["y"], self.num_items).to(x.dtype)
+        target = F.one_hot(batch["y"], x.shape[-1]).to(x.dtype)
         scores = self.scores(x)
         if not self.training:
             z = self.structure.map(scores)
@@ -185,7 +221,7 @@ class Sorting(Task):
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
-        """``acc``, ``prop_wrong`` (×100), ``kendall_tau``, ``loss`` and, with ``learn_sigma``, ``sigma``: means over
+        """``acc``, ``prop_wrong`` (×100), ``kendall_tau``, ``loss`` and, with a σ-network, ``sigma``: means over
         the split's sequences of the hard, noise-free matching (module docstring)."""
         was_training = self.training
         self.eval()
