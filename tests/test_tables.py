@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from latentstruct import figures, tables
+from latentstruct.report import figures, tables
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,15 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from latentstruct.tables import CENTRE_LABELS, aggregate, build_table, filter_runs, load_runs, load_spec, provenance
+from latentstruct.report.tables import (
+    CENTRE_LABELS,
+    aggregate,
+    build_table,
+    filter_runs,
+    load_runs,
+    load_spec,
+    provenance,
+)
 
 __all__ = ["learning_curves", "inner_steps", "setting_curves", "row_curves", "main"]
 
