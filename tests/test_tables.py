@@ -80,6 +80,15 @@ def test_load_runs_flattens(tmp_path):
     assert Path(r["run_dir"]) == tmp_path / "runs" / "a" / "b" / "0"
 
 
+def test_load_runs_flattens_the_config_as_the_run_records_do(tmp_path):
+    """One flatten (latentstruct.records) for tables, resuming and the ListOps report: an empty dict gives no column."""
+    run = _run(tmp_path / "runs", "a", "synthetic_spigot")
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "optim_groups": {}, "tuned": {"k3": 0.5}}))
+    r = tables.load_runs(tmp_path / "runs").iloc[0]
+    assert "optim_groups" not in r and r["tuned.k3"] == 0.5 and r["dataset.num_clusters"] == 3
+
+
 def test_median_and_standard_error(tmp_path):
     _four_runs(tmp_path / "runs")
     df = tables.build_table(_spec(tmp_path), tmp_path / "runs")

@@ -1,15 +1,17 @@
 """ListOps analyses that need the trained models, not only their metrics (issue #7; `make table-listops` runs them).
 
-    python -m latentstruct.listops_report self-f1 --runs multirun/listops
-    python -m latentstruct.listops_report reference-trees --runs multirun/listops \
+    python -m latentstruct.report.listops self-f1 --runs multirun/listops
+    python -m latentstruct.report.listops reference-trees --runs multirun/listops \
         --out results/listops/reference_trees.md
-    python -m latentstruct.listops_report figure --runs multirun/listops --out results/listops/trees.png
+    python -m latentstruct.report.listops figure --runs multirun/listops --out results/listops/trees.png
+
+(``python -m latentstruct.listops_report`` is the same command.)
 
 * ``self-f1`` — the agreement of a method with itself across seeds (Williams et al., 2018; Nangia & Bowman, 2018):
   the runs of one configuration that differ only in ``trainer.seed`` parse the test split, and a run's self-F1 is
   the mean, over the other seeds' runs, of the per-example tree F1 between the two runs' trees (the bracket F1 of
   :func:`latentstruct.tasks.listops.tree_scores`, whole span excluded; between two binary trees it is symmetric).
-  It is written to each run's ``derived.json`` (``self_f1``, ``self_f1_runs``), where ``latentstruct.tables``
+  It is written to each run's ``derived.json`` (``self_f1``, ``self_f1_runs``), where ``latentstruct.report.tables``
   reads it as the metric ``derived.self_f1``; a configuration with one run gets no self-F1. Trees are the models'
   MAP / greedy trees (``ListOps.trees``), from ``checkpoint.pt`` — the state at the run's **last** evaluation, so
   with ``trainer.select=best`` they may come from a later model than the reported accuracy (the reduced protocol,
@@ -39,14 +41,15 @@ from omegaconf import OmegaConf
 
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
-from latentstruct.records import load_checkpoint
+from latentstruct.records import RESUMABLE, flatten, load_checkpoint
+from latentstruct.report.tables import load_runs
 from latentstruct.tasks.listops import ListOps, tree_scores
-from latentstruct.train import _RESUMABLE, _flatten, build_model
+from latentstruct.train import build_model
 
 __all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_trees", "draw_trees", "main"]
 
 # The flat config keys that do not make two runs different configurations for the self-F1.
-_NOT_IDENTITY = (*_RESUMABLE, "trainer.seed")
+_NOT_IDENTITY = (*RESUMABLE, "trainer.seed")
 # Nangia & Bowman (2018), test set (the seed's tutorial): F1 vs left / right / true trees, depth; self-F1.
 PAPER_REFERENCE_TREES = {
     "true": (41.6, 8.8, 100.0, 9.6, None),
@@ -112,25 +115,21 @@ def parse_split(model: ListOps, split: dict[str, torch.Tensor]) -> list[torch.Te
 
 
 def _identity(config: dict) -> str:
-    flat = _flatten(config)
+    flat = flatten(config)
     return json.dumps({k: v for k, v in sorted(flat.items()) if not k.startswith(_NOT_IDENTITY)}, default=str)
 
 
-def _completed_tree_runs(root: Path) -> list[Path]:
-    runs = []
-    for metrics in sorted(root.rglob("metrics.json")):
-        record = json.loads(metrics.read_text())
-        if record.get("status") == "completed" and (metrics.parent / "checkpoint.pt").is_file():
-            runs.append(metrics.parent)
-    return runs
-
-
-def _experiment(run: Path) -> str:
-    """The run's experiment (``hydra.runtime.choices.experiment`` without its folder), e.g. ``chart_spigot``."""
-    path = run / ".hydra" / "hydra.yaml"
-    name = OmegaConf.select(OmegaConf.load(path), "hydra.runtime.choices.experiment") if path.is_file() else None
-    name = name or run.name
-    return str(name).split("/")[-1]
+def _completed_tree_runs(root: Path) -> dict[Path, str]:
+    """The completed runs under ``root`` that kept a checkpoint, from their records
+    (:func:`latentstruct.report.tables.load_runs`), each with its experiment: ``choices.experiment`` without its
+    folder (e.g. ``chart_spigot``), or the directory's name for a run without ``.hydra/``."""
+    runs = load_runs(root)
+    found = {}
+    for _, run in (runs[runs["completed"]] if len(runs) else runs).iterrows():
+        run_dir, experiment = Path(run["run_dir"]), run.get("choices.experiment")
+        if (run_dir / "checkpoint.pt").is_file():
+            found[run_dir] = str(experiment if isinstance(experiment, str) else run_dir.name).split("/")[-1]
+    return found
 
 
 def _has_tree(config: dict) -> bool:
@@ -280,10 +279,10 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
     import matplotlib.pyplot as plt
 
     chosen: dict[str, Path] = {}
-    for run in _completed_tree_runs(runs_root):
+    for run, experiment in _completed_tree_runs(runs_root).items():
         cfg = OmegaConf.to_container(_run_config(run, data_dir)[0])
         if cfg["trainer"]["seed"] == seed and cfg["task"]["_target_"].endswith(".ListOps") and _has_tree(cfg):
-            chosen.setdefault(_experiment(run), run)
+            chosen.setdefault(experiment, run)
     if not chosen:
         raise FileNotFoundError(f"no completed ListOps tree run with trainer.seed={seed} under {runs_root}")
     order = sorted(chosen, key=lambda name: (name.startswith("chart"), name))
@@ -320,7 +319,7 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latentstruct.listops_report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m latentstruct.report.listops", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("self-f1", help="write each tree run's self-F1 across seeds into its derived.json")
     p.add_argument("--runs", required=True, type=Path)
@@ -339,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "self-f1":
         self_f1(args.runs, args.data_dir)
     elif args.command == "reference-trees":
-        runs = _completed_tree_runs(args.runs)
+        runs = list(_completed_tree_runs(args.runs))
         if not runs:
             raise SystemExit(f"no completed run under {args.runs}")
         cfg = _run_config(runs[0], args.data_dir)[0]

@@ -5,7 +5,10 @@ what they *are* (their composed config and Hydra choices), never by their file n
 see ``experiments/spigot/table2.yaml``) says which runs make which row, setting and metric, how to aggregate
 them, the tolerance, and where the paper's numbers are (``reference.csv``).
 
-    python -m latentstruct.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
+    python -m latentstruct.report.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
+
+(``python -m latentstruct.tables`` is the same command.) ``make table T=<paper>/<table>`` runs a spec's sweeps and
+then this module (:mod:`latentstruct.report.reproduce`).
 """
 
 from __future__ import annotations
@@ -21,22 +24,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-__all__ = ["provenance", "load_runs", "load_spec", "filter_runs", "aggregate", "metric_id", "build_table",
-           "write_markdown", "main"]
+from latentstruct.records import flatten
+
+__all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
+           "build_table", "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
                   "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _read_yaml(path: Path) -> dict:
@@ -47,9 +41,10 @@ def _read_yaml(path: Path) -> dict:
 def load_runs(root: str | Path) -> pd.DataFrame:
     """One row per run directory under ``root`` (searched recursively for ``metrics.json``).
 
-    Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``), ``choices.<group>`` from
-    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's
-    ``metrics``, the record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
+    Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``, as
+    :func:`latentstruct.records.flatten` gives them: an empty dict gives none), ``choices.<group>`` from
+    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
+    record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
     seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
     Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
     unreadable metrics.json counts as failed.
@@ -61,7 +56,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
             record = json.loads(metrics_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             record = {"status": "failed", "error": f"unreadable metrics.json: {exc}"}
-        row = _flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
+        row = flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
         row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
@@ -82,6 +77,11 @@ def load_spec(path: str | Path) -> dict:
     if spec.get("reference"):
         spec["reference_path"] = str(path.parent / spec["reference"])
     return spec
+
+
+def output_path(spec: dict) -> str:
+    """Where a spec's table is written: its ``output``, by default ``results/<paper>/<table>.md``."""
+    return spec.get("output") or f"results/{spec['paper']}/{spec['table']}.md"
 
 
 def _equal(value, target) -> bool:
@@ -310,7 +310,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
 def main(argv: list[str] | None = None) -> int:
     """CLI: build one table from a spec and a runs directory, write Markdown, print the long table."""
     parser = argparse.ArgumentParser(
-        prog="python -m latentstruct.tables",
+        prog="python -m latentstruct.report.tables",
         description="Aggregate run records (metrics.json + .hydra/) into a paper table with the paper's "
                     "numbers, the difference and a within-tolerance verdict per cell, written as Markdown.")
     parser.add_argument("spec", help="table spec YAML, e.g. experiments/spigot/table2.yaml")
@@ -319,12 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-empty", action="store_true",
                         help="write the table even when every matching run failed (it then lists their errors)")
     args = parser.parse_args(argv)
-    spec, runs = load_spec(args.spec), load_runs(args.runs)
+    spec = load_spec(args.spec)
+    if "rows" not in spec:
+        sys.exit(f"error: {args.spec} has no rows: it makes figures only (python -m latentstruct.report.reproduce)")
+    runs = load_runs(args.runs)
     df = build_table(spec, runs)
     if df["n_runs"].sum() == 0 and not (args.allow_empty and df["n_failed"].sum()):
         sys.exit(f"error: no completed run under {args.runs} matches any cell of {args.spec} "
                  f"({len(runs)} run record(s) found)")
-    out = args.out or spec.get("output") or f"results/{spec['paper']}/{spec['table']}.md"
+    out = args.out or output_path(spec)
     print(f"wrote {write_markdown(df, spec, out, runs)}")
     print(df.to_string(index=False))
     return 0
