@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from latentstruct.report import figures, tables
+from latentstruct.report import figures, tables, trees
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -395,3 +395,28 @@ def test_energy_specs_cover_the_reference_and_every_experiment(name):
     assert set(zip(ref["row"], ref["setting"], ref["metric"], strict=True)) <= cells
     known = tables.build_table(spec, pd.DataFrame())["paper"].notna().sum()
     assert known == len(ref) == {"mlc": 20, "mlc_time": 8, "ner": 10, "pos": 5}[name]
+
+
+def _sst_run(root: Path, name: str, experiment: str, seed: int, status: str = "completed") -> Path:
+    run = _run(root, name, experiment, seed=seed, status=status)
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "trainer": {"seed": seed}}))
+    return run
+
+
+def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_path):
+    """The seed-301 run of each row: the first completed run whose config and choices match, whatever its
+    directory is called (the Makefile used to glob `<method>,*trainer.seed=301`)."""
+    root = tmp_path / "runs"
+    _sst_run(root, "+experiment=sst/marginals,trainer.seed=301", "sst/spigot", 301)  # a name that lies
+    _sst_run(root, "a", "sst/marginals", 301, status="failed")
+    _sst_run(root, "b", "sst/marginals", 302)
+    _sst_run(root, "c", "sst/marginals", 301)
+    _sst_run(root, "d", "sst/marginals", 301)
+    spec = tables.load_spec(REPO / "experiments" / "spigot" / "table3_sst.yaml")
+    chosen = trees.seed_runs(spec, root, 301, ["marginals", "spigot", "sparsemap"])
+    assert chosen == {"marginals": str(root / "c"), "spigot": str(root / "+experiment=sst/marginals,trainer.seed=301")}
+    assert list(trees.seed_runs(spec, root, 302)) == ["marginals"]
+    assert trees.seed_runs(spec, tmp_path / "none", 301) == {}
+    with pytest.raises(ValueError, match="not rows of table3_sst"):
+        trees.seed_runs(spec, root, 301, ["marginal"])
