@@ -1,14 +1,16 @@
 """Run records -> the seed papers' figures (PNG), e.g. seed 001's Figures 2 and 3 on the synthetic clusters.
 
-Runs are selected from their records with :func:`latentstruct.tables.load_runs` (never from file names);
+Runs are selected from their records with :func:`latentstruct.report.tables.load_runs` (never from file names);
 only completed runs are drawn. Figures are built on the Agg canvas directly: no display, no pyplot state.
 
-    python -m latentstruct.figures learning-curves --runs multirun/ --out results/spigot/learning_curves.png
-    python -m latentstruct.figures inner-steps --runs multirun/ --out results/spigot/inner_steps.png
-    python -m latentstruct.figures setting-curves --spec experiments/direct/sorting.yaml --metric test/acc \
+    python -m latentstruct.report.figures learning-curves --runs multirun/ --out results/spigot/learning_curves.png
+    python -m latentstruct.report.figures inner-steps --runs multirun/ --out results/spigot/inner_steps.png
+    python -m latentstruct.report.figures setting-curves --spec experiments/direct/sorting.yaml --metric test/acc \
         --runs multirun/direct_sorting --out results/direct/sorting.png
-    python -m latentstruct.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
+    python -m latentstruct.report.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
         --runs multirun/energy_mlc --out results/energy/mlc_curves.png
+
+(``python -m latentstruct.figures`` is the same command.)
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["learning_curves", "inner_steps", "setting_curves", "row_curves", "main"]
+__all__ = ["SPEC_FIGURES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "main"]
+
+# The figures drawn from a table spec's rows and settings: they take --spec and --metric.
+SPEC_FIGURES = ("setting-curves", "row-curves")
 
 _LABELS = {
     "synthetic_marginals": "Softmax",
@@ -244,7 +249,7 @@ def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw one figure from the run records under ``--runs``."""
-    parser = argparse.ArgumentParser(prog="python -m latentstruct.figures",
+    parser = argparse.ArgumentParser(prog="python -m latentstruct.report.figures",
                                      description="Draw a paper figure (PNG) from run records.")
     parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves"],
                         help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table); "
@@ -260,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc); row-curves: a "
                                          "history.csv column (e.g. valid/acc)")
     args = parser.parse_args(argv)
-    if args.figure in ("setting-curves", "row-curves") and not (args.spec and args.metric):
+    if args.figure in SPEC_FIGURES and not (args.spec and args.metric):
         parser.error(f"{args.figure} needs --spec and --metric")
     try:
         if args.figure == "setting-curves":
