@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         code = subprocess.run(command.argv).returncode
         if code and command.may_fail:
-            print(f"*** some runs of {command.argv[4]} failed: the tables list their errors", flush=True)
+            print("*** some runs of this sweep failed: the tables list their errors", flush=True)
         elif code:
             return code
     return 0
