@@ -33,10 +33,10 @@ from omegaconf import OmegaConf
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.text import tokenize
 from latentstruct.records import load_checkpoint
+from latentstruct.report.drawing import depth, draw_tree, format_tree, heads_from_arcs
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.text import _TreeTask
 from latentstruct.train import build_model
-from latentstruct.trees import depth, draw_tree, format_tree, heads_from_arcs
 
 __all__ = ["load_tree_model", "parse_sentence", "tree_lines", "seed_runs", "main"]
 
