@@ -645,3 +645,62 @@ def register_configs(config_dir: Path = CONFIG_DIR) -> None:
 
 
 register_configs()
+
+
+# -------------------------------------------------------------------------------------------------- reference
+def _cell(value: Any) -> str:
+    text = "required" if value is MISSING else "null" if value is None else str(value).lower() if isinstance(
+        value, bool) else str(value)
+    return f"`{text}`".replace("|", "\\|")
+
+
+def _rows(fields, values: dict) -> list[str]:
+    rows = []
+    for f in fields:
+        if f.name.startswith("_") or f.name in ("defaults",):
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = values.get(f.name, default)
+        text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        rows.append(f"| `{f.name}` | {_cell(value)} | {text} |")
+    return rows
+
+
+def reference(config_dir: Path = CONFIG_DIR) -> str:
+    """The option reference (``docs/configs.md``): every option of every group, what it builds and each of its
+    settings with its value in that option and its help text, all read from the schemas."""
+    import yaml  # only the reference reads the option files directly
+
+    out = ["# Config reference", "",
+           "Generated from the schemas (the `Args:` sections of the signatures the options build) by "
+           "`python -m latentstruct.config > docs/configs.md`; `tests/test_config.py` checks that it is current. "
+           "A value shown is the option's own where it sets one, else the signature's default.", ""]
+    run = [("trainer", TrainerConf), ("paths", PathsConf), ("embedding", EmbeddingConf), ("optim_groups.<name>",
+           OptimConf)]
+    out += ["## Run settings", "", "| setting | default | help |", "| --- | --- | --- |"]
+    out += _rows([f for f in dataclasses.fields(TrainConf) if f.name in ("latent", "tuned")], {})
+    for name, conf in run:
+        out += [f"| **{name}** | | |"] + [r.replace("| `", f"| `{name}.", 1) for r in _rows(dataclasses.fields(conf),
+                                                                                            {})]
+    groups = sorted({p.parent.relative_to(config_dir).as_posix() for p in config_dir.rglob("*.yaml")
+                     if p.parent != config_dir} - {"experiment", "sweep", "preset"}, key=str)
+    for group in groups:
+        if group.split("/")[0] in ("experiment", "sweep", "preset", "hydra", "trainer", "paths"):
+            continue
+        out += ["", f"## `{group}`", ""]
+        for path in sorted((config_dir / group).glob("*.yaml")):
+            raw = yaml.safe_load(path.read_text()) or {}
+            names = [d.split("@")[0][1:] for d in raw.get("defaults", []) if isinstance(d, str) and "." in d]
+            if not names:
+                continue
+            values = raw.get("task", {}) if group == "task" else raw
+            comment = " ".join(line[1:].strip() for line in path.read_text().splitlines()
+                               if line.startswith("#") and "@package" not in line)
+            out += [f"### `{group}={path.stem}` → `{names[0]}`", ""] + ([comment, ""] if comment else [])
+            rows = _rows(dataclasses.fields(schema(names[0])), values)
+            out += (["| setting | value | help |", "| --- | --- | --- |", *rows] if rows else ["(no settings)"]) + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -12,7 +12,26 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["write_json", "read_record", "write_history", "save_checkpoint", "load_checkpoint", "environment"]
+__all__ = ["RESUMABLE", "flatten", "write_json", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
+           "environment"]
+
+# The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
+# computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
+RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
+             "trainer.device", "trainer.max_steps", "trainer.max_epochs")
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested config as dotted keys: ``{"a": {"b": 1, "c": {}}, "d": [2]}`` -> ``{"a.b": 1, "d": [2]}``.
+
+    Lists are values. An empty dict holds no setting and gives no key, so a config where a group is empty
+    (``optim_groups: {}``) flattens like one written before that group existed: resuming compares the same keys.
+    """
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
+    return flat
 
 
 def _atomic(path: Path, write) -> None:

@@ -25,7 +25,9 @@ import latentstruct.optim
 from latentstruct.config import option_name, validate  # importing latentstruct.config registers the schemas
 from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.records import (
+    RESUMABLE,
     environment,
+    flatten,
     load_checkpoint,
     read_record,
     save_checkpoint,
@@ -68,9 +70,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
-# What may change between a run and its resumption: how it runs, not what it computes.
-_RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.threads",
-              "trainer.device", "trainer.max_steps", "trainer.max_epochs")
 # Keys added after run records existed, with the value every configuration written before them implied.
 _ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier", "trainer.drop_last": False, "trainer.phases": []}
 
@@ -109,19 +108,11 @@ def _plan(tc: DictConfig, sizes: dict[str, int]) -> tuple[list[_Phase], int]:
     return phases, start if tc.max_steps is None else min(start, tc.max_steps)
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        flat.update(_flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
-    return flat
-
-
 def _check_same_run(saved: dict, current: dict, where: Path) -> None:
     """Refuse to resume a checkpoint written under a different configuration."""
-    old, new = {**_ADDED, **_flatten(saved)}, _flatten(current)
+    old, new = {**_ADDED, **flatten(saved)}, flatten(current)
     differ = sorted(k for k in old.keys() | new.keys()
-                    if old.get(k) != new.get(k) and not k.startswith(_RESUMABLE))
+                    if old.get(k) != new.get(k) and not k.startswith(RESUMABLE))
     if differ:
         raise ValueError(f"{where} was written with a different configuration ({', '.join(differ)}); "
                          "use another run directory, or trainer.resume=false to start over")

@@ -128,3 +128,10 @@ def test_a_part_group_the_task_does_not_read_is_refused():
     with pytest.raises(ValueError, match="no latent source"):
         cfg.latent = "gold"
         _OnlyStructure.from_config(cfg, {}, {})
+
+
+def test_the_option_reference_is_current():
+    """docs/configs.md is generated from the schemas: regenerate it with `python -m latentstruct.config`."""
+    assert (CONFIGS.parent / "docs" / "configs.md").read_text() == config.reference(), (
+        "docs/configs.md is stale: python -m latentstruct.config > docs/configs.md"
+    )

@@ -11,8 +11,9 @@ import pytest
 import torch
 from test_listops_task import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
 
-from latentstruct import listops_report, tables
 from latentstruct.data.listops import listops_dataset, right_branching, tree_f1
+from latentstruct.report import listops as listops_report
+from latentstruct.report import tables
 from latentstruct.tasks.listops import tree_scores
 
 pytestmark = pytest.mark.usefixtures("short")  # generated expressions stay short: fast runs

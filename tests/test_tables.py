@@ -2,15 +2,21 @@
 
 import json
 import math
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 
-from latentstruct import figures, tables
+from latentstruct.report import figures, reproduce, tables, trees
 
 REPO = Path(__file__).resolve().parents[1]
+SPECS = sorted(p.relative_to(REPO / "experiments").with_suffix("").as_posix()
+               for p in (REPO / "experiments").glob("*/*.yaml"))
 
 
 def _run(root: Path, name: str, experiment: str, *, k: int = 3, acc: float = 90.0, vm: float = 80.0,
@@ -78,6 +84,15 @@ def test_load_runs_flattens(tmp_path):
     assert r["seed"] == 7 and r["git_commit"] == "abc1234" and r["torch"] == "2.13.0+cpu"
     assert r["status"] == "completed" and bool(r["completed"]) and r["best_epoch"] == 0
     assert Path(r["run_dir"]) == tmp_path / "runs" / "a" / "b" / "0"
+
+
+def test_load_runs_flattens_the_config_as_the_run_records_do(tmp_path):
+    """One flatten (latentstruct.records) for tables, resuming and the ListOps report: an empty dict gives no column."""
+    run = _run(tmp_path / "runs", "a", "synthetic_spigot")
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "optim_groups": {}, "tuned": {"k3": 0.5}}))
+    r = tables.load_runs(tmp_path / "runs").iloc[0]
+    assert "optim_groups" not in r and r["tuned.k3"] == 0.5 and r["dataset.num_clusters"] == 3
 
 
 def test_median_and_standard_error(tmp_path):
@@ -386,3 +401,154 @@ def test_energy_specs_cover_the_reference_and_every_experiment(name):
     assert set(zip(ref["row"], ref["setting"], ref["metric"], strict=True)) <= cells
     known = tables.build_table(spec, pd.DataFrame())["paper"].notna().sum()
     assert known == len(ref) == {"mlc": 20, "mlc_time": 8, "ner": 10, "pos": 5}[name]
+
+
+# ---------------------------------------------------------------- reproductions (latentstruct.report.reproduce)
+
+
+def _argv(name: str, **kwargs) -> list[list[str]]:
+    """The reproduction's commands, each without the interpreter (``python -m``)."""
+    return [c.argv[2:] for c in reproduce.commands(name, **kwargs)]
+
+
+def _table_steps(name: str) -> list[str | None]:
+    plan = tables.load_spec(reproduce.spec_path(name)).get("reproduce") or {}
+    return [step.get("table") for step in plan.get("steps", [])]
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_spec_reproduces_its_table_or_names_the_spec_that_does(name, monkeypatch):
+    """Every spec's sweeps are configs/sweep files, its steps name real specs and report modules, and every output
+    follows --results; a spec without a reproduce block (a _time companion) is a table step of exactly one spec."""
+    monkeypatch.chdir(REPO)
+    spec = tables.load_spec(reproduce.spec_path(name))
+    plan = spec.get("reproduce")
+    if plan is None:
+        folder, table = name.split("/")
+        makers = [other for other in SPECS if other.startswith(f"{folder}/") and table in _table_steps(other)]
+        assert len(makers) == 1, f"{name}: no reproduce block and made by {makers}"
+        with pytest.raises(ValueError, match=f"make table T={makers[0]}"):
+            reproduce.commands(name)
+        return
+    for sweep in plan["sweeps"]:
+        assert (REPO / "configs" / "sweep" / f"{sweep['sweep']}.yaml").is_file()
+    argv = _argv(name, runs="R", results="elsewhere", jobs=3)
+    sweeps, steps = argv[: len(plan["sweeps"])], argv[len(plan["sweeps"]) :]
+    for command, sweep in zip(sweeps, plan["sweeps"], strict=True):
+        assert command[:3] == ["latentstruct.train", "--multirun", f"+sweep={sweep['sweep']}"]
+        assert "paths.multirun_dir=R" in command and f"hydra.launcher.n_jobs={sweep.get('jobs', 3)}" in command
+    assert len(steps) == len(plan.get("steps", [])) and all(c[0].startswith("latentstruct.report.") for c in steps)
+    for command in steps:
+        if command[0] == "latentstruct.report.tables":
+            assert "rows" in tables.load_spec(command[1])
+        outs = [command[i + 1] for i, a in enumerate(command) if a in ("--out", "--out-dir")]
+        assert all(o.startswith("elsewhere/") for o in outs) and "results/" not in " ".join(command)
+    assert reproduce.main([name, "--runs", "R", "--dry-run"]) == 0
+
+
+def test_table3_sst_runs_what_its_make_target_ran(monkeypatch, capsys):
+    """The commands of `make table-spigot-sst` before the table specs drove it, except the tree drawings, now one
+    command that selects each method's seed-301 run from the run records."""
+    monkeypatch.chdir(REPO)
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.threads=1", "trainer.progress=false",
+                "trainer.resume=true", "paths.multirun_dir=multirun"]
+    assert _argv("spigot/table3_sst", jobs=2) == [
+        ["latentstruct.train", "--multirun", "+sweep=spigot_sst", "trainer.seed=301,302,303", *launcher],
+        ["latentstruct.report.tables", "experiments/spigot/table3_sst.yaml", "--runs", "multirun/spigot_sst",
+         "--out", "results/spigot/table3_sst.md"],
+        ["latentstruct.report.tables", "experiments/spigot/table3_sst_time.yaml", "--runs", "multirun/spigot_sst",
+         "--out", "results/spigot/table3_sst_time.md"],
+        ["latentstruct.report.trees", "--runs", "multirun/spigot_sst", "--spec", "experiments/spigot/table3_sst.yaml",
+         "--seed", "301", "--rows", "marginals,sparsemap,perturb_and_map,ste_s,ste_i,spigot,spigot_ce,spigot_eg",
+         "--out-dir", "results/spigot/trees", "A taut, intelligent psychological drama."]]
+    assert reproduce.main(["spigot/table3_sst", "--jobs", "2", "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [shlex.split(line)[2:] for line in printed] == _argv("spigot/table3_sst", jobs=2)
+
+
+def test_seeds_and_args_replace_the_specs_defaults_and_scope_to_one_sweep(monkeypatch):
+    monkeypatch.chdir(REPO)
+    knn = _argv("direct/knn", seeds="1,2", args="dataset=cifar10 'trainer.max_steps=150'")[0]
+    assert knn[3:6] == ["trainer.seed=1,2", "dataset=cifar10", "trainer.max_steps=150"] and "dataset=mnist" not in knn
+    assert "dataset=semisupervised_mnist" in _argv("direct/vae")[0]
+    assert _argv("spigot/table2")[0][3] == "hydra/launcher=joblib"  # no seeds in the spec: the sweep's own
+    chart_only = "listops_chart:trainer.seed=301 listops_chart:trainer.max_steps=500"
+    chart, merge = _argv("listops/table", seeds="301,302", args=f"+preset=listops_cpu {chart_only}")[:2]
+    assert chart[3:6] == ["trainer.seed=301", "+preset=listops_cpu", "trainer.max_steps=500"]
+    assert merge[3:5] == ["trainer.seed=301,302", "+preset=listops_cpu"] and "trainer.max_steps=500" not in merge
+    assert "embedding.pretrained=a:b" in _argv("spigot/table3_sst", args="embedding.pretrained=a:b")[0]
+    with pytest.raises(ValueError, match="'listops' is not a sweep of this table"):
+        reproduce.commands("spigot/table3_sst", args="listops:trainer.seed=1")
+    snli = reproduce.commands("spigot/table3_snli")
+    assert snli[0].may_fail and "--allow-empty" in snli[1].argv and not snli[1].may_fail
+
+
+def test_a_failed_sweep_stops_the_reproduction_unless_its_runs_may_fail(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    ran = []
+
+    def run(argv):
+        ran.append(argv[2])
+        return subprocess.CompletedProcess(argv, int(argv[2] == "latentstruct.train"))
+
+    monkeypatch.setattr(reproduce.subprocess, "run", run)
+    assert reproduce.main(["spigot/table3_snli"]) == 0  # SNLI: the tables list the failed runs
+    assert ran == ["latentstruct.train", "latentstruct.report.tables", "latentstruct.report.tables"]
+    assert "*** some runs of this sweep failed" in capsys.readouterr().out
+    ran.clear()
+    assert reproduce.main(["spigot/table3_sst"]) == 1 and ran == ["latentstruct.train"]
+
+
+def test_a_figure_only_spec_is_refused_by_the_tables(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit, match="no rows"):
+        tables.main(["experiments/spigot/figure3_inner_steps.yaml", "--runs", str(tmp_path)])
+
+
+def _sst_run(root: Path, name: str, experiment: str, seed: int, status: str = "completed") -> Path:
+    run = _run(root, name, experiment, seed=seed, status=status)
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "trainer": {"seed": seed}}))
+    return run
+
+
+def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_path):
+    """The seed-301 run of each row: the first completed run whose config and choices match, whatever its
+    directory is called (the Makefile used to glob `<method>,*trainer.seed=301`)."""
+    root = tmp_path / "runs"
+    _sst_run(root, "+experiment=sst/marginals,trainer.seed=301", "sst/spigot", 301)  # a name that lies
+    _sst_run(root, "a", "sst/marginals", 301, status="failed")
+    _sst_run(root, "b", "sst/marginals", 302)
+    _sst_run(root, "c", "sst/marginals", 301)
+    _sst_run(root, "d", "sst/marginals", 301)
+    spec = tables.load_spec(REPO / "experiments" / "spigot" / "table3_sst.yaml")
+    chosen = trees.seed_runs(spec, root, 301, ["marginals", "spigot", "sparsemap"])
+    assert chosen == {"marginals": str(root / "c"), "spigot": str(root / "+experiment=sst/marginals,trainer.seed=301")}
+    assert list(trees.seed_runs(spec, root, 302)) == ["marginals"]
+    assert trees.seed_runs(spec, tmp_path / "none", 301) == {}
+    with pytest.raises(ValueError, match="not rows of table3_sst"):
+        trees.seed_runs(spec, root, 301, ["marginal"])
+
+
+@pytest.mark.parametrize("module", ["tables", "figures", "show_trees", "listops_report"])
+def test_the_old_module_commands_still_run(module):
+    done = subprocess.run([sys.executable, "-m", f"latentstruct.{module}", "--help"], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 0 and done.stdout.startswith("usage: python -m latentstruct.")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
+def test_make_aliases_run_the_generic_target_and_refuse_the_old_variables():
+    """`make -n <alias>` goes through `make table T=...` and prints the runner's commands; an old per-table variable
+    stops make instead of silently running the full protocol."""
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    bin_ = f"BIN={Path(sys.executable).parent}"
+    done = subprocess.run(["make", "-n", "table-spigot-snli", bin_, "SEEDS=301", "ARGS=trainer.max_epochs=1 a=b c"],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr
+    sweep = next(line for line in done.stdout.splitlines() if "+sweep=spigot_snli" in line and "reproduce" not in line)
+    assert shlex.split(sweep)[5:8] == ["trainer.seed=301", "trainer.max_epochs=1", "a=b"]
+    assert "latentstruct.report.tables experiments/spigot/table3_snli_time.yaml" in done.stdout
+    old = subprocess.run(["make", "-n", "table-spigot-sst", bin_, "SST_SEEDS=301"], capture_output=True, text=True,
+                         cwd=REPO, env=env)
+    assert old.returncode != 0 and "SST_SEEDS is gone" in old.stderr

@@ -14,13 +14,13 @@ from hydra import compose, initialize_config_dir
 from shared_data import real_data
 
 from latentstruct.data.text import snli_dataset, sst_dataset
-from latentstruct.show_trees import load_tree_model, parse_sentence
-from latentstruct.show_trees import main as show_trees_main
+from latentstruct.report.drawing import depth, heads_from_arcs
+from latentstruct.report.trees import load_tree_model, parse_sentence
+from latentstruct.report.trees import main as show_trees_main
 from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.text import tree_depths
 from latentstruct.train import build_model, train
-from latentstruct.trees import depth, heads_from_arcs
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

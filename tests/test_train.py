@@ -26,6 +26,7 @@ from test_twpos import write_twpos
 import latentstruct.train as train_module
 from latentstruct.config import ConfigError, validate
 from latentstruct.data.images import DATASETS
+from latentstruct.records import flatten
 from latentstruct.tasks import Task
 from latentstruct.train import train
 
@@ -245,6 +246,21 @@ def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, monkeypa
     # Extending the run is a resumption of the same run.
     record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10", "trainer.resume=true")
     assert record["steps"] == 30
+
+
+def test_resume_compares_flat_configs_where_an_empty_group_gives_no_key(tmp_path):
+    """records.flatten (train, tables, the ListOps report): an empty dict gives no key, so a checkpoint written before
+    an empty-by-default group existed (``optim_groups``, ``tuned``) still resumes, and a setting inside it counts."""
+    assert flatten({"a": {"b": 1, "c": {}}, "d": [2], "e": {"f": {"g": None}}}) == {"a.b": 1, "d": [2], "e.f.g": None}
+    config = OmegaConf.to_container(_compose())
+    assert config["optim_groups"] == {} and config["tuned"] == {}
+    before = {k: v for k, v in config.items() if k not in ("optim_groups", "tuned")}
+    train_module._check_same_run(before, config, tmp_path / "checkpoint.pt")  # the same run
+    grouped = {**config, "optim_groups": {"sigma": {"lr": 0.1}}}
+    with pytest.raises(ValueError, match=r"\(optim_groups\.sigma\.lr\)"):
+        train_module._check_same_run(config, grouped, tmp_path / "checkpoint.pt")
+    moved = {**config, "trainer": {**config["trainer"], "threads": 3}}
+    train_module._check_same_run(config, moved, tmp_path / "checkpoint.pt")  # a RESUMABLE key may change
 
 
 def test_best_is_selected_among_the_evaluations_of_the_last_phase(tmp_path, monkeypatch):

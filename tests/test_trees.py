@@ -1,10 +1,10 @@
-"""Head lists from arc matrices, tree depth, text and pictures (latentstruct/trees.py)."""
+"""Head lists from arc matrices, tree depth, text and pictures (latentstruct/report/drawing.py)."""
 
 import pytest
 import torch
 
+from latentstruct.report.drawing import depth, draw_tree, format_tree, heads_from_arcs
 from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
-from latentstruct.trees import depth, draw_tree, format_tree, heads_from_arcs
 
 
 def _arcs(heads: list[int], pad: int = 0) -> torch.Tensor:

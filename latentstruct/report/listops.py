@@ -1,0 +1,358 @@
+"""ListOps analyses that need the trained models, not only their metrics (issue #7; `make table-listops` runs them).
+
+    python -m latentstruct.report.listops self-f1 --runs multirun/listops
+    python -m latentstruct.report.listops reference-trees --runs multirun/listops \
+        --out results/listops/reference_trees.md
+    python -m latentstruct.report.listops figure --runs multirun/listops --out results/listops/trees.png
+
+(``python -m latentstruct.listops_report`` is the same command.)
+
+* ``self-f1`` — the agreement of a method with itself across seeds (Williams et al., 2018; Nangia & Bowman, 2018):
+  the runs of one configuration that differ only in ``trainer.seed`` parse the test split, and a run's self-F1 is
+  the mean, over the other seeds' runs, of the per-example tree F1 between the two runs' trees (the bracket F1 of
+  :func:`latentstruct.tasks.listops.tree_scores`, whole span excluded; between two binary trees it is symmetric).
+  It is written to each run's ``derived.json`` (``self_f1``, ``self_f1_runs``), where ``latentstruct.report.tables``
+  reads it as the metric ``derived.self_f1``; a configuration with one run gets no self-F1. Trees are the models'
+  MAP / greedy trees (``ListOps.trees``), from ``checkpoint.pt`` — the state at the run's **last** evaluation, so
+  with ``trainer.select=best`` they may come from a later model than the reported accuracy (the reduced protocol,
+  ``preset=listops_cpu``, reports the last evaluation, so there the two agree).
+* ``reference-trees`` — the trees that need no training, on the same test split as the runs: the true trees,
+  left- and right-branching trees and random trees (uniformly random merges of adjacent nodes, two independent draws
+  for their self-F1), each scored like the models (F1 against the true / left- / right-branching trees, depth),
+  next to the numbers Nangia & Bowman (2018) report for their test set.
+* ``figure`` — a few test expressions: the true tree above the tree of each method's run (one seed), drawn as
+  brackets over the tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
+from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
+from latentstruct.records import RESUMABLE, flatten, load_checkpoint
+from latentstruct.report.tables import load_runs
+from latentstruct.tasks.listops import ListOps, tree_scores
+from latentstruct.train import build_model
+
+__all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_trees", "draw_trees", "main"]
+
+# The flat config keys that do not make two runs different configurations for the self-F1.
+_NOT_IDENTITY = (*RESUMABLE, "trainer.seed")
+# Nangia & Bowman (2018), test set (the seed's tutorial): F1 vs left / right / true trees, depth; self-F1.
+PAPER_REFERENCE_TREES = {
+    "true": (41.6, 8.8, 100.0, 9.6, None),
+    "random": (24.0, 24.0, 24.2, 5.2, 30.1),
+}
+
+_datasets: dict[str, Any] = {}
+
+
+def _dataset(cfg) -> Any:
+    """The run's dataset, built once per distinct dataset configuration (generation takes seconds)."""
+    key = json.dumps(OmegaConf.to_container(cfg.dataset, resolve=True), sort_keys=True)
+    if key not in _datasets:
+        _datasets[key] = instantiate(cfg.dataset)
+    return _datasets[key]
+
+
+def _run_config(run_dir: Path, data_dir: str | None):
+    ckpt = load_checkpoint(run_dir / "checkpoint.pt", torch.device("cpu"))
+    cfg = OmegaConf.create(ckpt["config"])
+    cfg.paths.output_dir = str(run_dir)
+    if data_dir is not None:
+        cfg.paths.data_dir = data_dir
+    return cfg, ckpt
+
+
+def load_run(run_dir: str | Path, data_dir: str | None = None) -> tuple[ListOps, Any, dict]:
+    """The trained ListOps model of ``run_dir`` (CPU, eval mode, weights of ``checkpoint.pt``), its dataset and its
+    configuration as a plain dict."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "checkpoint.pt").is_file():
+        raise FileNotFoundError(f"{run_dir}/checkpoint.pt not found: not a finished run directory")
+    cfg, ckpt = _run_config(run_dir, data_dir)
+    data = _dataset(cfg)
+    model = build_model(cfg, data.dims, data.extras)
+    if not isinstance(model, ListOps):
+        raise ValueError(f"{run_dir} is not a ListOps run (task {cfg.task._target_})")
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), data, OmegaConf.to_container(cfg)
+
+
+def _batches(split: dict[str, torch.Tensor], size: int = 256, cells: int = 1 << 22) -> Iterator[dict]:
+    """The split sorted by length in batches of at most ``size`` examples and ``cells`` B·n² tree cells (the official
+    test set reaches n = 939), each trimmed to its longest example: a fixed order, so that two runs' trees of the
+    same split line up."""
+    lengths = split["lengths"]
+    order = lengths.argsort(stable=True)
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and end - start < size and (end - start + 1) * int(lengths[order[end]]) ** 2 <= cells:
+            end += 1
+        idx = order[start:end]
+        batch = {k: v[idx] for k, v in split.items()}
+        batch["x"] = batch["x"][:, : int(lengths[idx].max())]
+        yield batch
+        start = end
+
+
+def parse_split(model: ListOps, split: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The model's trees of ``split``, one ``[B, n, n]`` 0/1 tensor per batch of :func:`_batches`."""
+    return [(model.trees(batch) != 0).to(torch.float32) for batch in _batches(split)]
+
+
+def _identity(config: dict) -> str:
+    flat = flatten(config)
+    return json.dumps({k: v for k, v in sorted(flat.items()) if not k.startswith(_NOT_IDENTITY)}, default=str)
+
+
+def _completed_tree_runs(root: Path) -> dict[Path, str]:
+    """The completed runs under ``root`` that kept a checkpoint, from their records
+    (:func:`latentstruct.report.tables.load_runs`), each with its experiment: ``choices.experiment`` without its
+    folder (e.g. ``chart_spigot``), or the directory's name for a run without ``.hydra/``."""
+    runs = load_runs(root)
+    found = {}
+    for _, run in (runs[runs["completed"]] if len(runs) else runs).iterrows():
+        run_dir, experiment = Path(run["run_dir"]), run.get("choices.experiment")
+        if (run_dir / "checkpoint.pt").is_file():
+            found[run_dir] = str(experiment if isinstance(experiment, str) else run_dir.name).split("/")[-1]
+    return found
+
+
+def _has_tree(config: dict) -> bool:
+    return config["task"]["method"] != "lstm" and config.get("latent") != "gold"
+
+
+def self_f1(runs_root: str | Path, data_dir: str | None = None, log=print) -> dict[str, float]:
+    """Write ``derived.json`` (``self_f1``, ``self_f1_runs``) into every completed tree-predicting run under
+    ``runs_root`` whose configuration has runs with other seeds (module docstring); return ``{run_dir: self_f1}``."""
+    groups: dict[str, list[Path]] = defaultdict(list)
+    for run in _completed_tree_runs(Path(runs_root)):
+        config = _run_config(run, data_dir)[0]
+        config = OmegaConf.to_container(config)
+        if config["task"]["_target_"].endswith(".ListOps") and _has_tree(config):
+            groups[_identity(config)].append(run)
+    result = {}
+    for runs in groups.values():
+        if len(runs) < 2:
+            log(f"self-F1: {runs[0]} has no run of the same configuration with another seed; skipped")
+            continue
+        trees = {}
+        for run in runs:  # one configuration: one dataset, the same test batches
+            model, data, _ = load_run(run, data_dir)
+            trees[run] = parse_split(model, data.splits["test"])
+        lengths = [b["lengths"] for b in _batches(data.splits["test"])]
+        for run in runs:
+            scores = []
+            for other in runs:
+                if other == run:
+                    continue
+                f1 = torch.cat([tree_scores(a, b, n)["tree_f1"]
+                                for a, b, n in zip(trees[run], trees[other], lengths, strict=True)])
+                scores.append(float(f1.mean()))
+            result[str(run)] = sum(scores) / len(scores)
+            derived = run / "derived.json"
+            old = json.loads(derived.read_text()) if derived.is_file() else {}
+            derived.write_text(json.dumps({**old, "self_f1": result[str(run)], "self_f1_runs": len(runs)}, indent=2))
+            log(f"self-F1 {result[str(run)]:6.2f}  ({len(runs)} seeds)  {run}")
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ reference trees
+
+
+def random_trees(lengths: torch.Tensor, n: int, rng: random.Random) -> torch.Tensor:
+    """One random binary tree per example ``[B, n, n]``: starting from the leaves, merge a uniformly chosen pair of
+    adjacent nodes until one is left (the tree a merge parser builds with random scores)."""
+    index: list[tuple[int, int, int]] = []
+    for b, length in enumerate(lengths.tolist()):
+        nodes = [(i, i) for i in range(length)]
+        while len(nodes) > 1:
+            k = rng.randrange(len(nodes) - 1)
+            (i, _), (_, j) = nodes[k], nodes[k + 1]
+            index.append((b, i, j))
+            nodes[k : k + 2] = [(i, j)]
+    z = torch.zeros(len(lengths), n, n)
+    if index:
+        z[tuple(torch.tensor(index).t())] = 1
+    return z
+
+
+def _branching(lengths: torch.Tensor, n: int, build) -> torch.Tensor:
+    z = torch.zeros(len(lengths), n, n)
+    for b, length in enumerate(lengths.tolist()):
+        z[b, :length, :length] = build(length)
+    return z
+
+
+def reference_trees(split: dict[str, torch.Tensor], seed: int = 0) -> dict[str, dict[str, float]]:
+    """The tree metrics of the true, left-branching, right-branching and random trees of ``split`` (means over its
+    examples, × 100 except depth), and the self-F1 of two independent random draws."""
+    rng = random.Random(seed)
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    count = 0
+    for batch in _batches(split):
+        lengths, n = batch["lengths"], batch["x"].shape[1]
+        gold = spans_to_trees(batch["spans"], n)
+        first, second = random_trees(lengths, n, rng), random_trees(lengths, n, rng)
+        kinds = {"true": gold, "left": _branching(lengths, n, left_branching),
+                 "right": _branching(lengths, n, right_branching), "random": first}
+        for name, trees in kinds.items():
+            for key, values in tree_scores(trees, gold, lengths).items():
+                sums[name][key] += float(values.sum())
+        sums["random"]["self_f1"] += float(tree_scores(first, second, lengths)["tree_f1"].sum())
+        count += len(lengths)
+    return {name: {key: value / count for key, value in metrics.items()} for name, metrics in sums.items()}
+
+
+def _reference_markdown(stats: dict[str, dict[str, float]], source: str, n: int, seed: int) -> str:
+    def fmt(x):
+        return "—" if x is None else f"{x:.1f}"
+
+    lines = ["# ListOps: trees that need no training", "",
+             f"Test split of {source}: {n} expressions. Random trees: uniformly random merges of adjacent nodes "
+             f"(`random.Random({seed})`); their self-F1 compares two independent draws. Tree F1 excludes the whole "
+             "span; depth = the most constituents over a leaf. Paper: Nangia & Bowman (2018) on the full official "
+             "test set (the seed's tutorial); ours in bold.", "",
+             "| trees | F1 vs left-branching | F1 vs right-branching | F1 vs true | depth | self-F1 |",
+             "|---|---|---|---|---|---|"]
+    labels = {"true": "true (ground-truth) trees", "left": "left-branching", "right": "right-branching",
+              "random": "random trees"}
+    for name in ("true", "left", "right", "random"):
+        ours = stats[name]
+        paper = PAPER_REFERENCE_TREES.get(name, (None,) * 5)
+        cells = [(ours["f1_left"], paper[0]), (ours["f1_right"], paper[1]), (ours["tree_f1"], paper[2]),
+                 (ours["depth"], paper[3]), (ours.get("self_f1"), paper[4])]
+        lines.append(f"| {labels[name]} | " + " | ".join(
+            f"**{fmt(o)}**" + (f" · {fmt(p)}" if p is not None else "") for o, p in cells) + " |")
+    lines += ["", "Each cell: **ours** · paper (where reported)."]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------ figure
+
+
+def _children(spans: set[tuple[int, int]], i: int, j: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    for k in range(i, j):
+        left, right = (i, k), (k + 1, j)
+        if (k == i or left in spans) and (k + 1 == j or right in spans):
+            return left, right
+    raise ValueError(f"({i}, {j}) has no split into constituents: not a binary tree")
+
+
+def draw_trees(ax, tokens: list[str], z: torch.Tensor, title: str = "", color: str = "C0") -> None:
+    """Draw the binary tree ``z`` ``[n, n]`` over ``tokens`` on matplotlib axes: leaves on a line, each
+    constituent a node above the middle of its span, at a height one more than its taller child."""
+    n = len(tokens)
+    spans = {(int(i), int(j)) for i, j in torch.triu(z[:n, :n] != 0, diagonal=1).nonzero().tolist()}
+    height: dict[tuple[int, int], int] = {(i, i): 0 for i in range(n)}
+    for i, j in sorted(spans, key=lambda s: s[1] - s[0]):
+        left, right = _children(spans, i, j)
+        height[(i, j)] = 1 + max(height[left], height[right])
+        for child in (left, right):
+            ax.plot([(i + j) / 2, (child[0] + child[1]) / 2], [height[(i, j)], height[child]], color=color, lw=1)
+    for i, token in enumerate(tokens):
+        ax.text(i, -0.3, token, ha="center", va="top", fontsize=7, rotation=90 if len(token) > 2 else 0)
+    ax.set_xlim(-0.7, n - 0.3)
+    ax.set_ylim(-2.2, max(height.values()) + 0.6)
+    ax.axis("off")
+    ax.set_title(title, fontsize=8, loc="left")
+
+
+def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str | None, log=print) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen: dict[str, Path] = {}
+    for run, experiment in _completed_tree_runs(runs_root).items():
+        cfg = OmegaConf.to_container(_run_config(run, data_dir)[0])
+        if cfg["trainer"]["seed"] == seed and cfg["task"]["_target_"].endswith(".ListOps") and _has_tree(cfg):
+            chosen.setdefault(experiment, run)
+    if not chosen:
+        raise FileNotFoundError(f"no completed ListOps tree run with trainer.seed={seed} under {runs_root}")
+    order = sorted(chosen, key=lambda name: (name.startswith("chart"), name))
+    _, data, _ = load_run(chosen[order[0]], data_dir)
+    test, itos = data.splits["test"], data.extras["itos"]
+    pool = [int(i) for i in torch.nonzero((test["lengths"] >= 8) & (test["lengths"] <= 14)).flatten()]
+    picks = sorted(random.Random(0).sample(pool, min(examples, len(pool))))
+    batch = {k: v[picks] for k, v in test.items()}
+    n = int(batch["lengths"].max())
+    batch["x"] = batch["x"][:, :n]
+    gold = spans_to_trees(batch["spans"], n)
+    rows = [("true tree", gold, "k")]
+    for name in order:
+        model, _, _ = load_run(chosen[name], data_dir)
+        rows.append((name, model.trees(batch).float(), "C0"))
+    fig, axes = plt.subplots(len(rows), len(picks), figsize=(3.6 * len(picks), 1.5 * len(rows)), squeeze=False)
+    for c, _ in enumerate(picks):
+        length = int(batch["lengths"][c])
+        tokens = [itos[t] for t in batch["x"][c, :length].tolist()]
+        for r, (name, trees, color) in enumerate(rows):
+            f1 = float(tree_scores(trees[c : c + 1], gold[c : c + 1], batch["lengths"][c : c + 1])["tree_f1"])
+            draw_trees(axes[r][c], tokens, trees[c], f"{name}  (F1 {f1:.0f}, label {int(batch['y'][c])})"
+                       if r else f"{name}  (label {int(batch['y'][c])})", color)
+    fig.suptitle(f"ListOps test expressions: true trees (black) and each method's tree (seed {seed})", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    log(f"wrote {out}")
+    return out
+
+
+# -------------------------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latentstruct.report.listops", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("self-f1", help="write each tree run's self-F1 across seeds into its derived.json")
+    p.add_argument("--runs", required=True, type=Path)
+    p = sub.add_parser("reference-trees", help="true / branching / random trees on the runs' test split -> Markdown")
+    p.add_argument("--runs", required=True, type=Path, help="a run whose dataset configuration is used")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("figure", help="true and predicted trees of a few test expressions -> PNG")
+    p.add_argument("--runs", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--examples", type=int, default=3)
+    p.add_argument("--seed", type=int, default=301, help="draw the runs of this trainer.seed")
+    for p in sub.choices.values():
+        p.add_argument("--data-dir", help="override the runs' paths.data_dir")
+    args = parser.parse_args(argv)
+    if args.command == "self-f1":
+        self_f1(args.runs, args.data_dir)
+    elif args.command == "reference-trees":
+        runs = list(_completed_tree_runs(args.runs))
+        if not runs:
+            raise SystemExit(f"no completed run under {args.runs}")
+        cfg = _run_config(runs[0], args.data_dir)[0]
+        data = _dataset(cfg)
+        stats = reference_trees(data.splits["test"], args.seed)
+        limit = cfg.dataset.max_eval_tokens
+        source = "the official test_d20s.tsv" + (f", expressions of at most {limit} leaves" if limit else "")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(_reference_markdown(stats, source, data.size("test"), args.seed))
+        print(f"wrote {args.out}")
+    else:
+        _figure(args.runs, args.out, args.examples, args.seed, args.data_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

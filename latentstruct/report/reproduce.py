@@ -1,0 +1,199 @@
+"""Reproduce a paper table from its spec: its sweeps, then its tables, figures and extra steps (``make table``).
+
+    python -m latentstruct.report.reproduce spigot/table3_sst --seeds 301,302 --args 'trainer.max_epochs=2' \
+        --runs multirun [--results results] [--jobs 2] [--dry-run]
+
+A table spec (``experiments/<paper>/<table>.yaml``, read by :mod:`latentstruct.report.tables`) says how it is made in
+its ``reproduce`` block (the format is documented in ``experiments/spigot/table2.yaml``):
+
+* ``sweeps``: the ``configs/sweep/<sweep>.yaml`` to run, in order, each as ``python -m latentstruct.train --multirun
+  +sweep=<sweep>`` with the launcher settings of :data:`LAUNCHER`. A sweep's ``seeds`` (``trainer.seed``) and
+  ``overrides`` are defaults: ``--seeds`` replaces the seeds, and an ``--args`` override replaces the default of the
+  same key. An ``--args`` override written ``<sweep>:<override>`` applies to that sweep only (a table with two
+  sweeps, e.g. ListOps' ``listops_chart:trainer.max_steps=500``) and wins over the others. ``jobs`` fixes the runs at
+  a time (timing sweeps: 1); ``may_fail: true`` goes on to the tables when runs fail (the tables list the failures).
+* ``steps``: then, in order, on the sweeps' runs (the directory their ``hydra.sweep.dir`` names under ``--runs``):
+  ``table`` (a spec of the same folder, ``allow_empty``), ``figure`` (a :mod:`latentstruct.report.figures`
+  subcommand, its ``metric`` and ``out``), ``listops`` (a :mod:`latentstruct.report.listops` subcommand, its ``out``)
+  and ``trees`` (the sentence drawn with one run per ``rows`` entry of ``seed``, :mod:`latentstruct.report.trees`).
+
+Every path under ``results/`` goes under ``--results`` instead, so a trial run can write elsewhere. Runs are found
+by their records, never by directory names. ``--dry-run`` prints the commands without running them (``make -n``).
+Paths are relative to the repository root, where ``make`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from latentstruct.report.figures import SPEC_FIGURES
+from latentstruct.report.tables import load_spec, output_path
+
+__all__ = ["LAUNCHER", "Command", "spec_path", "commands", "main"]
+
+# How every sweep runs: local parallel jobs, one thread each, no progress bars, resuming (and skipping) finished runs.
+LAUNCHER = (
+    "hydra/launcher=joblib",
+    "hydra.launcher.n_jobs={jobs}",
+    "trainer.threads=1",
+    "trainer.progress=false",
+    "trainer.resume=true",
+    "paths.multirun_dir={runs}",
+)
+SWEEPS = Path(__file__).resolve().parents[2] / "configs" / "sweep"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command of a reproduction; ``may_fail``: a sweep whose failed runs do not stop the tables."""
+
+    argv: list[str]
+    may_fail: bool = False
+
+
+def spec_path(name: str | Path) -> Path:
+    """``spigot/table3_sst`` -> ``experiments/spigot/table3_sst.yaml`` (a path ending in .yaml is kept)."""
+    return Path(name) if str(name).endswith(".yaml") else Path("experiments", f"{name}.yaml")
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _sweep_dir(sweep: str, runs: str) -> str:
+    """Where ``sweep``'s runs go: its ``hydra.sweep.dir`` with ``paths.multirun_dir`` = ``runs``."""
+    path = SWEEPS / f"{sweep}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no sweep {sweep!r}: {path.name} is not in configs/sweep/")
+    where = str(yaml.safe_load(path.read_text())["hydra"]["sweep"]["dir"])
+    if not where.startswith("${paths.multirun_dir}/"):
+        raise ValueError(f"configs/sweep/{path.name}: hydra.sweep.dir is not under ${{paths.multirun_dir}}")
+    return str(Path(runs, where.removeprefix("${paths.multirun_dir}/")))
+
+
+def _scoped(args: list[str], sweeps: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Split ``args`` into the overrides of every sweep and those written ``<sweep>:<override>``, per sweep."""
+    common, scoped = [], {name: [] for name in sweeps}
+    for arg in args:
+        name, colon, override = arg.partition(":")
+        if not colon or "=" in name:  # a colon inside a value (`key=a:b`) does not scope it
+            common.append(arg)
+        elif name in scoped:
+            scoped[name].append(override)
+        else:
+            raise ValueError(f"{arg!r}: {name!r} is not a sweep of this table ({', '.join(sweeps)})")
+    return common, scoped
+
+
+def _sweep_overrides(sweep: dict, given: list[str]) -> list[str]:
+    """The sweep's default overrides (its ``overrides``, then ``seeds``) less those ``given`` replaces, then
+    ``given`` (a later override of a key replaces an earlier one)."""
+    defaults = {**(sweep.get("overrides") or {})}
+    if sweep.get("seeds") is not None:
+        defaults["trainer.seed"] = sweep["seeds"]
+    chosen = {_key(o): o for o in given}
+    return [f"{k}={v}" for k, v in defaults.items() if k not in chosen] + list(chosen.values())
+
+
+def _results(path: str, results: str) -> str:
+    parts = Path(path).parts
+    return str(Path(results, *parts[1:])) if parts[:1] == ("results",) else path
+
+
+def _step(step: dict, spec: Path, runs: str, results: str) -> list[str]:
+    """The module and arguments of one ``steps`` entry (module docstring)."""
+    out = ["--out", _results(step["out"], results)] if step.get("out") else []
+    if "table" in step:
+        table = spec.parent / f"{step['table']}.yaml"
+        out = ["--out", _results(output_path(load_spec(table)), results)]
+        empty = ["--allow-empty"] if step.get("allow_empty") else []
+        return ["latentstruct.report.tables", str(table), "--runs", runs, *out, *empty]
+    if "figure" in step:
+        by_spec = ["--spec", str(spec), "--metric", step["metric"]] if step["figure"] in SPEC_FIGURES else []
+        return ["latentstruct.report.figures", step["figure"], *by_spec, "--runs", runs, *out]
+    if "listops" in step:
+        return ["latentstruct.report.listops", step["listops"], "--runs", runs, *out]
+    if "trees" in step:
+        rows = ["--seed", str(step["seed"]), "--rows", ",".join(step["rows"])]
+        where = ["--out-dir", _results(step["out"], results)]
+        return ["latentstruct.report.trees", "--runs", runs, "--spec", str(spec), *rows, *where, step["trees"]]
+    raise ValueError(f"{spec}: unknown step {step} (a step is a table, figure, listops or trees step)")
+
+
+def _made_by(spec: Path) -> str:
+    """The message for a spec without a ``reproduce`` block: which spec's steps build its table, if any."""
+    for other in sorted(spec.parent.glob("*.yaml")):
+        steps = ((yaml.safe_load(other.read_text()) or {}).get("reproduce") or {}).get("steps") or []
+        if any(step.get("table") == spec.stem for step in steps):
+            return f"{spec} is built with {other.stem}: make table T={spec.parent.name}/{other.stem}"
+    return f"{spec} has no reproduce block"
+
+
+def commands(
+    spec: str | Path, seeds: str = "", args: str = "", runs: str = "multirun", results: str = "results", jobs: int = 1
+) -> list[Command]:
+    """The commands that reproduce the table ``spec`` (a name such as ``spigot/table3_sst`` or a spec file):
+    its sweeps with ``seeds`` and the overrides ``args`` (a shell-quoted string), then its steps (module docstring)."""
+    spec = spec_path(spec)
+    plan = load_spec(spec).get("reproduce")
+    if not plan:
+        raise ValueError(_made_by(spec))
+    sweeps = [s["sweep"] for s in plan["sweeps"]]
+    common, scoped = _scoped(shlex.split(args), sweeps)
+    where = {_sweep_dir(name, runs) for name in sweeps}
+    if len(where) != 1:
+        raise ValueError(f"{spec}: its sweeps write to different directories ({', '.join(sorted(where))})")
+    run_dir = where.pop()
+    python = [sys.executable, "-m"]
+    out = []
+    for sweep in plan["sweeps"]:
+        given = ([f"trainer.seed={seeds}"] if seeds else []) + common + scoped[sweep["sweep"]]
+        launcher = [s.format(jobs=sweep.get("jobs", jobs), runs=runs) for s in LAUNCHER]
+        overrides = [f"+sweep={sweep['sweep']}", *_sweep_overrides(sweep, given), *launcher]
+        out.append(Command([*python, "latentstruct.train", "--multirun", *overrides], bool(sweep.get("may_fail"))))
+    return out + [Command([*python, *_step(step, spec, run_dir, results)]) for step in plan.get("steps") or []]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print each command of the reproduction, then run it (``--dry-run``: print only)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m latentstruct.report.reproduce", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("spec", help="<paper>/<table> of experiments/ (e.g. spigot/table3_sst) or a spec file")
+    parser.add_argument("--seeds", default="", help="trainer.seed of every sweep, e.g. 301,302 (default: the spec's)")
+    parser.add_argument(
+        "--args",
+        default="",
+        help="more Hydra overrides of the sweeps, shell-quoted; <sweep>:<override> for one sweep only",
+    )
+    parser.add_argument("--runs", default="multirun", help="root of the sweeps' run directories (default multirun)")
+    parser.add_argument("--results", default="results", help="written instead of results/ (default results)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at a time (default: the cores)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        todo = commands(args.spec, args.seeds, args.args, args.runs, args.results, args.jobs)
+    except (OSError, ValueError) as exc:
+        sys.exit(f"error: {exc}")
+    for command in todo:
+        print(shlex.join(command.argv), flush=True)
+        if args.dry_run:
+            continue
+        code = subprocess.run(command.argv).returncode
+        if code and command.may_fail:
+            print("*** some runs of this sweep failed: the tables list their errors", flush=True)
+        elif code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,337 @@
+"""Run records -> paper tables, side by side with the paper's numbers (DESIGN.md §7).
+
+A run record is a directory holding ``metrics.json`` and ``.hydra/{config,hydra}.yaml``. Runs are selected by
+what they *are* (their composed config and Hydra choices), never by their file names. A table spec (YAML,
+see ``experiments/spigot/table2.yaml``) says which runs make which row, setting and metric, how to aggregate
+them, the tolerance, and where the paper's numbers are (``reference.csv``).
+
+    python -m latentstruct.report.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
+
+(``python -m latentstruct.tables`` is the same command.) ``make table T=<paper>/<table>`` runs a spec's sweeps and
+then this module (:mod:`latentstruct.report.reproduce`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import numbers
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from latentstruct.records import flatten
+
+__all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
+           "build_table", "write_markdown", "main"]
+
+_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
+                  "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
+
+
+def _read_yaml(path: Path) -> dict:
+    # safe_load keeps `${...}` interpolations as plain strings; resolving them could call arbitrary resolvers.
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def load_runs(root: str | Path) -> pd.DataFrame:
+    """One row per run directory under ``root`` (searched recursively for ``metrics.json``).
+
+    Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``, as
+    :func:`latentstruct.records.flatten` gives them: an empty dict gives none), ``choices.<group>`` from
+    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
+    record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
+    seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
+    Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
+    unreadable metrics.json counts as failed.
+    """
+    rows = []
+    for metrics_path in sorted(Path(root).rglob("metrics.json")):
+        run_dir = metrics_path.parent
+        try:
+            record = json.loads(metrics_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            record = {"status": "failed", "error": f"unreadable metrics.json: {exc}"}
+        row = flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
+        choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
+        row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
+        row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
+        derived = run_dir / "derived.json"
+        if derived.is_file():
+            row.update({f"derived.{k}": v for k, v in json.loads(derived.read_text()).items()})
+        row.update({field: record.get(field) for field in _RECORD_FIELDS})
+        row["run_dir"] = str(run_dir)
+        row["completed"] = record.get("status") == "completed"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_spec(path: str | Path) -> dict:
+    """Read a table spec; its ``reference`` is resolved relative to the spec file into ``reference_path``."""
+    path = Path(path)
+    spec = yaml.safe_load(path.read_text())
+    if spec.get("reference"):
+        spec["reference_path"] = str(path.parent / spec["reference"])
+    return spec
+
+
+def output_path(spec: dict) -> str:
+    """Where a spec's table is written: its ``output``, by default ``results/<paper>/<table>.md``."""
+    return spec.get("output") or f"results/{spec['paper']}/{spec['table']}.md"
+
+
+def _equal(value, target) -> bool:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return target is None
+    if isinstance(value, numbers.Real) and isinstance(target, numbers.Real) and not isinstance(value, bool):
+        return math.isclose(value, target, rel_tol=1e-9, abs_tol=1e-12)
+    return str(value) == str(target)
+
+
+def filter_runs(runs: pd.DataFrame, match: dict | None) -> pd.DataFrame:
+    """The runs whose flat keys equal every ``key: value`` of ``match`` (a missing key never matches)."""
+    keep = pd.Series(True, index=runs.index)
+    for key, target in (match or {}).items():
+        if key not in runs:
+            return runs.iloc[0:0]
+        keep &= runs[key].map(lambda v, t=target: _equal(v, t)).astype(bool)
+    return runs[keep]
+
+
+def aggregate(values, how: str = "median_se") -> tuple[float, float]:
+    """(centre, error) of ``values`` by ``median_se``, ``mean_se``, ``mean_std`` or ``max`` (the best run; error 0).
+
+    The std is the sample std (ddof=1); the error is 0 for a single value and NaN for none.
+    """
+    s = pd.Series(values, dtype=float).dropna()
+    if s.empty:
+        return math.nan, math.nan
+    std = float(s.std(ddof=1)) if len(s) > 1 else 0.0
+    centres = {"median_se": s.median(), "mean_se": s.mean(), "mean_std": s.mean(), "max": s.max()}
+    if how not in centres:
+        raise ValueError(f"unknown aggregate {how!r}; choose one of {sorted(centres)}")
+    error = {"mean_std": std, "max": 0.0}.get(how, std / math.sqrt(len(s)))
+    return float(centres[how]), error
+
+
+def _reference(spec: dict) -> dict:
+    if not spec.get("reference_path"):
+        return {}
+    ref = pd.read_csv(spec["reference_path"], dtype={"row": str, "setting": str, "metric": str})
+    ref = ref[ref["table"] == spec.get("reference_table", spec["table"])]
+    return {(r.row, r.setting, r.metric): (float(r.value), float(r.error)) for r in ref.itertuples()}
+
+
+def _cells(spec: dict, runs: pd.DataFrame):
+    """Yield (row, setting, matching runs) for every row x setting of the spec."""
+    runs = filter_runs(runs, spec.get("where"))
+    for row in spec["rows"]:
+        in_row = filter_runs(runs, row.get("match"))
+        for setting in spec["settings"]:
+            yield row, setting, filter_runs(in_row, setting.get("match"))
+
+
+def build_table(spec_path, runs_root) -> pd.DataFrame:
+    """Long-format table: one line per (row, setting, metric).
+
+    ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
+    :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err,
+    diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run), per_seed
+    (the run values in seed order, formatted), steps (the distinct training lengths of the cell's runs).
+    """
+    spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
+    runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
+    ref, how = _reference(spec), spec.get("aggregate", "median_se")
+    tol = spec.get("tolerance", {})
+    out = []
+    for row, setting, cell in _cells(spec, runs):
+        done = cell[cell["completed"]] if len(cell) else cell
+        for metric in spec["metrics"]:
+            column = _metric_column(metric["name"])
+            values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
+            ours, ours_err = aggregate(values, metric.get("aggregate", how))
+            paper, paper_err = ref.get((row["name"], setting["name"], metric_id(metric)), (math.nan, math.nan))
+            allowed = max(tol.get("abs", 0.0), tol.get("err_factor", 0.0) * math.hypot(ours_err, paper_err))
+            known = spec.get("verdict", True) and not (math.isnan(ours) or math.isnan(paper))
+            out.append({"row": row["name"], "setting": setting["name"], "metric": metric_id(metric),
+                        "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
+                        "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
+                        "diff": ours - paper, "tol": allowed if known else math.nan,
+                        "agrees": bool(abs(ours - paper) <= allowed) if known else None,
+                        "per_seed": ", ".join(_fmt(v) for v in values.dropna()),
+                        "steps": _distinct(done.get("steps", pd.Series(dtype=float)))})
+    return pd.DataFrame(out)
+
+
+CENTRE_LABELS = {"median_se": "median ± s.e.", "mean_se": "mean ± s.e.", "mean_std": "mean ± std",
+                 "max": "max over runs"}
+
+
+def _distinct(values: pd.Series) -> str:
+    """The distinct values of a column, as integers where they are whole, comma-separated ("" for none)."""
+    found = {int(v) if isinstance(v, float) and v.is_integer() else v for v in values.dropna()}
+    return ", ".join(str(v) for v in sorted(found, key=lambda v: (isinstance(v, str), v)))
+
+
+def metric_id(metric: dict) -> str:
+    """A spec metric's key in the long table and in reference.csv: its ``name``, or ``name:aggregate`` when it sets
+    its own aggregate (so ``test/acc`` and ``test/acc:max`` are two metrics)."""
+    return f"{metric['name']}:{metric['aggregate']}" if metric.get("aggregate") else metric["name"]
+
+
+def _metric_column(name: str) -> str:
+    """A spec's metric ``name`` is a key of metrics.json's ``metrics`` (``test/acc``), ``record.<field>`` for a
+    record field (``record.seconds_per_step``), or ``derived.<name>`` for a key of the run's derived.json."""
+    if name.startswith("record."):
+        return name.removeprefix("record.")
+    return name if name.startswith("derived.") else f"metric.{name}"
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _used(spec: dict, runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs that fall in some cell of the table (a run may appear once per cell it is in)."""
+    return pd.concat([cell for _, _, cell in _cells(spec, runs)]) if len(runs) else runs
+
+
+def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
+    """:func:`provenance` of the ``used`` runs, plus a line per ``provenance_keys`` entry (``{flat config key:
+    label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one."""
+    lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
+    done = used[used["completed"]] if len(used) else used
+    for key, label in (spec.get("provenance_keys") or {}).items():
+        column = done[key] if key in done else pd.Series(dtype=object)
+        found = sorted({"null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in column})
+        lines.insert(-2, f"- {label} (`{key}`): {', '.join(found) or '—'}")
+    return lines
+
+
+def provenance(used: pd.DataFrame, command: str) -> list[str]:
+    """Markdown bullet lines: commits, hardware, torch, seeds, run counts and wall time of the runs ``used``."""
+    used = used.drop_duplicates("run_dir") if len(used) else used
+    done = used[used["completed"]] if len(used) else used
+
+    def values(col, runs=done):
+        return _distinct(runs.get(col, pd.Series(dtype=object))) or "—"
+
+    wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return [f"- git commit(s): {values('git_commit', used)}", f"- hardware: {values('hardware', used)}",
+            f"- torch: {values('torch', used)}", f"- seeds: {values('seed')}",
+            f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
+            f"- training steps per run: {values('steps')}",
+            f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
+            f"- generated: {now}",
+            f"- regenerate with: `{command}`"]
+
+
+def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.DataFrame) -> Path:
+    """Write title, provenance, the table, cells outside tolerance and notes to ``out_path``.
+
+    ``layout: wide`` (default): one table, a line per row and a column per (setting, metric); ``per_metric``: one
+    table per metric, a column per setting; ``sections`` (a list of ``{title, settings: [setting names]}``) splits
+    the settings into titled tables (per metric). A metric's ``digits`` (default 2) sets the decimals of its cells,
+    and its ``aggregate`` (e.g. ``max``: the best run, printed without ±) overrides the spec's for that metric.
+    """
+    centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
+    paper = bool(spec.get("reference"))
+    legend = (f"Each cell: **ours** {centre} (runs) · paper (where it has a number) · Δ = ours − paper · "
+              + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
+              if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
+    used = _used(spec, runs)
+    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, used), "", legend]
+    cell = df.set_index(["row", "setting", "metric"])
+
+    def text(row: dict, setting: str, metric: dict) -> str:
+        c, digits = cell.loc[(row["name"], setting, metric_id(metric))], metric.get("digits", 2)
+        failed = f", {c.n_failed} failed" if c.n_failed else ""
+        spread = "" if metric.get("aggregate") == "max" else f" ± {_fmt(c.ours_err, digits)}"
+        ours = f"**{_fmt(c.ours, digits)}**{spread} ({c.n_runs}{failed})"
+        ours = ours if c.n_runs else f"— (0{failed})"
+        verdict = {True: " ✓", False: " ✗"}.get(c.agrees, "")
+        if not paper or math.isnan(c.paper):
+            return ours  # no paper number for this cell: ours alone
+        theirs = _fmt(c.paper, digits) + ("" if math.isnan(c.paper_err) else f" ± {_fmt(c.paper_err, digits)}")
+        return f"{ours} · {theirs} · {_fmt(c['diff'], digits)}{verdict}"
+
+    if spec.get("sections"):
+        several = len(spec["metrics"]) > 1
+        groups = [(f"## {sec['title']}" + (f": {m.get('label', m['name'])}" if several else ""),
+                   [(s, m) for s in sec["settings"]]) for sec in spec["sections"] for m in spec["metrics"]]
+    elif spec.get("layout", "wide") == "per_metric":
+        groups = [(f"## {m.get('label', m['name'])}", [(s["name"], m) for s in spec["settings"]])
+                  for m in spec["metrics"]]
+    else:
+        groups = [("", [(s["name"], m) for s in spec["settings"] for m in spec["metrics"]])]
+    for heading, cols in groups:
+        one = len(spec["settings"]) == 1  # a single setting: the metric names the column
+        header = ["Model"] + [s if heading else m.get("label", m["name"]) if one else f"{s} {m.get('label', m['name'])}"
+                              for s, m in cols]
+        lines += ["", *([heading, ""] if heading else []), "| " + " | ".join(header) + " |",
+                  "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join([row.get("label", row["name"])] + [text(row, s, m) for s, m in cols]) + " |"
+                  for row in spec["rows"]]
+    names = {r["name"]: r.get("label", r["name"]) for r in spec["rows"]}
+    bad = df[df["agrees"].astype(object).eq(False)]
+    if paper and spec.get("verdict", True):
+        lines += ["", "## Cells outside tolerance", ""]
+        lines += [f"- {names[c.row]}, {c.setting}, {c.metric}: ours {_fmt(c.ours)} ± {_fmt(c.ours_err)}"
+                  f" (n={c.n_runs}) vs paper {_fmt(c.paper)} ± {_fmt(c.paper_err)};"
+                  f" Δ {_fmt(c['diff'])}, tolerance {_fmt(c.tol)}; per seed: {c.per_seed}"
+                  for _, c in bad.iterrows()] or ["- none"]
+    mixed = df[df["steps"].str.contains(",")] if "steps" in df else df.iloc[0:0]
+    if len(mixed):
+        lines += ["", "**Cells mixing runs of different lengths** (training steps; rerun or remove runs so that each "
+                  "cell aggregates one protocol): "
+                  + ", ".join(f"{names[c.row]} {c.setting} {c.metric} ({c.steps})" for _, c in mixed.iterrows())]
+    missing = df[df["n_runs"] == 0]
+    if len(missing):
+        lines += ["", "Cells without completed runs: "
+                  + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
+    failed = used[~used["completed"]].drop_duplicates("run_dir") if len(used) else used
+    if len(failed):
+        errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
+        lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
+        lines += [f"- {count} × {' '.join(error.split())[:400]}" for error, count in errors.items()]
+    if spec.get("notes"):
+        lines += ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]]
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text("\n".join(lines) + "\n")
+    return out_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: build one table from a spec and a runs directory, write Markdown, print the long table."""
+    parser = argparse.ArgumentParser(
+        prog="python -m latentstruct.report.tables",
+        description="Aggregate run records (metrics.json + .hydra/) into a paper table with the paper's "
+                    "numbers, the difference and a within-tolerance verdict per cell, written as Markdown.")
+    parser.add_argument("spec", help="table spec YAML, e.g. experiments/spigot/table2.yaml")
+    parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
+    parser.add_argument("--out", help="Markdown file to write (default: the spec's `output`)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="write the table even when every matching run failed (it then lists their errors)")
+    args = parser.parse_args(argv)
+    spec = load_spec(args.spec)
+    if "rows" not in spec:
+        sys.exit(f"error: {args.spec} has no rows: it makes figures only (python -m latentstruct.report.reproduce)")
+    runs = load_runs(args.runs)
+    df = build_table(spec, runs)
+    if df["n_runs"].sum() == 0 and not (args.allow_empty and df["n_failed"].sum()):
+        sys.exit(f"error: no completed run under {args.runs} matches any cell of {args.spec} "
+                 f"({len(runs)} run record(s) found)")
+    out = args.out or output_path(spec)
+    print(f"wrote {write_markdown(df, spec, out, runs)}")
+    print(df.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Print and draw the latent MAP tree a trained SST / SNLI model gives a sentence (seed 001, Figures 4-6).
+
+    python -m latentstruct.report.trees RUN_DIR "A sentence to parse ." [--out tree.png] [--data-dir DIR]
+    python -m latentstruct.report.trees --runs multirun/spigot_sst --spec experiments/spigot/table3_sst.yaml \
+        --seed 301 --rows marginals,spigot --out-dir results/spigot/trees "A sentence to parse ."
+
+(``python -m latentstruct.show_trees`` is the same command.) The second form draws the sentence with one run per row
+of a table spec: the row's first completed run with ``trainer.seed`` = ``--seed``, chosen from the run records
+(:func:`latentstruct.report.tables.load_runs`), never from directory names; it writes ``<row>.png`` and ``<row>.txt``
+(the run and the printout) into ``--out-dir``.
+
+``RUN_DIR`` is a run directory of ``python -m latentstruct.train`` with a latent-tree task (``task=sst`` or
+``task=nli``; not the baseline). The model is rebuilt from the configuration and the weights in its ``checkpoint.pt``
+(the state at the run's **last** evaluation, not necessarily the selected best one); the vocabulary
+is rebuilt from the run's dataset (same files, same config → the same ids). The sentence is split by
+:func:`latentstruct.data.text.tokenize` (PTB-style; lower-cased when the run used ``embedding.lowercase``); words
+outside the training vocabulary are ``<unk>`` and listed. Prints the tree (indented) and its depth, and draws it as
+arcs above the sentence into ``--out`` (default ``RUN_DIR/trees/<first words>.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
+from latentstruct.data.text import tokenize
+from latentstruct.records import load_checkpoint
+from latentstruct.report.drawing import depth, draw_tree, format_tree, heads_from_arcs
+from latentstruct.report.tables import filter_runs, load_runs, load_spec
+from latentstruct.tasks.text import _TreeTask
+from latentstruct.train import build_model
+
+__all__ = ["load_tree_model", "parse_sentence", "tree_lines", "seed_runs", "main"]
+
+
+def load_tree_model(run_dir: str | Path, data_dir: str | None = None):
+    """The trained latent-tree task of ``run_dir`` (on the CPU, in eval mode) and its vocabulary."""
+    run_dir = Path(run_dir)
+    ckpt_path = run_dir / "checkpoint.pt"
+    if not ckpt_path.is_file():
+        raise FileNotFoundError(f"{ckpt_path} not found: RUN_DIR must be a run directory of latentstruct.train")
+    ckpt = load_checkpoint(ckpt_path, torch.device("cpu"))
+    cfg = OmegaConf.create(ckpt["config"])  # the run's configuration, as checkpointed
+    cfg.paths.output_dir = str(run_dir)  # the saved value is a ${hydra:...} interpolation
+    if data_dir is not None:
+        cfg.paths.data_dir = data_dir
+    data = instantiate(cfg.dataset)
+    if "vocab" not in data.extras:
+        raise ValueError(f"{run_dir} is not a text run (dataset {cfg.dataset._target_} has no vocabulary)")
+    model = build_model(cfg, data.dims, data.extras)
+    if not isinstance(model, _TreeTask) or model.scorer is None:
+        raise ValueError(f"{run_dir}: the model has no latent tree (task {cfg.task._target_}, latent={cfg.latent})")
+    model.load_state_dict(ckpt["model"])
+    return model.eval(), data.extras["vocab"], bool(cfg.embedding.lowercase)
+
+
+def parse_sentence(model, vocab, sentence: str, lowercase: bool = False) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, heads, unknown tokens) of the model's MAP tree for ``sentence``."""
+    tokens = tokenize(sentence)
+    if not tokens:
+        raise ValueError("the sentence has no tokens")
+    words = [t.lower() for t in tokens] if lowercase else tokens
+    ids = torch.tensor([vocab.encode(words)])
+    z = model.parse(ids, torch.tensor([len(tokens)]))[0]
+    unknown = [t for t, w in zip(tokens, words, strict=True) if w not in vocab]
+    return tokens, heads_from_arcs(z), unknown
+
+
+def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None, data_dir: str | None = None):
+    """Parse ``sentence`` with the model of ``run_dir`` and draw its tree into ``out`` (default
+    ``RUN_DIR/trees/<first words>.png``); return the printout: the indented tree, its depth and heads, the words
+    outside the vocabulary, and the PNG written."""
+    model, vocab, lowercase = load_tree_model(run_dir, data_dir)
+    tokens, heads, unknown = parse_sentence(model, vocab, sentence, lowercase)
+    lines = [format_tree(tokens, heads), f"depth {depth(heads)}; heads {heads}"]
+    if unknown:
+        lines.append(f"not in the training vocabulary (<unk>): {' '.join(unknown)}")
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", " ".join(tokens[:6])).strip("_") or "tree"
+    out = Path(out) if out else Path(run_dir) / "trees" / f"{slug}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lines.append(f"wrote {draw_tree(tokens, heads, out, title=f'{Path(run_dir).name}: depth {depth(heads)}')}")
+    return lines
+
+
+def seed_runs(spec, runs, seed: int, rows: list[str] | None = None) -> dict[str, str]:
+    """``{row name: run directory}``: for each row of the table ``spec`` (a file or :func:`load_spec`'s dict) named in
+    ``rows`` (default: every row), in that order, its first completed run with ``trainer.seed == seed`` among ``runs``
+    (a directory or :func:`load_runs`' frame), selected by the run records. Rows without such a run are left out."""
+    spec = spec if isinstance(spec, dict) else load_spec(spec)
+    runs = runs if isinstance(runs, pd.DataFrame) else load_runs(runs)
+    by_name = {row["name"]: row for row in spec["rows"]}
+    unknown = sorted(set(rows or ()) - set(by_name))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: not rows of {spec['table']} ({', '.join(by_name)})")
+    if runs.empty:
+        return {}
+    done = filter_runs(runs[runs["completed"]], {**(spec.get("where") or {}), "trainer.seed": seed})
+    chosen = {}
+    for name in rows or by_name:
+        cell = filter_runs(done, by_name[name].get("match"))
+        if len(cell):
+            chosen[name] = cell["run_dir"].iloc[0]
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m latentstruct.report.trees", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        help="a run directory of latentstruct.train (task sst or nli, latent model); leave out with --runs",
+    )
+    parser.add_argument("sentence", help="the sentence, raw text (tokenized PTB-style)")
+    parser.add_argument("--out", help="PNG to write (default: RUN_DIR/trees/<first words>.png)")
+    parser.add_argument("--data-dir", help="root of the datasets, if not the run's paths.data_dir")
+    rows = parser.add_argument_group("one run per row of a table spec, chosen from the run records (not RUN_DIR)")
+    rows.add_argument("--runs", help="directory searched recursively for run records")
+    rows.add_argument("--spec", help="the table spec whose rows select the runs (experiments/<paper>/<table>.yaml)")
+    rows.add_argument("--seed", type=int, default=301, help="the trainer.seed of the runs to draw (default 301)")
+    rows.add_argument("--rows", help="comma-separated row names (default: every row)")
+    rows.add_argument("--out-dir", help="where <row>.png and <row>.txt go")
+    args = parser.parse_args(argv)
+    if (args.run_dir is None) == (args.runs is None):
+        parser.error("give either RUN_DIR or --runs (with --spec and --out-dir)")
+    if args.run_dir is not None:
+        print("\n".join(tree_lines(args.run_dir, args.sentence, args.out, args.data_dir)))
+        return 0
+    if not (args.spec and args.out_dir):
+        parser.error("--runs needs --spec and --out-dir")
+    wanted = args.rows.split(",") if args.rows else None
+    chosen = seed_runs(args.spec, args.runs, args.seed, wanted)
+    for name in wanted or chosen:
+        if name not in chosen:
+            print(f"{name}: no completed run with trainer.seed={args.seed} under {args.runs}; skipped")
+            continue
+        out = Path(args.out_dir) / f"{name}.png"
+        text = "\n".join([f"run: {chosen[name]}", *tree_lines(chosen[name], args.sentence, out, args.data_dir)])
+        out.with_suffix(".txt").write_text(text + "\n")
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
