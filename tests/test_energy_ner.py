@@ -18,7 +18,6 @@ from test_energy_task import check_resume_in_the_method_phase
 
 import latentstruct.train as train_module
 from latentstruct.data.conll import TAG_PAD, span_f1, tag_names
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.energy import (
     categorical_samples,
     cd_loss,
@@ -27,6 +26,7 @@ from latentstruct.models.energy import (
     sequence_nll,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.text import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train

@@ -17,7 +17,6 @@ from shared_data import real_data
 
 import latentstruct.train as train_module
 from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.energy import (
     bernoulli_samples,
     cd_loss,
@@ -26,6 +25,7 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.tasks.energy import MultiLabelEnergy
 from latentstruct.train import train
 

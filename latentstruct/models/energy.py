@@ -2,8 +2,8 @@ r"""Energy networks, inference networks and primary losses for energy-based stru
 
 Seed 004 trains an energy network E_φ(x, y) and an inference network A_θ(x) as a bi-level problem: θ minimises the
 auxiliary loss (eq. 6), φ minimises a primary loss through the implicit gradient of eq. 3-4
-(:mod:`latentstruct.implicit`, Algorithm 1). This module holds the networks and the losses; the training loop lives
-elsewhere.
+(:mod:`latentstruct.models.implicit`, Algorithm 1). This module holds the networks and the losses; the training
+loop lives elsewhere.
 
 Sign convention: **E is an energy — lower is better** — everywhere in this module
 ------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ The losses detach nothing but the DVN target; the caller decides through ȳ:
 
 * *Implicit gradient (Algorithm 1).* L_prim must keep its dependence on θ: ȳ = A_θ(x) is passed **attached**, so that
   ∂L_prim/∂θ (the vector that H⁻¹ multiplies in eq. 4) exists. θ is never *updated* with L_prim — only the φ-gradient
-  of :func:`latentstruct.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
+  of :func:`latentstruct.models.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
   :func:`categorical_samples`) carry no gradient to θ, so with L_CD the implicit term of eq. 4 only sees θ through
   whatever else is attached; ``straight_through=True`` gives the samples the straight-through gradient of the
   probabilities (forward value hard, backward identity to A_θ(x)) — the seed does not say which it used.

@@ -2,7 +2,7 @@ r"""Energy-based structured prediction trained as a bi-level problem with implic
 baselines, as a task of the framework.
 
 The networks and the losses are :mod:`latentstruct.models.energy` (read its docstring: **E is an energy, lower is
-better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.implicit`. This module holds the
+better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.models.implicit`. This module holds the
 *training procedures*. :class:`BilevelEnergyTask` writes them once over a few hooks (the energy of (x, ȳ), the
 inference network's relaxed output and its MLE loss, the task cost Δ, negative samples, SPEN's start and
 projection); :class:`MultiLabelEnergy` fills the hooks in for multi-label classification with
@@ -27,8 +27,8 @@ Methods (``method``), for a training batch (x, y)
 
       g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
 
-  (:func:`~latentstruct.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series with
-  step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
+  (:func:`~latentstruct.models.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series
+  with step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
   L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
   The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
@@ -98,7 +98,6 @@ from torch import nn
 from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.data.mlc import DEFAULT_THRESHOLDS, best_threshold, f1_at_threshold
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.energy import (
     MLCEnergy,
     MLCInferenceNet,
@@ -110,6 +109,7 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.tasks.base import Task
 
 __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "MultiLabelEnergy"]
