@@ -290,23 +290,6 @@ class VAETheta(str, Enum):
     elbo = "elbo"
 
 
-#: seed 004's training procedures (latentstruct.tasks.energy.METHODS); the sequence task adds the exact CRF
-_ENERGY_METHODS = ("mbce", "implicit", "explicit", "infnet", "spen")
-EnergyMethod = Enum("EnergyMethod", [(m, m) for m in _ENERGY_METHODS], type=str)
-SequenceEnergyMethod = Enum("SequenceEnergyMethod", [(m, m) for m in (*_ENERGY_METHODS, "crf")], type=str)
-
-
-class EnergyPrimary(str, Enum):
-    ssvm = "ssvm"
-    cd = "cd"
-    dvn = "dvn"
-
-
-class InnerOptimizer(str, Enum):
-    sgd = "sgd"
-    adam = "adam"
-
-
 # ---------------------------------------------------------------------------------------------------- dataset
 @dataclass
 class SemiSupervisedConf:
@@ -359,40 +342,6 @@ class ListOpsConf:
     subset: int | None = _help("keep the first this many training expressions (smoke runs); null = all", None)
     max_eval_tokens: int | None = _help("keep only valid / test expressions with at most this many leaves (reduced "
                                         "runs; null = all, the official protocol)", None)
-
-
-@dataclass
-class MLCConf:
-    _target_: str = "latentstruct.data.mlc.mlc_dataset"
-    name: str = _help("bibtex, delicious, eurlex, bookmarks, or any <name> read from <data_dir>/<name>/: "
-                      "<name>-train.arff + <name>-test.arff (or <name>.arff) and <name>.xml (data/mlc.py)",
-                      MISSING)
-    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
-    seed: int = _help("seed of the fixed re-split permutation (the same split for every run)", 0)
-    sizes: list[int] | None = _help("train / valid / test sizes adding up to the labelled examples; null = seed 004's "
-                                    "Table 6 (bibtex, delicious, eurlex; bookmarks has none)", None)
-    folder: str | None = _help("the dataset folder, relative to data_dir unless absolute; null = <name>", None)
-    drop_empty: bool = _help("drop the examples without any label before splitting (gives the paper's sizes)", True)
-
-
-@dataclass
-class CoNLLConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.conll.conll_dataset"
-    folder: str = _help("the CoNLL-2003 folder (train/valid/test.txt[.gz], 4 columns: token POS chunk NER), relative "
-                        "to data_dir unless absolute", "conll2003")
-    scheme: str = _help("tagging scheme of the model's tags: bioes (17 tags) or iob2 (9); the files are IOB2", "bioes")
-    features: bool = _help("also give the POS and chunk columns as per-token ids (seed 004's NER+)", False)
-    min_count: int = _help("words seen fewer times in train map to <unk>", 1)
-    repair_tags: bool = _help("read ill-formed IOB2 (or IOB1 files) as conlleval does instead of refusing it", False)
-
-
-@dataclass
-class TwPOSConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.twpos.twpos_dataset"
-    folder: str = _help("the Twitter POS folder (oct27.{train,dev,test}, daily547.conll; token<TAB>tag, plain or .gz), "
-                        "relative to data_dir unless absolute", "twpos")
-    min_count: int = _help("words seen fewer times in train map to <unk>", 1)
-    check_sizes: bool = _help("refuse files whose tweet counts are not the v0.3 release's 1327 / 500 / 547", True)
 
 
 # ------------------------------------------------------------------------------------------------------ task
@@ -470,66 +419,6 @@ class VAETaskConf(TaskConf):
                               "direct code did, only report it", True)
 
 
-@dataclass
-class MLCEnergyTaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.MultiLabelEnergy"
-    method: EnergyMethod = _help("mbce (the MLP A alone), implicit (seed 004 Algorithm 1), explicit (the same loop, φ "
-                                 "with ∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5), spen (Belanger & McCallum "
-                                 "2016, SSVM)", "implicit")
-    primary: EnergyPrimary = _help("implicit / explicit: the primary loss L_prim, ssvm, cd or dvn", "cd")
-    feature_hidden: list[int] = _help("the energy's feature MLP F, also the shape of A and F (seed 004 / SPEN: "
-                                      "150-150; 250-250 for delicious)", [150, 150])
-    global_hidden: int = _help("units of the global energy term vᵀ softplus(Cy + c) (16; 10 for delicious)", 16)
-    lam: float = _help("λ of eq. 6 (L_aux = L_MLE + λ E(x, A(x))) and of eq. 5 (infnet); our choice", 1.0)
-    inner_steps: int = _help("T_inner: inner steps on θ per batch (Algorithm 1); our choice", 1)
-    inner_optimizer: InnerOptimizer = _help("the inference networks' optimizer (inner steps, pretraining, InfNet "
-                                            "ascent): sgd (Algorithm 1's plain steps) or adam", "adam")
-    inner_lr: float = _help("its learning rate; our choice", 1e-3)
-    neumann_terms: int = _help("implicit: terms of the von Neumann series for H⁻¹ (Appendix A; not given); our "
-                               "choice: on bibtex 20 terms reach ~2/3 of the series' limit", 20)
-    neumann_alpha: float = _help("implicit: its step α (Lorraine et al. 2020; not given); our choice: α λ_max ≈ 0.6 "
-                                 "for H's largest eigenvalue measured on bibtex (~125); the series diverges when "
-                                 "α λ_max > 2", 5e-3)
-    num_samples: int = _help("cd: K negatives drawn from A(x) (not given by the seed); our choice", 10)
-    straight_through: bool = _help("cd: straight-through gradient of the samples to θ (without it ∂L_CD/∂θ = 0 and "
-                                   "implicit = explicit; the seed does not say)", True)
-    infnet_ce: float = _help("infnet: weight of the inference networks' MBCE in their ascent (InfNet+'s +CE)", 0.0)
-    spen_steps: int = _help("spen: projected gradient steps of (loss-augmented) inference; our choice", 10)
-    spen_lr: float = _help("spen: their step size; our choice", 0.1)
-
-
-@dataclass
-class NEREnergyTaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.SequenceLabelEnergy"
-    method: SequenceEnergyMethod = _help(
-        "mbce (the BiLSTM baseline: A alone, token cross-entropy), implicit (seed 004 Algorithm 1), explicit (φ with "
-        "∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5; + infnet_ce: InfNet+), spen (SSVM, projected gradient "
-        "on the simplices), crf (the BiLSTM-CRF, exact: NLL by the forward algorithm, Viterbi)", "implicit")
-    primary: EnergyPrimary = _help("implicit / explicit: the primary loss L_prim, ssvm, cd or dvn", "cd")
-    hidden: int = _help("BiLSTM units per direction of every feature network (the issue / Tu & Gimpel 2018: 100); "
-                        "word vectors: embedding.dim (100 in the experiments)", 100)
-    feature_dim: int = _help("NER+ (dataset.features=true): size of the POS and of the chunk embeddings; our choice",
-                             20)
-    dropout: float = _help("dropout on the BiLSTM outputs; our choice", 0.0)
-    normalize_cost: bool = _help("Δ = token Hamming loss divided by the length (false: the number of wrong tags, on "
-                                 "the scale of the energy, a sum over tokens)", False)
-    lam: float = _help("λ of eq. 6 and eq. 5; our choice (as for MLC)", 1.0)
-    inner_steps: int = _help("T_inner (Algorithm 1); our choice (as for MLC)", 1)
-    inner_optimizer: InnerOptimizer = _help("the inference networks' optimizer (inner steps, pretraining, InfNet "
-                                            "ascent): sgd or adam", "adam")
-    inner_lr: float = _help("its learning rate; our choice (as for MLC)", 1e-3)
-    neumann_terms: int = _help("implicit: terms of the von Neumann series for H⁻¹; our choice (as for MLC)", 20)
-    neumann_alpha: float = _help("implicit: its step α (as for MLC); the series diverges when α λ_max(H) > 2: "
-                                 "λ_max ≤ 215 measured on CoNLL (configs/task/ner_energy.yaml)", 5e-3)
-    num_samples: int = _help("cd: K sequences drawn per sentence from A(x); our choice (as for MLC)", 10)
-    straight_through: bool = _help("cd: straight-through gradient of the samples to θ (needed for an implicit term)",
-                                   True)
-    infnet_ce: float = _help("infnet: weight of the inference networks' token cross-entropy in their ascent "
-                             "(InfNet+)", 0.0)
-    spen_steps: int = _help("spen: projected gradient steps of (loss-augmented) inference; our choice", 10)
-    spen_lr: float = _help("spen: their step size; our choice", 0.1)
-
-
 # ---------------------------------------------------------------------------------------------- optim etc.
 @dataclass
 class OptimConf:
@@ -600,6 +489,9 @@ class TrainConf:
     estimator: Any = None
     decoder: Any = None
     sigma_net: Any = None
+    energy: Any = None
+    infnet: Any = None
+    cost_net: Any = None
     optim: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
@@ -618,16 +510,11 @@ _SCHEMAS = {
     ("dataset", "base_snli"): SNLIConf,
     ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("dataset", "base_listops"): ListOpsConf,
-    ("dataset", "base_mlc"): MLCConf,
-    ("dataset", "base_conll"): CoNLLConf,
-    ("dataset", "base_twpos"): TwPOSConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_sst"): SSTTaskConf,
     ("task", "base_nli"): NLITaskConf,
     ("task", "base_vae"): VAETaskConf,
     ("task", "base_listops"): ListOpsTaskConf,
-    ("task", "base_mlc_energy"): MLCEnergyTaskConf,
-    ("task", "base_ner_energy"): NEREnergyTaskConf,
 }
 
 
@@ -636,6 +523,8 @@ def register_configs(config_dir: Path = CONFIG_DIR) -> None:
     # ``${k:${dataset.num_clusters}}`` -> "k10": a string key into a per-setting ``tuned`` table (an interpolated
     # key segment must be a string, and a bare integer cannot be one).
     OmegaConf.register_new_resolver("k", lambda value: f"k{value}", replace=True)
+    # ``${len:${trainer.phases}}``: the number of training phases, for a task whose training depends on it
+    OmegaConf.register_new_resolver("len", len, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConf)
     for (group, name), node in _SCHEMAS.items():

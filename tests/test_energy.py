@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from latentstruct.implicit import exact_inverse_hvp, implicit_gradient
 from latentstruct.models.energy import (
     BiLSTMFeatures,
     MLCEnergy,
@@ -30,6 +29,7 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
+from latentstruct.models.implicit import exact_inverse_hvp, implicit_gradient
 
 DT = torch.float64
 

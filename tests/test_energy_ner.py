@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import typing
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +19,12 @@ from shared_data import real_data
 from test_energy_task import check_resume_in_the_method_phase
 
 import latentstruct.train as train_module
+from latentstruct.config import ConfigError, validate
 from latentstruct.data.conll import TAG_PAD, span_f1, tag_names
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.energy import (
+    BiLSTMFeatures,
+    SequenceEnergyNet,
+    SequenceInferenceNet,
     categorical_samples,
     cd_loss,
     dvn_loss,
@@ -27,14 +32,15 @@ from latentstruct.models.energy import (
     sequence_nll,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.text import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DATA = real_data("conll2003")
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml") if p.stem != "common")
-TINY_TASK = ["task.hidden=4", "embedding.dim=6", "task.feature_dim=3", "task.neumann_terms=2", "task.spen_steps=2",
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml"))
+TINY_TASK = ["encoder.hidden=4", "embedding.dim=6", "encoder.extra_dim=3", "task.neumann_terms=2", "task.spen_steps=2",
              "task.num_samples=2"]
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -92,10 +98,15 @@ def _batch(lengths=(4, 2, 3), width: int = 6, vocab: int = 12, tags: int = 4, se
     return {"x": x, "lengths": lengths, "y": y, "pos": pos, "chunk": chunk}
 
 
-def _task(method: str, seed: int = 0, tags: int = 4, features: bool = False, **kwargs) -> SequenceLabelEnergy:
+def _task(method: str, seed: int = 0, tags: int = 4, features: bool = False, **settings) -> SequenceLabelEnergy:
+    """The task as its config builds it: the networks ``method`` trains (E, A, F), each on its own BiLSTM."""
     torch.manual_seed(seed)
-    extra = {"pos": 5, "chunk": 4} if features else {}
-    task = SequenceLabelEnergy(12, tags, method, emb_dim=5, hidden=3, extra_features=extra, extra_dim=2, **kwargs)
+    dims = {"vocab_size": 12, "num_tags": tags, **({"pos_vocab_size": 5, "chunk_vocab_size": 4} if features else {})}
+    energy = None if method == "mbce" else SequenceEnergyNet
+    infnet = None if method in ("spen", "crf") else SequenceInferenceNet
+    cost_net = SequenceInferenceNet if method == "infnet" else None
+    task = SequenceLabelEnergy.build(dims, {}, energy, infnet, cost_net, partial(BiLSTMFeatures, hidden=3, extra_dim=2),
+                                     {"dim": 5, "freeze": True}, method=method, **settings)
     task = task.double()
     if task.energy_net is not None:  # transitions start at 0: make the chain matter
         e = task.energy_net.energy
@@ -282,13 +293,48 @@ def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
             assert ((0 <= history["test/f1"]) & (history["test/f1"] <= 100)).all()
     # the NER+ switch reaches the model; the experiments' defaults
     cfg = _compose("+experiment=ner/cd", "dataset.features=true")
-    assert cfg.dataset.features and (cfg.embedding.dim, cfg.task.hidden, cfg.trainer.batch_size) == (100, 100, 32)
+    assert cfg.dataset.features and (cfg.embedding.dim, cfg.encoder.hidden, cfg.trainer.batch_size) == (100, 100, 32)
     assert _compose("+experiment=ner/infnet_plus").task.infnet_ce > 0
-    assert str(_compose("+experiment=ner/crf").task.method.value) == "crf"
+    assert _compose("+experiment=ner/crf").task.method == "crf"
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         sweep = compose("train", overrides=["+sweep=energy_ner"], return_hydra_config=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"ner/{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["dataset.features"] == "false,true"
+
+
+TOY_DIMS = {"vocab_size": 12, "num_tags": 4}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_the_config_shows_the_networks_its_method_builds(experiment):
+    cfg = _compose(f"+experiment=ner/{experiment}", "encoder.hidden=3", "embedding.dim=4")
+    targets = {"energy": SequenceEnergyNet, "infnet": SequenceInferenceNet, "cost_net": SequenceInferenceNet}
+    needs = dict(zip(targets, SequenceLabelEnergy.NETWORKS[cfg.task.method], strict=True))
+    for group, cls in targets.items():  # set exactly when the method trains that network, with its target
+        assert (cfg[group] is not None) == needs[group]
+        assert cfg[group] is None or cfg[group]._target_ == f"{cls.__module__}.{cls.__name__}"
+    assert cfg.encoder._target_ == "latentstruct.models.energy.BiLSTMFeatures"
+    task = train_module.build_model(cfg, TOY_DIMS, {})
+    built = {"energy": task.energy_net, "infnet": task.infnet, "cost_net": task.cost_net}
+    features = [net.features for net in built.values() if net is not None]
+    assert all(isinstance(f, BiLSTMFeatures) and f.out_dim == 6 for f in features)  # 2 × encoder.hidden
+    assert len({id(f) for f in features}) == len(features)  # each network its own feature network
+    for group, cls in targets.items():
+        assert isinstance(built[group], cls) if needs[group] else built[group] is None
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["+experiment=ner/crf", "infnet=sequence_inference_net"], "method=crf builds no infnet"),
+    (["+experiment=ner/mbce", "energy=sequence_energy_net"], "method=mbce builds no energy"),
+    (["+experiment=ner/infnet", "~cost_net"], "method=infnet needs the network cost_net"),
+    (["+experiment=ner/cd", "~encoder"], r"encoder holds settings \(hidden\) but no option"),
+    (["+experiment=ner/cd", "~energy"], "method=implicit needs the network energy"),
+    (["+experiment=ner/cd", "+structure=sequence_tagging"], "does not read structure"),
+    (["+experiment=ner/cd", "+decoder=linear"], "does not read decoder"),
+])
+def test_a_part_the_task_does_not_build_is_refused(overrides, error):
+    with pytest.raises(ValueError, match=error):
+        train_module.build_model(_compose(*overrides), TOY_DIMS, {})
 
 
 def test_pretrained_word_vectors_reach_every_embedding_table(tmp_path):
@@ -326,13 +372,13 @@ def test_real_conll_smoke_run(tmp_path, experiment, features):
     assert 0 <= record["metrics"]["test/f1"] <= 100 and record["metrics"]["test/token_acc"] > 0
 
 
-def test_the_config_enums_list_the_tasks_methods():
-    from latentstruct.config import EnergyMethod, SequenceEnergyMethod
-    from latentstruct.tasks.energy import METHODS
+def test_the_config_choices_are_the_tasks_methods():
+    from latentstruct.tasks.energy import METHODS, MultiLabelEnergy
     from latentstruct.tasks.energy_ner import SEQUENCE_METHODS
 
-    assert tuple(m.value for m in EnergyMethod) == METHODS
-    assert tuple(m.value for m in SequenceEnergyMethod) == SEQUENCE_METHODS
-    assert str(_compose("+experiment=ner/crf").task.method.value) == "crf"
-    with pytest.raises(Exception, match="crf"):
-        _compose("+experiment=mlc/mbce", "task.method=crf")
+    hints = {cls: typing.get_type_hints(cls.build) for cls in (MultiLabelEnergy, SequenceLabelEnergy)}
+    assert typing.get_args(hints[MultiLabelEnergy]["method"]) == METHODS
+    assert typing.get_args(hints[SequenceLabelEnergy]["method"]) == SEQUENCE_METHODS
+    assert _compose("+experiment=ner/crf").task.method == "crf"
+    with pytest.raises(ConfigError, match="task.method='crf' is not one of 'mbce'"):
+        validate(_compose("+experiment=mlc/mbce", "task.method=crf"))

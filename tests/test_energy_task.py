@@ -4,6 +4,7 @@ on valid, SPEN's and InfNet's inference, every experiment on tiny generated ARFF
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,14 @@ from hydra.utils import instantiate
 from shared_data import real_data
 
 import latentstruct.train as train_module
-from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
+from latentstruct.config import help_texts, settings
+from latentstruct.data.conll import conll_dataset
+from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold, mlc_dataset
+from latentstruct.data.twpos import twpos_dataset
 from latentstruct.models.energy import (
+    BiLSTMFeatures,
+    MLCEnergy,
+    MLCInferenceNet,
     bernoulli_samples,
     cd_loss,
     dvn_loss,
@@ -26,13 +32,15 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.tasks.energy import MultiLabelEnergy
-from latentstruct.train import train
+from latentstruct.tasks.energy_ner import SequenceLabelEnergy
+from latentstruct.train import build_model, train
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DATA = real_data("bibtex")
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "mlc").glob("*.yaml") if p.stem != "common")
-TINY_TASK = ["task.feature_hidden=[16]", "task.global_hidden=4"]
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "mlc").glob("*.yaml"))
+TINY_TASK = ["+tuned.toy={feature_hidden:[16],global_hidden:4}"]  # the sizes of dataset.name=toy
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -79,9 +87,15 @@ def _batch(n: int = 10, features: int = 6, labels: int = 5, seed: int = 0) -> di
     return {"x": x, "y": y}
 
 
-def _task(method: str, seed: int = 0, **kwargs) -> MultiLabelEnergy:
+def _task(method: str, seed: int = 0, pretrain: bool = False, **settings) -> MultiLabelEnergy:
+    """The task as its config builds it: the networks ``method`` trains (E, A, F), from partials, sized by ``dims``."""
     torch.manual_seed(seed)
-    return MultiLabelEnergy(6, 5, method, feature_hidden=(8,), global_hidden=3, **kwargs).double()
+    energy = None if method == "mbce" else partial(MLCEnergy, feature_hidden=(8,), global_hidden=3)
+    infnet = None if method == "spen" else partial(MLCInferenceNet, hidden=(8,))
+    cost_net = partial(MLCInferenceNet, hidden=(8,)) if method == "infnet" else None
+    task = MultiLabelEnergy.build({"input_dim": 6, "num_labels": 5}, {}, energy, infnet, cost_net, method=method,
+                                  phases=2 if pretrain else 0, **settings)
+    return task.double()
 
 
 def _snapshot(params) -> list[torch.Tensor]:
@@ -349,14 +363,70 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
             assert record["best_step"] > history["step"].tolist()[0]
             assert record["best_step"] == 4
         assert (history["valid/acc"].tail(1) == history["valid/f1"].tail(1)).all()
-    # the per-dataset sizes of the experiments
-    for dataset, sizes in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
-        cfg = _compose("+experiment=mlc/cd", f"dataset={dataset}")
-        assert (list(cfg.task.feature_hidden), cfg.task.global_hidden) == sizes and cfg.dataset.name == dataset
+    # the per-dataset sizes of the experiments: the energy's F, A and F shaped alike
+    for dataset, (hidden, global_hidden) in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
+        cfg = _compose("+experiment=mlc/infnet", f"dataset={dataset}")
+        assert (list(cfg.energy.feature_hidden), cfg.energy.global_hidden) == (hidden, global_hidden)
+        assert list(cfg.infnet.hidden) == list(cfg.cost_net.hidden) == hidden and cfg.dataset.name == dataset
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         sweep = compose("train", overrides=["+sweep=energy_mlc"], return_hydra_config=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc/{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["trainer.seed"] == "301,302,303"
+
+
+# ------------------------------------------------------------------------------------- the parts in the config
+
+TOY_DIMS = {"input_dim": 6, "num_labels": 5}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_the_config_shows_the_networks_its_method_builds(experiment):
+    cfg = _compose(f"+experiment=mlc/{experiment}")
+    targets = {"energy": MLCEnergy, "infnet": MLCInferenceNet, "cost_net": MLCInferenceNet}
+    needs = dict(zip(targets, MultiLabelEnergy.NETWORKS[cfg.task.method], strict=True))
+    for group, cls in targets.items():  # set exactly when the method trains that network, with its target
+        assert (cfg[group] is not None) == needs[group]
+        assert cfg[group] is None or cfg[group]._target_ == f"{cls.__module__}.{cls.__name__}"
+    assert all(cfg[g] is None for g in ("encoder", "scorer", "structure", "estimator", "decoder"))
+    task = build_model(cfg, TOY_DIMS, {})  # no data needed: the sizes come from dims
+    built = {"energy": task.energy_net, "infnet": task.infnet, "cost_net": task.cost_net}
+    for group, cls in targets.items():
+        assert isinstance(built[group], cls) if needs[group] else built[group] is None
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["+experiment=mlc/mbce", "energy=mlc_energy"], "method=mbce builds no energy"),
+    (["+experiment=mlc/spen", "infnet=mlc_inference_net"], "method=spen builds no infnet"),
+    (["+experiment=mlc/cd", "cost_net=mlc_inference_net"], "method=implicit builds no cost_net"),
+    (["+experiment=mlc/cd", "task.method=infnet"], "method=infnet needs the network cost_net"),
+    (["+experiment=mlc/cd", "+encoder=bilstm_features"], "does not read encoder"),
+    (["+experiment=mlc/cd", "+estimator=spigot"], "does not read estimator"),
+    (["+experiment=mlc/cd", "latent=gold"], "no latent source"),
+    (["+experiment=mlc/cd", "task.phases=3"], "no trainer.phases, or two"),
+    (["+energy=mlc_energy"], "LatentClassifier .* does not read energy"),  # an energy part on another task
+])
+def test_a_part_the_task_does_not_build_is_refused(overrides, error):
+    with pytest.raises(ValueError, match=error):
+        build_model(_compose(*overrides), TOY_DIMS, {})
+
+
+def test_the_task_option_counts_the_trainer_phases():
+    assert _compose("+experiment=mlc/cd").task.phases == 2  # resolved from trainer.phases
+    assert _compose("+experiment=mlc/mbce").task.phases == 0
+    assert _compose("+experiment=mlc/cd", "trainer.phases=[]").task.phases == 0
+    assert build_model(_compose("+experiment=mlc/cd"), TOY_DIMS, {}).pretrain
+    assert not build_model(_compose("+experiment=mlc/cd", "trainer.phases=[]"), TOY_DIMS, {}).pretrain
+
+
+def test_the_energy_tasks_share_their_training_settings_and_document_every_setting():
+    mlc, seq = settings(MultiLabelEnergy), settings(SequenceLabelEnergy)
+    assert set(seq) - set(mlc) == {"normalize_cost"} and set(mlc) <= set(seq)
+    assert {k: seq[k].default for k in mlc} == {k: p.default for k, p in mlc.items()}  # one default each
+    targets = [MultiLabelEnergy, SequenceLabelEnergy, MLCEnergy, MLCInferenceNet, BiLSTMFeatures, mlc_dataset,
+               conll_dataset, twpos_dataset]
+    for target in targets:
+        texts = help_texts(target)
+        assert all(texts.get(name) for name in settings(target)), target
 
 
 def test_the_dataset_configs_read_their_files(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latentstruct.implicit import (
+from latentstruct.models.implicit import (
     exact_inverse_hvp,
     grad_or_zeros,
     hvp,

@@ -64,7 +64,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -308,7 +308,7 @@ def word_vectors(
 def conll_dataset(
     data_dir: str | Path,
     folder: str = "conll2003",
-    scheme: str = "bioes",
+    scheme: Literal["bioes", "iob2"] = "bioes",
     min_count: int = 1,
     lowercase: bool = False,
     features: bool = False,
@@ -324,7 +324,22 @@ def conll_dataset(
     ``pos_vocab_size`` and ``chunk_vocab_size`` (0 without ``features``); ``extras`` = ``vocab``, ``tag_names``,
     ``pos_vocab``, ``chunk_vocab`` (None without ``features``), ``embeddings`` (a GloVe matrix for ``vocab`` or
     None) and ``embedding_source``. Tags are converted from the files' IOB2 to ``scheme`` (``repair_tags``: see
-    :func:`iob2_to_bioes`). ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test."""
+    :func:`iob2_to_bioes`). ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test.
+
+    Args:
+        data_dir: root of the real datasets.
+        folder: the CoNLL-2003 folder (train/valid/test.txt[.gz], 4 columns: token POS chunk NER), relative to
+            data_dir unless absolute.
+        scheme: tagging scheme of the model's tags: bioes (17 tags) or iob2 (9); the files are IOB2.
+        min_count: words seen fewer times in train map to <unk>.
+        features: also give the POS and chunk columns as per-token ids (seed 004's NER+).
+        repair_tags: read ill-formed IOB2 (or IOB1 files) as conlleval does instead of refusing it.
+        lowercase: set through embedding.lowercase.
+        pretrained: set through embedding.pretrained.
+        cache_dir: set through embedding.cache_dir.
+        subset: keep this many training examples, drawn by a fixed seed (smoke runs); null = all.
+        eval_subset: keep this many valid / test examples, drawn likewise; null = all.
+    """
     root = Path(folder).expanduser()
     root = root if root.is_absolute() else Path(data_dir) / root
     raw = load_conll(root)

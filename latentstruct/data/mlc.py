@@ -377,7 +377,18 @@ def mlc_dataset(
     """A Mulan dataset re-split as in the module docstring, as :class:`~latentstruct.data.base.TensorSplits`: each
     split ``{"x": float32 [N, F], "y": float32 [N, L] in {0, 1}}``; ``dims`` = ``input_dim`` (F), ``num_labels``
     (L); ``extras`` = ``label_names``, ``files`` (the files read), ``seed``. ``folder`` defaults to ``name`` (relative
-    to ``data_dir`` unless absolute); ``sizes`` overrides :data:`SPLIT_SIZES`."""
+    to ``data_dir`` unless absolute); ``sizes`` overrides :data:`SPLIT_SIZES`.
+
+    Args:
+        name: bibtex, delicious, eurlex, bookmarks, or any <name> read from <data_dir>/<name>/: <name>-train.arff +
+            <name>-test.arff (or <name>.arff) and <name>.xml.
+        data_dir: root of the real datasets.
+        seed: seed of the fixed re-split permutation (the same split for every run).
+        sizes: train / valid / test sizes adding up to the labelled examples; null = seed 004's Table 6 (bibtex,
+            delicious, eurlex; bookmarks has none).
+        folder: the dataset folder, relative to data_dir unless absolute; null = <name>.
+        drop_empty: drop the examples without any label before splitting (gives the paper's sizes).
+    """
     if sizes is None:
         if name not in SPLIT_SIZES:
             raise ValueError(

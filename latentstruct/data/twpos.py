@@ -105,7 +105,20 @@ def twpos_dataset(
     0), "lengths": int64 [N], "y": int64 [N, n] tag ids (pad -100)}``; ``dims`` = ``vocab_size``, ``num_tags`` (25),
     ``embedding_dim``; ``extras`` = ``vocab``, ``tag_names``, ``embeddings``, ``embedding_source``, ``metric``
     (``"token_acc"``). ``check_sizes`` refuses files whose tweet counts are not the release's
-    (:data:`TWPOS_SIZES`); ``subset`` / ``eval_subset`` keep that many tweets of train / valid and test."""
+    (:data:`TWPOS_SIZES`); ``subset`` / ``eval_subset`` keep that many tweets of train / valid and test.
+
+    Args:
+        data_dir: root of the real datasets.
+        folder: the Twitter POS folder (oct27.{train,dev,test}, daily547.conll; token<TAB>tag, plain or .gz),
+            relative to data_dir unless absolute.
+        min_count: words seen fewer times in train map to <unk>.
+        check_sizes: refuse files whose tweet counts are not the v0.3 release's 1327 / 500 / 547.
+        lowercase: set through embedding.lowercase.
+        pretrained: set through embedding.pretrained.
+        cache_dir: set through embedding.cache_dir.
+        subset: keep this many training examples, drawn by a fixed seed (smoke runs); null = all.
+        eval_subset: keep this many valid / test examples, drawn likewise; null = all.
+    """
     root = Path(folder).expanduser()
     root = root if root.is_absolute() else Path(data_dir) / root
     raw = load_twpos(root)

@@ -2,8 +2,8 @@ r"""Energy networks, inference networks and primary losses for energy-based stru
 
 Seed 004 trains an energy network E_φ(x, y) and an inference network A_θ(x) as a bi-level problem: θ minimises the
 auxiliary loss (eq. 6), φ minimises a primary loss through the implicit gradient of eq. 3-4
-(:mod:`latentstruct.implicit`, Algorithm 1). This module holds the networks and the losses; the training loop lives
-elsewhere.
+(:mod:`latentstruct.models.implicit`, Algorithm 1). This module holds the networks and the losses; the training
+loop lives elsewhere.
 
 Sign convention: **E is an energy — lower is better** — everywhere in this module
 ------------------------------------------------------------------------------------
@@ -47,6 +47,8 @@ Feature and inference networks
   ``[B, n, 2·hidden]``, exactly 0 at padding. One class serves the energy's b(x, t), the inference network and the
   BiLSTM baseline (each with its own instance: φ and θ must be disjoint for the implicit gradient).
 * :class:`MLCInferenceNet` — A_θ(x) = sigmoid(MLP(x)) ``[B, L]``, the MLP shaped like F plus a linear output layer.
+* :class:`SequenceEnergyNet` — :class:`SequenceEnergy` on the b(x, t) of its own :class:`BiLSTMFeatures`; also
+  read as a CRF (``crf_parts``).
 * :class:`SequenceInferenceNet` — A_θ(x)_t = softmax(V b_θ(x, t) + c) per token ``[B, n, T]`` (rows at padded
   positions are 0). Trained with :func:`sequence_nll` alone it *is* the BiLSTM baseline of Table 3.
 
@@ -101,7 +103,7 @@ The losses detach nothing but the DVN target; the caller decides through ȳ:
 
 * *Implicit gradient (Algorithm 1).* L_prim must keep its dependence on θ: ȳ = A_θ(x) is passed **attached**, so that
   ∂L_prim/∂θ (the vector that H⁻¹ multiplies in eq. 4) exists. θ is never *updated* with L_prim — only the φ-gradient
-  of :func:`latentstruct.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
+  of :func:`latentstruct.models.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
   :func:`categorical_samples`) carry no gradient to θ, so with L_CD the implicit term of eq. 4 only sees θ through
   whatever else is attached; ``straight_through=True`` gives the samples the straight-through gradient of the
   probabilities (forward value hard, backward identity to A_θ(x)) — the seed does not say which it used.
@@ -137,12 +139,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.models.text import BiLSTMEncoder, Embedder, check_lengths, length_mask
+from latentstruct.structures import SequenceTagging
 
 __all__ = [
     "BiLSTMFeatures",
     "MLCEnergy",
     "MLCInferenceNet",
     "SequenceEnergy",
+    "SequenceEnergyNet",
     "SequenceInferenceNet",
     "auxiliary_loss",
     "bernoulli_samples",
@@ -188,7 +192,13 @@ class MLCEnergy(nn.Module):
 
     ``forward(x [B, input_dim], y [*, B, L]) → E [*, B]`` for relaxed y ∈ [0, 1]^L; leading sample dimensions of y
     (e.g. K negative samples ``[K, B, L]``) share one feature pass.
+
+    Args:
+        feature_hidden: the energy's feature MLP F (seed 004 / SPEN: 150-150; 250-250 for delicious).
+        global_hidden: units of the global energy term vᵀ softplus(Cy + c) (16; 10 for delicious).
     """
+
+    FROM_DATA = ("input_dim", "num_labels")  # given by the task, from the data
 
     def __init__(
         self, input_dim: int, num_labels: int, feature_hidden: Sequence[int] = (150, 150), global_hidden: int = 16
@@ -267,7 +277,15 @@ class BiLSTMFeatures(nn.Module):
 
     ``forward(ids [B, n], lengths [B], extra=(ids_1 [B, n], ...))``. ``pretrained`` word vectors are copied in (and
     frozen when ``freeze``), as in :class:`~latentstruct.models.text.Embedder`; id 0 is padding everywhere.
+
+    Args:
+        hidden: BiLSTM units per direction (the issue / Tu & Gimpel 2018: 100).
+        extra_dim: NER+ (dataset.features=true): size of the POS and of the chunk embeddings; our choice.
+        dropout: dropout on the BiLSTM outputs; our choice.
     """
+
+    #: given by the task: the sizes and word vectors from the data, ``emb_dim`` and ``freeze`` from ``embedding``
+    FROM_DATA = ("vocab_size", "emb_dim", "extra_vocab_sizes", "pretrained", "freeze")
 
     def __init__(
         self,
@@ -294,7 +312,13 @@ class BiLSTMFeatures(nn.Module):
 
 
 class MLCInferenceNet(nn.Module):
-    """A_θ(x) = sigmoid(Linear(ReLU-MLP(x))) ``[B, L]`` (the MLP shaped like the energy's F)."""
+    """A_θ(x) = sigmoid(Linear(ReLU-MLP(x))) ``[B, L]`` (the MLP shaped like the energy's F).
+
+    Args:
+        hidden: the MLP's hidden layers (seed 004: the shape of the energy's F, 150-150; 250-250 for delicious).
+    """
+
+    FROM_DATA = ("input_dim", "num_labels")  # given by the task, from the data
 
     def __init__(self, input_dim: int, num_labels: int, hidden: Sequence[int] = (150, 150)) -> None:
         super().__init__()
@@ -309,9 +333,38 @@ class MLCInferenceNet(nn.Module):
         return torch.sigmoid(self.logits(x))
 
 
+class SequenceEnergyNet(nn.Module):
+    """E_φ of eq. 7 with its own feature network: ``features`` (b(x, t), a :class:`BiLSTMFeatures`) and ``energy``
+    (:class:`SequenceEnergy` on them). ``token_features(ids, lengths, extra)`` → ``[B, n, 2·hidden]``;
+    ``forward(features, y [*, B, n, T], lengths)`` → E ``[*, B]``."""
+
+    FROM_DATA = ("features", "num_tags")  # given by the task: its own feature network, the tags of the data
+
+    def __init__(self, features: BiLSTMFeatures, num_tags: int) -> None:
+        super().__init__()
+        self.features = features
+        self.energy = SequenceEnergy(features.out_dim, num_tags)
+
+    def token_features(
+        self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()
+    ) -> torch.Tensor:
+        return self.features(ids, lengths, extra)
+
+    def forward(self, features: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.energy(features, y, lengths)
+
+    def crf_parts(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Part scores ``[B, n, T, T]`` (:class:`~latentstruct.structures.SequenceTagging`'s layout) whose sum along a
+        tag sequence is −E_φ(x, y) of that sequence, one-hot."""
+        e = self.energy
+        return SequenceTagging.parts(e.unary_scores(features), e.transition, e.start, e.end, lengths)
+
+
 class SequenceInferenceNet(nn.Module):
     """A_θ(x)_t = softmax(Linear(b_θ(x, t))) ``[B, n, T]``, with b_θ a feature module (:class:`BiLSTMFeatures`,
     having ``out_dim``) owned by this network; rows at padded positions are 0."""
+
+    FROM_DATA = ("features", "num_tags")  # given by the task: its own feature network, the tags of the data
 
     def __init__(self, features: nn.Module, num_tags: int) -> None:
         super().__init__()

@@ -2,12 +2,19 @@ r"""Energy-based structured prediction trained as a bi-level problem with implic
 baselines, as a task of the framework.
 
 The networks and the losses are :mod:`latentstruct.models.energy` (read its docstring: **E is an energy, lower is
-better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.implicit`. This module holds the
+better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.models.implicit`. This module holds the
 *training procedures*. :class:`BilevelEnergyTask` writes them once over a few hooks (the energy of (x, ȳ), the
 inference network's relaxed output and its MLE loss, the task cost Δ, negative samples, SPEN's start and
 projection); :class:`MultiLabelEnergy` fills the hooks in for multi-label classification with
 :class:`~latentstruct.models.energy.MLCEnergy` and :class:`~latentstruct.models.energy.MLCInferenceNet` (a sequence
 task subclasses the same base with the sequence energy and inference network).
+
+The networks are config groups of their own (``tasks/base.py``): ``energy`` (E_φ), ``infnet`` (A_θ) and ``cost_net``
+(InfNet's cost-augmented F), each an option with a ``_target_``, sized by the task from the data; a method builds
+exactly the networks it trains (the table below), and an experiment sets the others to null (``mbce``: no energy;
+``spen``: no inference network; only ``infnet`` has a ``cost_net``). The method itself is a setting of the task
+(``task.method``), not a config group: it is the training procedure of these networks, written once over the hooks,
+not a gradient estimator of a discrete latent (those are the ``estimator`` group, which no energy task reads).
 
 Parameters: φ = the energy network's (``energy_net``); θ = the inference networks' (``infnet`` = A, and for
 ``infnet`` also ``cost_net`` = F). ``train.py``'s optimizer (``optim``) only ever sees φ — :meth:`param_groups`
@@ -27,8 +34,8 @@ Methods (``method``), for a training batch (x, y)
 
       g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
 
-  (:func:`~latentstruct.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series with
-  step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
+  (:func:`~latentstruct.models.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series
+  with step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
   L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
   The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
@@ -57,11 +64,12 @@ Methods (``method``), for a training batch (x, y)
 Pretraining (``trainer.phases``)
 --------------------------------
 SPEN pretrains its feature network with an independent logistic loss (the issue: "F … pretrained with independent
-logistic loss"). When the run has **two** phases (``pretrain=True``; :meth:`from_config` sets it from
-``len(trainer.phases) == 2``), phase 0 trains the energy's feature network and local logits on
-:meth:`energy_pretrain_loss` (the MBCE of ``MLCEnergy.local_logits``), through ``optim`` — the global energy
-parameters get no gradient, so Adam leaves them untouched — and, for the methods with inference networks, those
-networks on their MLE loss through the inference optimizer (one step per batch); phase 1 is the method.
+logistic loss"). When the run has **two** phases (``pretrain=True``: the task's option sets ``task.phases`` to the
+number of ``trainer.phases``, read by :meth:`BilevelEnergyTask.pretrains`), phase 0 trains the energy's feature
+network and local logits on :meth:`energy_pretrain_loss` (the MBCE of ``MLCEnergy.local_logits``), through
+``optim`` — the global energy parameters get no gradient, so Adam leaves them untouched — and, for the methods with
+inference networks, those networks on their MLE loss through the inference optimizer (one step per batch); phase 1
+is the method.
 :meth:`begin_step` tells the task which phase it is in. Without phases there is no pretraining. ``mbce`` has no
 energy: every phase trains A on its MLE loss.
 
@@ -89,19 +97,15 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.data.mlc import DEFAULT_THRESHOLDS, best_threshold, f1_at_threshold
-from latentstruct.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.energy import (
-    MLCEnergy,
-    MLCInferenceNet,
     auxiliary_loss,
     bernoulli_samples,
     cd_loss,
@@ -110,13 +114,17 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
+from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.tasks.base import Task
 
 __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "MultiLabelEnergy"]
 
-METHODS = ("mbce", "implicit", "explicit", "infnet", "spen")
-PRIMARY_LOSSES = ("ssvm", "cd", "dvn")
-INNER_OPTIMIZERS = ("sgd", "adam")
+Method = Literal["mbce", "implicit", "explicit", "infnet", "spen"]
+Primary = Literal["ssvm", "cd", "dvn"]
+InnerOptimizer = Literal["sgd", "adam"]
+METHODS: tuple[str, ...] = get_args(Method)
+PRIMARY_LOSSES: tuple[str, ...] = get_args(Primary)
+INNER_OPTIMIZERS: tuple[str, ...] = get_args(InnerOptimizer)
 
 
 @dataclass
@@ -126,6 +134,16 @@ class EnergyOutput:
     aux: torch.Tensor | None = None  # detached: L_aux after the inner steps (implicit, explicit)
 
 
+def part_options(**groups: Any) -> list[Any]:
+    """The instantiated part groups (partials, classes or None), in order; refuses a group left with settings but no
+    option (``~energy`` over an experiment that sets ``energy.*``: a node without ``_target_``)."""
+    for group, part in groups.items():
+        if part is not None and not callable(part):
+            raise ValueError(f"{group} holds settings ({', '.join(map(str, part))}) but no option: choose one "
+                             f"({group}=<option>)")
+    return list(groups.values())
+
+
 def _with_gradient(value: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """A scalar equal to ``value`` whose gradient w.r.t. ``params`` is ``grads`` (and nothing else)."""
     dot = sum((p * g.detach()).sum() for p, g in zip(params, grads, strict=True))
@@ -133,22 +151,39 @@ def _with_gradient(value: torch.Tensor, params: Sequence[torch.Tensor], grads: S
 
 
 class BilevelEnergyTask(Task):
-    """The training procedures of the module docstring over abstract hooks; subclasses supply the networks and the
-    hooks (:class:`MultiLabelEnergy`).
+    """The training procedures of the module docstring over abstract hooks; subclasses supply the networks (from
+    their parts, in :meth:`~latentstruct.tasks.Task.build`) and the hooks (:class:`MultiLabelEnergy`). The networks
+    are ``energy_net`` E_φ (None for ``mbce``), ``infnet`` A_θ (None for ``spen``) and ``cost_net`` F (``infnet``
+    only); ``pretrain``: phase 0 of ``trainer.phases`` pretrains (module docstring). The settings, shared by the
+    subclasses' ``build``:
 
     Args:
-        energy_net: E_φ (None for ``mbce``). infnet: A_θ (None for ``spen``). cost_net: F (``infnet`` only).
-        method, primary: see :data:`METHODS`, :data:`PRIMARY_LOSSES`.
-        lam: λ of eq. 6 (and of eq. 5 for ``infnet``).
-        inner_steps: T_inner. inner_optimizer, inner_lr: the optimizer of θ (inner steps, pretraining, InfNet
-            ascent).
-        neumann_terms, neumann_alpha: the von Neumann series of H⁻¹ (``implicit``).
-        num_samples, straight_through: the CD negatives.
-        infnet_ce: weight of the inference networks' MLE loss in the InfNet ascent (InfNet+'s CE term).
-        spen_steps, spen_lr: SPEN's projected-gradient inference.
-        pretrain: phase 0 of ``trainer.phases`` pretrains (module docstring).
+        method: mbce (the inference network A alone), implicit (seed 004 Algorithm 1), explicit (the same loop, φ
+            with ∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5), spen (Belanger & McCallum 2016, SSVM).
+        primary: implicit / explicit: the primary loss L_prim, ssvm, cd or dvn.
+        lam: λ of eq. 6 (L_aux = L_MLE + λ E(x, A(x))) and of eq. 5 (infnet); our choice.
+        inner_steps: T_inner: inner steps on θ per batch (Algorithm 1); our choice.
+        inner_optimizer: the inference networks' optimizer (inner steps, pretraining, InfNet ascent): sgd
+            (Algorithm 1's plain steps) or adam.
+        inner_lr: its learning rate; our choice.
+        neumann_terms: implicit: terms of the von Neumann series for H⁻¹ (Appendix A; not given); our choice: on
+            bibtex 20 terms reach ~2/3 of the series' limit.
+        neumann_alpha: implicit: its step α (Lorraine et al. 2020; not given); our choice: α λ_max ≈ 0.6 for H's
+            largest eigenvalue measured on bibtex (~125), λ_max ≤ 215 on CoNLL (configs/task/ner_energy.yaml); the
+            series diverges when α λ_max > 2.
+        num_samples: cd: K negatives drawn from A(x) (not given by the seed); our choice.
+        straight_through: cd: straight-through gradient of the samples to θ (without it ∂L_CD/∂θ = 0 and implicit =
+            explicit; the seed does not say).
+        infnet_ce: infnet: weight of the inference networks' MLE loss in their ascent (InfNet+'s +CE).
+        spen_steps: spen: projected gradient steps of (loss-augmented) inference; our choice.
+        spen_lr: spen: their step size; our choice.
+        phases: the number of ``trainer.phases``, which the task's option copies here (``${len:${trainer.phases}}``):
+            none, or two (phase 0 pretrains, then the method).
     """
 
+    #: the config groups of the networks (energy_net, infnet, cost_net); a subclass may add the groups it builds
+    #: them from (the sequence task's ``encoder``)
+    PARTS = ("energy", "infnet", "cost_net")
     #: the methods a task accepts; a subclass may add its own (and handle them in :meth:`forward`)
     METHODS: tuple[str, ...] = METHODS
     #: which of (energy_net, infnet, cost_net) each method needs
@@ -160,20 +195,21 @@ class BilevelEnergyTask(Task):
         self,
         energy_net: nn.Module | None,
         infnet: nn.Module | None,
-        cost_net: nn.Module | None = None,
-        method: str = "implicit",
-        primary: str = "cd",
-        lam: float = 1.0,
-        inner_steps: int = 1,
-        inner_optimizer: str = "adam",
-        inner_lr: float = 1e-3,
-        neumann_terms: int = 20,
-        neumann_alpha: float = 5e-3,
-        num_samples: int = 10,
-        straight_through: bool = True,
-        infnet_ce: float = 0.0,
-        spen_steps: int = 10,
-        spen_lr: float = 0.1,
+        cost_net: nn.Module | None,
+        *,
+        method: str,
+        primary: str,
+        lam: float,
+        inner_steps: int,
+        inner_optimizer: str,
+        inner_lr: float,
+        neumann_terms: int,
+        neumann_alpha: float,
+        num_samples: int,
+        straight_through: bool,
+        infnet_ce: float,
+        spen_steps: int,
+        spen_lr: float,
         pretrain: bool = False,
     ):
         super().__init__()
@@ -188,10 +224,10 @@ class BilevelEnergyTask(Task):
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
             raise ValueError("need inner_lr, neumann_alpha, spen_lr > 0 and lam, infnet_ce >= 0")
         needs = self.NETWORKS[method]
-        for name, module, needed in zip(("energy_net", "infnet", "cost_net"), (energy_net, infnet, cost_net), needs,
-                                        strict=True):
+        for part, module, needed in zip(BilevelEnergyTask.PARTS, (energy_net, infnet, cost_net), needs, strict=True):
             if (module is not None) != needed:
-                raise ValueError(f"method={method} {'needs' if needed else 'takes no'} {name}")
+                what = f"needs the network {part} (a {part}=<option>)" if needed else f"builds no {part} ({part}=null)"
+                raise ValueError(f"method={method} {what}")
         self.energy_net, self.infnet, self.cost_net = energy_net, infnet, cost_net
         self.method, self.primary = method, primary
         self.lam, self.inner_steps = float(lam), int(inner_steps)
@@ -261,20 +297,13 @@ class BilevelEnergyTask(Task):
         return {"default": self.inference_parameters() if self.method == "mbce" else self.energy_parameters()}
 
     @staticmethod
-    def training_kwargs(cfg: Any, task: str) -> dict[str, Any]:
-        """The base class's arguments from ``cfg.task`` (method, primary loss, inner optimisation, Neumann series,
-        samples, InfNet, SPEN) and ``pretrain`` from the number of ``trainer.phases`` (none, or two: pretraining,
-        then the method); ``task`` names the task in the error."""
-        phases = len(cfg.trainer.phases)
+    def pretrains(phases: int) -> bool:
+        """Whether phase 0 pretrains, from the number of ``trainer.phases``: none, or two (pretraining, then the
+        method)."""
         if phases > 2:
-            raise ValueError(f"task={task} takes no phases, or two (pretraining, then the method); got {phases}")
-        t = cfg.task
-        return dict(
-            method=option_name(t.method), primary=option_name(t.primary), lam=t.lam, inner_steps=t.inner_steps,
-            inner_optimizer=option_name(t.inner_optimizer), inner_lr=t.inner_lr, neumann_terms=t.neumann_terms,
-            neumann_alpha=t.neumann_alpha, num_samples=t.num_samples, straight_through=t.straight_through,
-            infnet_ce=t.infnet_ce, spen_steps=t.spen_steps, spen_lr=t.spen_lr, pretrain=phases == 2,
-        )
+            raise ValueError(f"the energy tasks take no trainer.phases, or two (pretraining, then the method); got "
+                             f"{phases}")
+        return phases == 2
 
     def begin_step(self, phase: int, step: int) -> None:
         self._pretraining = self.pretrain and phase == 0
@@ -403,37 +432,59 @@ class BilevelEnergyTask(Task):
 
 
 class MultiLabelEnergy(BilevelEnergyTask):
-    """Multi-label classification (seed 004 Table 1): E = :class:`MLCEnergy` (feature MLP ``feature_hidden``,
-    ``global_hidden`` global units), A (and F) = :class:`MLCInferenceNet` of the same shape; Δ = soft F1 loss;
-    negatives = Bernoulli draws of A(x). Batches hold ``x`` ``[B, input_dim]`` and ``y`` ``[B, num_labels]`` in
-    {0, 1} (:func:`~latentstruct.data.mlc.mlc_dataset`). Other arguments: :class:`BilevelEnergyTask`."""
+    """Multi-label classification (seed 004 Table 1): E = :class:`MLCEnergy` (``energy=mlc_energy``), A and F =
+    :class:`MLCInferenceNet` (``infnet`` / ``cost_net=mlc_inference_net``); Δ = soft F1 loss; negatives = Bernoulli
+    draws of A(x). Batches hold ``x`` ``[B, input_dim]`` and ``y`` ``[B, num_labels]`` in {0, 1}
+    (:func:`~latentstruct.data.mlc.mlc_dataset`); ``thresholds``: the candidates of the threshold chosen on valid.
+    The networks and the settings: :class:`BilevelEnergyTask`."""
 
     def __init__(
         self,
-        input_dim: int,
-        num_labels: int,
-        method: str = "implicit",
-        feature_hidden: Sequence[int] = (150, 150),
-        global_hidden: int = 16,
+        energy_net: nn.Module | None,
+        infnet: nn.Module | None,
+        cost_net: nn.Module | None = None,
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-        **kwargs: Any,
+        **settings: Any,
     ):
-        hidden = tuple(int(h) for h in feature_hidden)
-        energy = None if method == "mbce" else MLCEnergy(input_dim, num_labels, hidden, global_hidden)
-        infnet = None if method == "spen" else MLCInferenceNet(input_dim, num_labels, hidden)
-        cost_net = MLCInferenceNet(input_dim, num_labels, hidden) if method == "infnet" else None
-        super().__init__(energy, infnet, cost_net, method=method, **kwargs)
+        super().__init__(energy_net, infnet, cost_net, **settings)
         self.thresholds = tuple(float(t) for t in thresholds)
 
     @classmethod
-    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> MultiLabelEnergy:
-        """Reads ``task`` and the number of ``trainer.phases`` (two: pretraining, then the method); the sizes come
-        from the data (``dataset=bibtex|delicious|eurlex|bookmarks``)."""
+    def build(
+        cls,
+        dims: dict[str, int],
+        extras: dict[str, Any],
+        energy: Any,
+        infnet: Any,
+        cost_net: Any,
+        method: Method = "implicit",
+        primary: Primary = "cd",
+        lam: float = 1.0,
+        inner_steps: int = 1,
+        inner_optimizer: InnerOptimizer = "adam",
+        inner_lr: float = 1e-3,
+        neumann_terms: int = 20,
+        neumann_alpha: float = 5e-3,
+        num_samples: int = 10,
+        straight_through: bool = True,
+        infnet_ce: float = 0.0,
+        spen_steps: int = 10,
+        spen_lr: float = 0.1,
+        phases: int = 0,
+    ) -> MultiLabelEnergy:
+        """E, A, F in this order (the order of their initial draws), sized by the data (``input_dim``,
+        ``num_labels``: ``dataset=bibtex|delicious|eurlex|bookmarks``)."""
         if "input_dim" not in dims or "num_labels" not in dims:
             raise ValueError("task=mlc_energy needs a multi-label dataset (dataset=bibtex, delicious, ...)")
-        t = cfg.task
-        return cls(input_dim=dims["input_dim"], num_labels=dims["num_labels"], feature_hidden=tuple(t.feature_hidden),
-                   global_hidden=t.global_hidden, **cls.training_kwargs(cfg, "mlc_energy"))
+        sizes = {"input_dim": dims["input_dim"], "num_labels": dims["num_labels"]}
+        options = part_options(energy=energy, infnet=infnet, cost_net=cost_net)
+        nets = [None if part is None else part(**sizes) for part in options]
+        return cls(
+            *nets, method=method, primary=primary, lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer,
+            inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
+            straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
+            pretrain=cls.pretrains(phases),
+        )
 
     # hooks
     def energy(self, batch, y):

@@ -13,13 +13,16 @@ Batches (:func:`~latentstruct.data.conll.conll_dataset`): ``x`` word ids ``[B, n
 
 The pieces
 ----------
-* E_φ(x, ȳ) (:class:`SequenceEnergyNet`): eq. 7 with start/end transitions
-  (:class:`~latentstruct.models.energy.SequenceEnergy`) on token features b(x, t) from its own
-  :class:`~latentstruct.models.energy.BiLSTMFeatures` (word embeddings, + POS and chunk embeddings for NER+ → one
+* E_φ(x, ȳ) (:class:`~latentstruct.models.energy.SequenceEnergyNet`, ``energy=sequence_energy_net``): eq. 7 with
+  start/end transitions (:class:`~latentstruct.models.energy.SequenceEnergy`) on token features b(x, t) from its
+  own :class:`~latentstruct.models.energy.BiLSTMFeatures` (word embeddings, + POS and chunk embeddings for NER+ → one
   BiLSTM layer, ``hidden`` = 100 per direction). φ = all of it.
-* A_θ(x) (and InfNet's cost-augmented F): :class:`~latentstruct.models.energy.SequenceInferenceNet`, a BiLSTM of the
-  same shape + a linear layer + a softmax per token. The relaxed output ȳ ``[B, n, T]`` holds one simplex row per
-  real token (rows at padding are 0). L_MLE = :func:`~latentstruct.models.energy.sequence_nll` (token cross-entropy
+* A_θ(x) (and InfNet's cost-augmented F): :class:`~latentstruct.models.energy.SequenceInferenceNet`
+  (``infnet`` / ``cost_net=sequence_inference_net``), a BiLSTM of the same shape + a linear layer + a softmax per
+  token. Every network gets its own feature network, built by the task from the ``encoder`` option
+  (``encoder=bilstm_features``: ``hidden``, ``extra_dim``, ``dropout``) and ``embedding`` (``dim``, ``freeze``).
+  The relaxed output ȳ ``[B, n, T]`` holds one simplex row per real token (rows at padding are 0). L_MLE =
+  :func:`~latentstruct.models.energy.sequence_nll` (token cross-entropy
   summed over the sentence); alone (``mbce``) it is the **BiLSTM baseline** of Table 3.
 * Δ(ȳ, y) = :func:`~latentstruct.models.energy.hamming_loss`, by default **not normalised**: the (expected, for
   relaxed ȳ) number of wrong tags. The energy is a sum over tokens, so its differences grow with the sentence; a
@@ -67,8 +70,8 @@ projection onto the simplex).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -76,20 +79,27 @@ from torch import nn
 
 from latentstruct.data.conll import span_f1, tag_names
 from latentstruct.models.energy import (
-    BiLSTMFeatures,
-    SequenceEnergy,
-    SequenceInferenceNet,
+    SequenceEnergyNet,
     categorical_samples,
     hamming_loss,
     sequence_nll,
 )
 from latentstruct.models.text import length_mask
 from latentstruct.structures import Categorical, SequenceTagging
-from latentstruct.tasks.energy import METHODS, BilevelEnergyTask, EnergyOutput
+from latentstruct.tasks.energy import (
+    METHODS,
+    BilevelEnergyTask,
+    EnergyOutput,
+    InnerOptimizer,
+    Method,
+    Primary,
+    part_options,
+)
 
 __all__ = ["EXTRA_FEATURES", "METRICS", "SEQUENCE_METHODS", "SequenceEnergyNet", "SequenceLabelEnergy"]
 
 #: the base class's methods, plus the exact BiLSTM-CRF
+SequenceMethod = Literal[Method, "crf"]
 SEQUENCE_METHODS: tuple[str, ...] = (*METHODS, "crf")
 #: what ``acc`` may be: conlleval's span F1 (NER) or the token accuracy (POS tagging); the dataset says which
 METRICS: tuple[str, ...] = ("span_f1", "token_acc")
@@ -97,85 +107,48 @@ METRICS: tuple[str, ...] = ("span_f1", "token_acc")
 EXTRA_FEATURES: tuple[str, ...] = ("pos", "chunk")
 
 
-class SequenceEnergyNet(nn.Module):
-    """E_φ of eq. 7 with its own feature network: ``features`` (b(x, t), a :class:`BiLSTMFeatures`) and ``energy``
-    (:class:`SequenceEnergy` on them). ``token_features(ids, lengths, extra)`` → ``[B, n, 2·hidden]``;
-    ``forward(features, y [*, B, n, T], lengths)`` → E ``[*, B]``."""
-
-    def __init__(self, features: BiLSTMFeatures, num_tags: int) -> None:
-        super().__init__()
-        self.features = features
-        self.energy = SequenceEnergy(features.out_dim, num_tags)
-
-    def token_features(
-        self, ids: torch.Tensor, lengths: torch.Tensor, extra: Sequence[torch.Tensor] = ()
-    ) -> torch.Tensor:
-        return self.features(ids, lengths, extra)
-
-    def forward(self, features: torch.Tensor, y: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.energy(features, y, lengths)
-
-    def crf_parts(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Part scores ``[B, n, T, T]`` (:class:`SequenceTagging`'s layout) whose sum along a tag sequence is
-        −E_φ(x, y) of that sequence, one-hot."""
-        e = self.energy
-        return SequenceTagging.parts(e.unary_scores(features), e.transition, e.start, e.end, lengths)
-
-
 class SequenceLabelEnergy(BilevelEnergyTask):
-    """Sequence labelling with an energy (module docstring). ``method`` ∈ :data:`SEQUENCE_METHODS`.
+    """Sequence labelling with an energy (module docstring). The networks: :class:`BilevelEnergyTask`; ``num_tags``
+    from the data; ``extra_keys``: the per-token feature columns every network reads (NER+: ``pos``, ``chunk``, of
+    :data:`EXTRA_FEATURES`); ``tags``: the tag names, index = tag id (default: CoNLL's BIOES inventory when
+    ``num_tags`` = 17); ``metric``: what ``acc`` (the selection metric) is, ``span_f1`` (NER, conlleval) or
+    ``token_acc`` (POS tagging: accuracy over tokens; the span metrics are then not computed).
 
     Args:
-        vocab_size, num_tags: sizes from the data. emb_dim: word embedding size (``pretrained``'s when given).
-        hidden: BiLSTM units per direction (every feature network: E's, A's, F's).
-        extra_features: ``{batch key: vocabulary size}`` of per-token feature ids fed to every BiLSTM (NER+:
-            ``pos`` and ``chunk``), each embedded in ``extra_dim`` dimensions.
-        pretrained, freeze: word vectors ``[vocab_size, emb_dim]`` copied into every embedding table (frozen when
-            ``freeze``). dropout: on the BiLSTM outputs.
-        normalize_cost: Δ = Hamming loss / length instead of the count.
-        tags: the tag names, index = tag id (default: CoNLL's BIOES inventory when ``num_tags`` = 17).
-        metric: what ``acc`` (the selection metric) is: ``span_f1`` (NER, conlleval) or ``token_acc`` (POS
-            tagging: accuracy over tokens; the span metrics are then not computed).
-        kwargs: :class:`BilevelEnergyTask` (primary, lam, inner_steps, ...).
+        method: mbce (the BiLSTM baseline: A alone, token cross-entropy), implicit (seed 004 Algorithm 1), explicit
+            (φ with ∂L_prim/∂φ only), infnet (Tu & Gimpel 2018, eq. 5; + infnet_ce: InfNet+), spen (SSVM,
+            projected gradient on the simplices), crf (the BiLSTM-CRF, exact: NLL by the forward algorithm,
+            Viterbi).
+        num_samples: cd: K sequences drawn per sentence from A(x); our choice (as for MLC).
+        infnet_ce: infnet: weight of the inference networks' token cross-entropy in their ascent (InfNet+).
+        normalize_cost: Δ = token Hamming loss divided by the length (false: the number of wrong tags, on the scale
+            of the energy, a sum over tokens).
     """
 
+    PARTS = (*BilevelEnergyTask.PARTS, "encoder")
     METHODS = SEQUENCE_METHODS
     NETWORKS = {**BilevelEnergyTask.NETWORKS, "crf": (True, False, False)}
 
     def __init__(
         self,
-        vocab_size: int,
+        energy_net: nn.Module | None,
+        infnet: nn.Module | None,
+        cost_net: nn.Module | None,
         num_tags: int,
-        method: str = "implicit",
-        emb_dim: int = 100,
-        hidden: int = 100,
-        extra_features: Mapping[str, int] | None = None,
-        extra_dim: int = 20,
-        pretrained: torch.Tensor | None = None,
-        freeze: bool = True,
-        dropout: float = 0.0,
+        extra_keys: Sequence[str] = (),
         normalize_cost: bool = False,
         tags: Sequence[str] | None = None,
         metric: str = "span_f1",
-        **kwargs: Any,
+        **settings: Any,
     ):
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; choose among {METRICS}")
-        extra = dict(extra_features or {})
-        unknown = set(extra) - set(EXTRA_FEATURES)
+        unknown = set(extra_keys) - set(EXTRA_FEATURES)
         if unknown:
             raise ValueError(f"unknown extra features {sorted(unknown)}; choose among {EXTRA_FEATURES}")
-
-        def features() -> BiLSTMFeatures:
-            return BiLSTMFeatures(vocab_size, emb_dim, hidden, list(extra.values()), extra_dim, pretrained, freeze,
-                                  dropout)
-
-        energy = None if method == "mbce" else SequenceEnergyNet(features(), num_tags)
-        infnet = None if method in ("spen", "crf") else SequenceInferenceNet(features(), num_tags)
-        cost_net = SequenceInferenceNet(features(), num_tags) if method == "infnet" else None
-        super().__init__(energy, infnet, cost_net, method=method, **kwargs)
+        super().__init__(energy_net, infnet, cost_net, **settings)
         self.num_tags = int(num_tags)
-        self.extra_keys = tuple(extra)
+        self.extra_keys = tuple(extra_keys)
         self.normalize_cost = bool(normalize_cost)
         if tags is None:
             tags = tag_names("bioes") if num_tags == 17 else [f"T{i}" for i in range(num_tags)]
@@ -187,24 +160,59 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         self._simplex = Categorical()
 
     @classmethod
-    def from_config(cls, cfg: Any, dims: dict[str, int], extras: dict[str, Any] | None = None) -> SequenceLabelEnergy:
-        """Reads ``task``, ``embedding`` (``dim``, ``freeze``; the vectors come in ``extras["embeddings"]`` when
-        ``embedding.pretrained`` names a GloVe file) and the number of ``trainer.phases`` (two: pretraining, then
-        the method); sizes, the tag names and the POS / chunk vocabularies (``dataset.features=true``) come from
-        the data."""
-        extras = extras or {}
+    def build(
+        cls,
+        dims: dict[str, int],
+        extras: dict[str, Any],
+        energy: Any,
+        infnet: Any,
+        cost_net: Any,
+        encoder: Any,
+        embedding: dict[str, Any],
+        method: SequenceMethod = "implicit",
+        primary: Primary = "cd",
+        lam: float = 1.0,
+        inner_steps: int = 1,
+        inner_optimizer: InnerOptimizer = "adam",
+        inner_lr: float = 1e-3,
+        neumann_terms: int = 20,
+        neumann_alpha: float = 5e-3,
+        num_samples: int = 10,
+        straight_through: bool = True,
+        infnet_ce: float = 0.0,
+        spen_steps: int = 10,
+        spen_lr: float = 0.1,
+        phases: int = 0,
+        normalize_cost: bool = False,
+    ) -> SequenceLabelEnergy:
+        """E, A, F in this order (the order of their initial draws), each on its own feature network from
+        ``encoder``: word vectors of ``embedding.dim`` (the GloVe file's size when ``embedding.pretrained`` names one;
+        its vectors come in ``extras["embeddings"]``, frozen when ``embedding.freeze``), + the POS and chunk
+        vocabularies when the data has them (``dataset.features=true``). Sizes, the tag names and the metric come
+        from the data (``dataset=conll2003|twpos``)."""
         if "vocab_size" not in dims or "num_tags" not in dims:
             raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003 or dataset=twpos)")
-        t = cfg.task
+        energy, infnet, cost_net, encoder = part_options(energy=energy, infnet=infnet, cost_net=cost_net,
+                                                         encoder=encoder)
+        if encoder is None:
+            raise ValueError("task=ner_energy builds its networks' features from encoder (encoder=bilstm_features)")
         pretrained = extras.get("embeddings")
         extra = {k: dims[f"{k}_vocab_size"] for k in EXTRA_FEATURES if dims.get(f"{k}_vocab_size", 0)}
+
+        def features():
+            return encoder(vocab_size=dims["vocab_size"],
+                           emb_dim=pretrained.shape[1] if pretrained is not None else embedding["dim"],
+                           extra_vocab_sizes=list(extra.values()), pretrained=pretrained, freeze=embedding["freeze"])
+
+        nets = [None if part is None else part(features=features(), num_tags=dims["num_tags"])
+                for part in (energy, infnet, cost_net)]
         return cls(
-            vocab_size=dims["vocab_size"], num_tags=dims["num_tags"],
-            emb_dim=pretrained.shape[1] if pretrained is not None else cfg.embedding.dim, hidden=t.hidden,
-            extra_features=extra, extra_dim=t.feature_dim, pretrained=pretrained, freeze=cfg.embedding.freeze,
-            dropout=t.dropout, normalize_cost=t.normalize_cost, tags=extras.get("tag_names"),
-            metric=extras.get("metric", "span_f1"),
-            **cls.training_kwargs(cfg, "ner_energy"),
+            *nets, num_tags=dims["num_tags"], extra_keys=tuple(extra), normalize_cost=normalize_cost,
+            tags=extras.get("tag_names"), metric=extras.get("metric", "span_f1"), method=method, primary=primary,
+            lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer, inner_lr=inner_lr,
+            neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
+            straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
+            pretrain=cls.pretrains(phases),
         )
 
     # -------------------------------------------------------------------------------------------- helpers
