@@ -143,8 +143,9 @@ class SemiSupervisedVAE(Task):
         self.theta, self.labelled_epsilon = theta, float(labelled_epsilon)
         self.anneal_rate, self.anneal_floor = float(anneal_rate), float(anneal_floor)
         self.label_weight, self.kl_discrete = float(label_weight), bool(kl_discrete)
-        # the configured |ε| or τ: the start of the unsupervised phase's schedule
-        self.anneal_start = -estimator.epsilon if isinstance(estimator, Direct) else getattr(estimator, "tau", None)
+        # the configured |ε| or τ starts the unsupervised phase's schedule (None: an estimator without temperature)
+        self.anneal_start = (-estimator.epsilon if isinstance(estimator, Direct)
+                             else estimator.tau if isinstance(estimator, Tempered) else None)
         self._phase_step = 0
 
     def begin_step(self, phase: int, step: int) -> None:
@@ -173,19 +174,22 @@ class SemiSupervisedVAE(Task):
                     theta = theta - kl_gauss
             return -(code * theta).sum(-1)
 
-        temperature, target = self.temperature(y is not None), {}
-        if isinstance(self.estimator, Direct):
-            self.estimator.epsilon = -temperature  # towards best
-            if y is not None:
-                target = {"target": F.one_hot(y, phi.shape[-1]).to(phi.dtype)}
-        elif isinstance(self.estimator, Tempered):
-            self.estimator.tau = temperature
+        direct = isinstance(self.estimator, Direct)
+        self._set_temperature(labelled=y is not None)
+        target = {"target": F.one_hot(y, phi.shape[-1]).to(phi.dtype)} if direct and y is not None else {}
         z = self.estimator(phi, self.structure, None, downstream, **target)
         rec = vae.log_likelihood(x, vae.decode(vae.embed(z, h)))
         loss = (-rec + (z * kl_gauss).sum(-1) + self.kl_discrete * kl_uniform(phi)).mean()
-        if y is not None and not isinstance(self.estimator, Direct):
+        if y is not None and not direct:
             loss = loss + self.label_weight * F.nll_loss(torch.log(z.clamp_min(1e-20)), y)
         return VAEOutput(loss, z)
+
+    def _set_temperature(self, labelled: bool) -> None:
+        """Set the estimator's temperature for this step, as a scheduler sets an optimizer's learning rate."""
+        if isinstance(self.estimator, Direct):
+            self.estimator.epsilon = -self.temperature(labelled)  # towards best
+        elif isinstance(self.estimator, Tempered):
+            self.estimator.tau = self.temperature(labelled)
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
