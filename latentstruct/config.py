@@ -103,8 +103,8 @@ def help_texts(obj: Any) -> dict[str, str]:
     texts: dict[str, str] = {}
     owners = [c for c in obj.__mro__ if c.__module__.startswith("latentstruct")] if isinstance(obj, type) else [obj]
     methods = ("__init__", "build")
-    docs = [d for c in owners for d in (vars(c).get("__doc__"), *(getattr(vars(c).get(m), "__doc__", None)
-                                                                   for m in methods))]
+    docs = [d for c in owners for d in (c.__doc__ if not isinstance(c, type) else vars(c).get("__doc__"),
+                                        *(getattr(vars(c).get(m), "__doc__", None) for m in methods))]
     for doc in docs:  # the first class of the MRO that documents a parameter wins
         lines = inspect.cleandoc(doc or "").splitlines()
         for i, line in enumerate(lines):
