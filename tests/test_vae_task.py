@@ -16,7 +16,7 @@ from shared_data import real_data
 from test_images import write_mnist
 
 import latentstruct.train as train_module
-from latentstruct.config import ConfigError
+from latentstruct.config import ConfigError, validate
 from latentstruct.data.semisupervised import semisupervised_dataset
 from latentstruct.estimators import Direct, GumbelSoftmax
 from latentstruct.models.vae import GMVAE, Decoder, DiscreteHead, Encoder, kl_uniform
@@ -218,6 +218,19 @@ def test_the_model_parts_are_config_groups_and_unread_groups_are_refused(data_di
     for old in ("task.method=gsm", "task.gsm_hard=true", "task.anneal_start=0.1", "task.encoder_hidden=[8,8]"):
         with pytest.raises(ConfigError, match="unknown setting"):
             train(_cfg(data_dir, tmp_path / "run", f"+{old}"))
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment" / "vae").glob("*.yaml")))
+def test_every_vae_experiment_and_the_sweep_compose_validate_and_build(data_dir, tmp_path, experiment):
+    cfg = _cfg(data_dir, tmp_path / "run", method=experiment)
+    validate(cfg)
+    task = build_model(cfg, {"input_dim": 784, "num_classes": 10})
+    expected = {"direct": (Direct, 1.0, True), "direct_eps01": (Direct, 0.1, True),
+                "direct_no_kl": (Direct, 1.0, False), "gsm": (GumbelSoftmax, 1.0, True)}[experiment]
+    assert (type(task.estimator), task.anneal_start, task.kl_discrete) == expected
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        sweep = compose("train", overrides=["+sweep=direct_vae"], return_hydra_config=True)
+    assert sweep.hydra.sweeper.params["+experiment"] == "vae/direct,vae/gsm,vae/direct_no_kl,vae/direct_eps01"
 
 
 @pytest.mark.parametrize("estimator", ["direct", "gumbel_softmax", "st_gumbel", "marginals", "sparsemap", "sfe",
