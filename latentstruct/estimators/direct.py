@@ -188,8 +188,7 @@ class Direct(Estimator):
         else:
             if downstream is None:
                 raise ValueError("Direct needs the `downstream` closure to build the loss-perturbed prediction")
-            # One downstream call per noise sample: the closure holds the batch's targets, so it takes B rows at a
-            # time.
+            # One downstream call per noise sample: the closure holds the batch's targets, so B rows at a time.
             pieces = [_loss_and_slope(downstream, z[k * batch : (k + 1) * batch]) for k in range(n_samples)]
             losses = torch.cat([loss for loss, _ in pieces])
             slope = torch.cat([grad for _, grad in pieces]).to(s.dtype)
