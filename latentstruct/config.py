@@ -280,27 +280,7 @@ class ListOpsBaseline(str, Enum):
     self_critical = "self_critical"
 
 
-class VAEMethod(str, Enum):
-    direct = "direct"
-    gsm = "gsm"
-
-
-class VAETheta(str, Enum):
-    likelihood = "likelihood"
-    elbo = "elbo"
-
-
 # ---------------------------------------------------------------------------------------------------- dataset
-@dataclass
-class SemiSupervisedConf:
-    _target_: str = "latentstruct.data.semisupervised.semisupervised_dataset"
-    name: str = _help("mnist or fashion_mnist (IDX files read from <data_dir>/<name>/)", MISSING)
-    n_labelled: int = _help("labelled training images, the same number per class (seed 003: 50 ... 1200)", 100)
-    label_seed: int = _help("seed of the balanced labelled subset", "${trainer.seed}")
-    n_valid: int = _help("the last training images held out for validation", 10000)
-    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
-
-
 @dataclass
 class _TextDatasetConf:
     data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
@@ -399,24 +379,6 @@ class ListOpsTaskConf(TaskConf):
 
 
 @dataclass
-class VAETaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.SemiSupervisedVAE"
-    method: VAEMethod = _help("direct (optimisation through argmax, seed 003) or gsm (Gumbel-softmax)", "direct")
-    gaussian_dim: int = _help("dimension of each component's Gaussian code", 30)
-    encoder_hidden: list[int] = _help("the shared encoder's two hidden layers", [400, 200])
-    head_hidden: int = _help("hidden layer of the discrete head", 100)
-    decoder_hidden: int = _help("hidden layer of the decoder", 400)
-    negative_slope: float = _help("LeakyReLU slope", 0.2)
-    theta: VAETheta = _help("direct: component scores of the loss-perturbed argmax, the decoder's log-likelihood or "
-                            "the ELBO terms (log-likelihood minus the component's Gaussian KL)", "likelihood")
-    labelled_epsilon: float = _help("direct: ε in the labelled phase", 0.05)
-    anneal_start: float = _help("ε (direct) / τ (gsm) at the start of the unsupervised phase; gsm's labelled τ", 1.0)
-    anneal_rate: float = _help("ε / τ = max(start · exp(−rate · t), floor), t = unsupervised steps", 1e-5)
-    anneal_floor: float = _help("lower bound of the annealed ε / τ", 0.1)
-    gsm_label_weight: float = _help("gsm: weight of the labelled cross-entropy on the relaxed sample", 10.0)
-    gsm_hard: bool = _help("gsm: straight-through (one-hot forward, relaxed gradient)", False)
-    kl_discrete: bool = _help("train on KL(q(z|x) ‖ uniform), as the seed's objective does; false: as the authors' "
-                              "direct code did, only report it", True)
 
 
 # ---------------------------------------------------------------------------------------------- optim etc.
@@ -508,12 +470,10 @@ class TrainConf:
 _SCHEMAS = {
     ("dataset", "base_sst"): SSTConf,
     ("dataset", "base_snli"): SNLIConf,
-    ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("dataset", "base_listops"): ListOpsConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_sst"): SSTTaskConf,
     ("task", "base_nli"): NLITaskConf,
-    ("task", "base_vae"): VAETaskConf,
     ("task", "base_listops"): ListOpsTaskConf,
 }
 

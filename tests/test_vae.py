@@ -3,6 +3,7 @@ semi-supervised MNIST splits (tiny generated IDX files, plus the real MNIST if p
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -12,20 +13,17 @@ from shared_data import real_dir
 from test_images import write_mnist
 
 from latentstruct.data.semisupervised import balanced_subset, binarize, semisupervised_mnist
-from latentstruct.models.vae import (
-    GMVAE,
-    annealed_epsilon,
-    direct_encoder_surrogate,
-    gaussian_kl,
-    gumbel_softmax_sample,
-    negative_elbo,
-)
+from latentstruct.estimators import Direct, GumbelSoftmax, StGumbel
+from latentstruct.models.vae import GMVAE, Decoder, DiscreteHead, Encoder, gaussian_kl, negative_elbo
+from latentstruct.structures import Categorical, gumbel_like
+from latentstruct.tasks.vae import SemiSupervisedVAE
 
 REAL_MNIST = real_dir("mnist")
 
 PHI0 = torch.tensor([0.3, -0.5, 1.0, 0.0], dtype=torch.float64)
 THETA = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
 N_DRAWS = 1_000_000
+CAT = Categorical()
 
 
 def exact_gradient() -> torch.Tensor:
@@ -35,14 +33,19 @@ def exact_gradient() -> torch.Tensor:
     return phi.grad.clone()
 
 
+def _loss(z: torch.Tensor, theta: torch.Tensor = THETA) -> torch.Tensor:
+    """The VAE's ``downstream``: −<z, θ>, each component's loss extended linearly."""
+    return -(z * theta).sum(-1)
+
+
 def direct_estimate(epsilon: float, seed: int = 0, n: int = N_DRAWS) -> torch.Tensor:
-    """The direct estimate of ∇_φ E[θ]: minus the gradient of the surrogate, averaged over ``n`` Gumbel draws (the
-    batch rows all share the leaf φ, so its gradient is the batch mean)."""
+    """The VAE's direct estimate of ∇_φ E[θ] (ε > 0: towards best, the estimator's ε = −ε): minus the gradient of the
+    mean loss −<z, θ> through ``Direct`` (σ = 1, no ε growth), averaged over ``n`` Gumbel draws (the batch rows all
+    share the leaf φ, so its gradient is the batch mean)."""
+    torch.manual_seed(seed)
     phi = PHI0.clone().requires_grad_(True)
-    surrogate, _, _ = direct_encoder_surrogate(
-        phi.expand(n, -1), THETA.expand(n, -1), epsilon, generator=torch.Generator().manual_seed(seed)
-    )
-    surrogate.backward()
+    z = Direct(epsilon=-epsilon, max_retries=0).train()(phi.expand(n, -1), CAT, None, _loss)
+    _loss(z).mean().backward()
     return -phi.grad
 
 
@@ -71,62 +74,64 @@ def test_direct_estimate_matches_finite_difference_of_softmax(epsilon):
     assert torch.allclose(est, expected, atol=0.012), (est, expected)
 
 
-def test_minimising_surrogate_ascends_expected_theta():
+def test_minimising_the_loss_through_direct_ascends_expected_theta():
     phi = PHI0.clone().requires_grad_(True)
     opt = torch.optim.SGD([phi], lr=0.5)
-    gen = torch.Generator().manual_seed(3)
+    estimator = Direct(epsilon=-0.1, max_retries=0).train()
+    torch.manual_seed(3)
     start = (torch.softmax(PHI0, 0) @ THETA).item()
     for _ in range(50):
         opt.zero_grad()
-        surrogate, _, _ = direct_encoder_surrogate(phi.expand(2000, -1), THETA.expand(2000, -1), 0.1, generator=gen)
-        surrogate.backward()
+        _loss(estimator(phi.expand(2000, -1), CAT, None, _loss)).mean().backward()
         opt.step()
     end = (torch.softmax(phi.detach(), 0) @ THETA).item()
     assert end > start + 0.5 and end > 2.5  # max θ is 3
 
 
-def test_surrogate_outputs_and_labelled_target():
+def test_direct_with_a_target_steps_towards_it():
+    """The labelled step: ẑ_ε = the label's one-hot, gradient (target − ẑ)/(Bε) for the mean loss, with the same
+    Gumbel draw as without a target; ``downstream`` is not needed; ε must be negative (towards best)."""
     gen = torch.Generator().manual_seed(0)
     phi = torch.randn(6, 5, generator=gen, requires_grad=True)
     theta = torch.randn(6, 5, generator=gen)
-    target = torch.tensor([2, -1, 0, 4, -1, 1])
-    s, z_hat, z_eps = direct_encoder_surrogate(phi, theta, 0.5, generator=torch.Generator().manual_seed(1),
-                                               target=target)
-    for z in (z_hat, z_eps):
-        assert z.shape == (6, 5) and torch.equal(z.sum(-1), torch.ones(6)) and not z.requires_grad
-    labelled = target >= 0
-    assert torch.equal(z_eps[labelled].argmax(-1), target[labelled])
-    # unlabelled rows: the loss-perturbed argmax with the same Gumbel draw as ẑ
-    _, z_hat2, z_eps2 = direct_encoder_surrogate(phi, theta, 0.5, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(z_hat2, z_hat) and torch.equal(z_eps2[~labelled], z_eps[~labelled])
-    s.backward()
-    # gradient (ẑ − z_ε)/(Bε): descent raises the label's logit
-    assert torch.allclose(phi.grad, (z_hat - z_eps) / (6 * 0.5))
-    with pytest.raises(ValueError):
-        direct_encoder_surrogate(phi, theta, 0.0)
-    with pytest.raises(ValueError):
-        direct_encoder_surrogate(phi, theta, 0.1, target=torch.tensor([5, 0, 0, 0, 0, 0]))
+    target = torch.nn.functional.one_hot(torch.tensor([2, 1, 0, 4, 3, 1]), 5).float()
+    estimator = Direct(epsilon=-0.5, max_retries=0).train()
+    torch.manual_seed(1)
+    noise = gumbel_like(phi)
+    torch.manual_seed(1)
+    z = estimator(phi, CAT, None, None, target=target)
+    assert torch.equal(z, CAT.map(phi + noise)) and z.shape == (6, 5)
+    _loss(z, theta).mean().backward()
+    torch.testing.assert_close(phi.grad, (target - z.detach()) / (6 * -0.5))
+    assert bool((phi.grad * target).sum(-1).le(0).all())  # descent raises the label's logit (or leaves it)
+    torch.manual_seed(1)
+    without = Direct(epsilon=-0.5, max_retries=0).train()(phi, CAT, None, lambda m: _loss(m, theta))
+    assert torch.equal(without, z)  # the target changes the update, not the sample
+    with pytest.raises(ValueError, match="negative"):
+        Direct(epsilon=0.5).train()(phi, CAT, None, None, target=target)
+    with pytest.raises(ValueError, match="shaped like the scores"):
+        estimator(phi, CAT, None, None, target=target[:3])
 
 
-def test_gumbel_softmax_sample():
+def test_straight_through_gumbel_is_the_hard_gumbel_softmax():
+    """``estimator=st_gumbel`` (the old ``gsm_hard``): the forward one-hot argmax of softmax((φ + γ)/τ), the gradient
+    that of the relaxed sample, i.e. hard + soft − soft.detach() at the same noise."""
     gen = torch.Generator().manual_seed(0)
-    phi = torch.randn(4, 10, generator=gen, requires_grad=True)
-    z = gumbel_softmax_sample(phi, 0.5, generator=torch.Generator().manual_seed(1))
-    assert z.shape == (4, 10) and torch.allclose(z.sum(-1), torch.ones(4)) and bool((z > 0).all())
-    hard = gumbel_softmax_sample(phi, 0.5, generator=torch.Generator().manual_seed(1), hard=True)
-    assert torch.equal(hard.argmax(-1), z.argmax(-1)) and torch.allclose(hard.detach().sum(-1), torch.ones(4))
-    (hard * torch.arange(10.0)).sum().backward()
-    assert phi.grad is not None and phi.grad.abs().sum() > 0
+    phi = torch.randn(4, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(4, 10, generator=gen, dtype=torch.float64)
+    torch.manual_seed(1)
+    soft = torch.softmax((phi + gumbel_like(phi)) / 0.5, -1)
+    hard = torch.nn.functional.one_hot(soft.argmax(-1), 10).to(soft.dtype)
+    (expected,) = torch.autograd.grad(((hard + soft - soft.detach()) * weights).sum(), phi)
+    torch.manual_seed(1)
+    z = StGumbel(0.5).train()(phi, CAT)
+    assert torch.equal(z, hard)
+    (grad,) = torch.autograd.grad((z * weights).sum(), phi)
+    torch.testing.assert_close(grad, expected)
     # the argmax of φ + γ is a sample of softmax(φ): low temperature ≈ Gumbel-max frequencies
-    big = PHI0.float().expand(200_000, -1)
-    freq = gumbel_softmax_sample(big, 0.01, generator=torch.Generator().manual_seed(2)).argmax(-1).bincount() / 2e5
-    assert torch.allclose(freq, torch.softmax(PHI0.float(), 0), atol=0.01)
-
-
-def test_annealed_epsilon():
-    assert annealed_epsilon(0) == 1.0
-    assert annealed_epsilon(10_000) == pytest.approx(math.exp(-0.1))
-    assert annealed_epsilon(10**7) == 0.1
+    torch.manual_seed(2)
+    relaxed = GumbelSoftmax(0.01).train()(PHI0.float().expand(200_000, -1), CAT)
+    assert torch.allclose(relaxed.argmax(-1).bincount() / 2e5, torch.softmax(PHI0.float(), 0), atol=0.01)
 
 
 # --- the model -----------------------------------------------------------------------------------------------------
@@ -147,8 +152,8 @@ def test_gmvae_architecture_sizes():
 
 def small_model_and_batch():
     torch.manual_seed(0)
-    model = GMVAE(input_dim=12, num_components=3, gaussian_dim=2, encoder_hidden=(8, 6), head_hidden=5,
-                  decoder_hidden=7).double()
+    model = GMVAE(functools.partial(Encoder, hidden=(8, 6)), functools.partial(DiscreteHead, hidden=5),
+                  functools.partial(Decoder, hidden=7), input_dim=12, num_components=3, gaussian_dim=2).double()
     x = (torch.rand(4, 12, dtype=torch.float64) > 0.5).double()
     return model, x
 
@@ -259,15 +264,14 @@ def test_semisupervised_mnist_real_sizes():
     assert data["train"]["y"][data["train"]["labelled"]].bincount().tolist() == [10] * 10
 
 
-def test_one_training_step_reaches_every_parameter():
-    """Smoke test of how the pieces compose: decoder and Gaussian heads through θ at the sampled code, the discrete
-    head through the direct surrogate (θ is detached inside it)."""
+@pytest.mark.parametrize("make", [lambda: Direct(epsilon=-1.0, max_retries=0), GumbelSoftmax])
+@pytest.mark.parametrize("labelled", [True, False])
+def test_one_training_step_reaches_every_parameter(make, labelled):
+    """Smoke test of how the pieces compose: decoder and Gaussian heads through the sampled code, the discrete head
+    through the estimator (direct: θ at every component, or the label)."""
     model, x = small_model_and_batch()
-    out = model.per_category(x, generator=torch.Generator().manual_seed(0))
-    surrogate, z_hat, _ = direct_encoder_surrogate(out.phi, out.theta, 0.1, generator=torch.Generator().manual_seed(1),
-                                                   target=torch.tensor([0, -1, 2, -1]))
-    log_q = torch.log_softmax(out.phi, -1)
-    kl_z = (log_q.exp() * log_q).sum(-1).mean() + math.log(3)
-    loss = -(z_hat * out.theta).sum(-1).mean() + kl_z + surrogate
-    loss.backward()
+    task = SemiSupervisedVAE(model, make()).double()
+    task.train()
+    torch.manual_seed(1)
+    task({"x": x, **({"y": torch.tensor([0, 1, 2, 1])} if labelled else {})}).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

@@ -1,29 +1,39 @@
 """The semi-supervised VAE task of seed 003 end to end: trainer.phases (labelled, then unlabelled), the ε / τ
-schedules, the direct update's sign on labelled data, its agreement with the project's Direct estimator, resumption
-inside the phases, and a real-MNIST smoke run."""
+schedules, the direct update's sign on labelled data and its value on unlabelled data (the Direct estimator fed θ),
+the model parts as config groups, resumption inside the phases, and a real-MNIST smoke run."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from shared_data import real_data
 from test_images import write_mnist
 
 import latentstruct.train as train_module
+from latentstruct.config import ConfigError, validate
 from latentstruct.data.semisupervised import semisupervised_dataset
-from latentstruct.estimators.direct import Direct
-from latentstruct.models.vae import direct_encoder_surrogate
-from latentstruct.structures.categorical import Categorical
+from latentstruct.estimators import Direct, GumbelSoftmax
+from latentstruct.models.vae import GMVAE, Decoder, DiscreteHead, Encoder, kl_uniform
+from latentstruct.structures import gumbel_like
 from latentstruct.tasks.vae import SemiSupervisedVAE
-from latentstruct.train import train
+from latentstruct.train import build_model, train
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL_DATA = real_data("mnist")
-SMALL = ["task.gaussian_dim=4", "task.encoder_hidden=[32,16]", "task.head_hidden=8", "task.decoder_hidden=32"]
+SMALL = ["task.gaussian_dim=4", "encoder.hidden=[32,16]", "scorer.hidden=8", "decoder.hidden=32"]
+
+
+def _task(estimator, **settings) -> SemiSupervisedVAE:
+    """A small GM-VAE on 784 pixels and 10 components (the sizes of SMALL) trained through ``estimator``."""
+    vae = GMVAE(functools.partial(Encoder, hidden=(32, 16)), functools.partial(DiscreteHead, hidden=8),
+                functools.partial(Decoder, hidden=32), input_dim=784, num_components=10, gaussian_dim=4)
+    return SemiSupervisedVAE(vae, estimator, **settings)
 
 
 @pytest.fixture
@@ -108,8 +118,8 @@ def test_the_splits_cannot_leak_labels_and_fashion_mnist_reads_the_same_files(da
 
 
 def test_temperatures_follow_the_protocol():
-    direct = SemiSupervisedVAE(784, 10, "direct", anneal_start=1.0, anneal_rate=1e-3, anneal_floor=0.1)
-    gsm = SemiSupervisedVAE(784, 10, "gsm", anneal_start=2.0, anneal_rate=1e-3, anneal_floor=0.5)
+    direct = _task(Direct(epsilon=-1.0), anneal_rate=1e-3, anneal_floor=0.1)
+    gsm = _task(GumbelSoftmax(tau=2.0), anneal_rate=1e-3, anneal_floor=0.5)
     direct.begin_step(1, 1000)
     gsm.begin_step(1, 1000)
     assert direct.temperature(labelled=True) == 0.05 and gsm.temperature(labelled=True) == 2.0
@@ -118,12 +128,20 @@ def test_temperatures_follow_the_protocol():
     direct.begin_step(1, 10_000)
     gsm.begin_step(1, 10_000)
     assert (direct.temperature(False), gsm.temperature(False)) == (0.1, 0.5)  # the floors
+    # the step sets the estimator's own temperature (direct: negative, towards best)
+    x = (torch.rand(4, 784) > 0.5).float()
+    direct({"x": x}), gsm({"x": x})
+    assert (direct.estimator.epsilon, gsm.estimator.tau) == (-0.1, 0.5)
+    direct({"x": x, "y": torch.tensor([0, 1, 2, 3])}), gsm({"x": x, "y": torch.tensor([0, 1, 2, 3])})
+    assert (direct.estimator.epsilon, gsm.estimator.tau) == (-0.05, 2.0)
+    assert direct.anneal_start == 1.0 and gsm.anneal_start == 2.0  # the configured values start the schedule
+    with pytest.raises(ValueError, match="negative"):
+        _task(Direct(epsilon=1.0))
 
 
 def test_a_labelled_direct_step_raises_the_labels_logit_where_the_sample_missed_it(monkeypatch):
     torch.manual_seed(0)
-    task = SemiSupervisedVAE(784, 10, "direct", gaussian_dim=4, encoder_hidden=(32, 16), head_hidden=8,
-                             decoder_hidden=32)
+    task = _task(Direct(epsilon=-1.0, max_retries=0))
     x, y = (torch.rand(64, 784) > 0.5).float(), torch.randint(0, 10, (64,))
     captured = {}
     real_encode = task.vae.encode
@@ -144,21 +162,90 @@ def test_a_labelled_direct_step_raises_the_labels_logit_where_the_sample_missed_
     assert (grad[~missed, y[~missed]].abs() < 0.1 / (64 * 0.05)).all()
 
 
-def test_direct_surrogate_equals_the_direct_estimator_on_a_categorical():
-    """One rule, two entry points: the VAE's surrogate and ``estimator=direct`` (σ = 1, no ε growth) with the
-    linear loss −<z, θ> give the same gradient for the same Gumbel draws (the estimator's noise is shifted by its
-    mean, which moves no argmax)."""
-    phi0, theta = torch.randn(32, 10, dtype=torch.float64), 5 * torch.randn(32, 10, dtype=torch.float64)
-    torch.manual_seed(7)
-    phi = phi0.clone().requires_grad_(True)
-    direct_encoder_surrogate(phi, theta, 0.3)[0].backward()
-    torch.manual_seed(7)
-    scores = phi0.clone().requires_grad_(True)
-    estimator = Direct(epsilon=-0.3, sigma=1.0, max_retries=0)
-    z = estimator(scores, Categorical(), None, lambda z: -(z * theta).sum(-1))
-    (-(z * theta).sum(-1)).mean().backward()
-    assert phi.grad.abs().sum() > 0
-    torch.testing.assert_close(scores.grad, phi.grad)
+@pytest.mark.parametrize("theta", ["likelihood", "elbo"])
+def test_an_unlabelled_direct_step_is_the_direct_gradient_of_theta(monkeypatch, theta):
+    """φ's gradient is (z_ε − ẑ)/(Bε) (ε = −0.3, towards best) plus that of KL(q ‖ uniform), with ẑ = onehot
+    argmax(φ + γ) and z_ε = onehot argmax(φ + γ + 0.3 θ), θ(x, k) recomputed here from the step's own draws."""
+    torch.manual_seed(0)
+    task = _task(Direct(epsilon=-0.3, max_retries=0), theta=theta).double()
+    x = (torch.rand(16, 784) > 0.5).double()
+    captured = {}
+    real_encode, real_sample = task.vae.encode, task.vae.sample_gaussians
+
+    def encode(inputs):
+        captured["phi"], mu, logvar = real_encode(inputs)
+        captured["phi"].retain_grad()
+        captured["kl"] = 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar).sum(-1).detach()
+        return captured["phi"], mu, logvar
+
+    def sample(mu, logvar):  # h, then a peek at the Gumbel draw Direct takes next (the generator is rewound)
+        h = real_sample(mu, logvar)
+        state = torch.get_rng_state()
+        captured["h"], captured["gamma"] = h, gumbel_like(mu[:, :, 0].detach())
+        torch.set_rng_state(state)
+        return h
+
+    monkeypatch.setattr(task.vae, "encode", encode)
+    monkeypatch.setattr(task.vae, "sample_gaussians", sample)
+    torch.manual_seed(1)
+    task({"x": x}).loss.backward()
+    phi, h, gamma = captured["phi"], captured["h"].detach(), captured["gamma"]
+    with torch.no_grad():
+        scores = task.vae.category_log_likelihood(x, h) - (captured["kl"] if theta == "elbo" else 0)
+    z_hat = torch.nn.functional.one_hot((phi.detach() + gamma).argmax(-1), 10).double()
+    z_eps = torch.nn.functional.one_hot((phi.detach() + gamma + 0.3 * scores).argmax(-1), 10).double()
+    assert (z_eps != z_hat).any()
+    leaf = phi.detach().requires_grad_(True)
+    (kl_grad,) = torch.autograd.grad(kl_uniform(leaf).mean(), leaf)
+    torch.testing.assert_close(phi.grad, (z_eps - z_hat) / (16 * -0.3) + kl_grad)
+
+
+def test_the_model_parts_are_config_groups_and_unread_groups_are_refused(data_dir, tmp_path):
+    cfg = _cfg(data_dir, tmp_path / "run")
+    assert cfg.encoder._target_ == "latentstruct.models.vae.Encoder" and list(cfg.encoder.hidden) == [32, 16]
+    assert (cfg.scorer.hidden, cfg.decoder.hidden, cfg.estimator.epsilon) == (8, 32, -1.0)
+    task = build_model(cfg, {"input_dim": 784, "num_classes": 10})
+    sizes = {name: tuple(p.shape) for name, p in task.named_parameters()}
+    assert sizes["vae.encoder.2.weight"] == (16, 32) and sizes["vae.discrete_head.0.weight"] == (8, 16)
+    assert sizes["vae.mu_head.weight"] == (40, 16) and sizes["vae.decoder.0.weight"] == (32, 40)
+    assert isinstance(task.estimator, Direct) and task.estimator.max_retries == 0
+    gsm = build_model(_cfg(data_dir, tmp_path / "run", method="gsm"), {"input_dim": 784, "num_classes": 10})
+    assert isinstance(gsm.estimator, GumbelSoftmax) and gsm.anneal_start == 1.0
+    with pytest.raises(ConfigCompositionException, match="structure"):  # the code is categorical: no such group
+        _cfg(data_dir, tmp_path / "run", "structure=categorical")
+    with pytest.raises(ValueError, match="does not read structure"):
+        build_model(_cfg(data_dir, tmp_path / "run", "+structure=categorical"), {"input_dim": 784, "num_classes": 10})
+    for old in ("task.method=gsm", "task.gsm_hard=true", "task.anneal_start=0.1", "task.encoder_hidden=[8,8]"):
+        with pytest.raises(ConfigError, match="unknown setting"):
+            train(_cfg(data_dir, tmp_path / "run", f"+{old}"))
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "configs" / "experiment" / "vae").glob("*.yaml")))
+def test_every_vae_experiment_and_the_sweep_compose_validate_and_build(data_dir, tmp_path, experiment):
+    cfg = _cfg(data_dir, tmp_path / "run", method=experiment)
+    validate(cfg)
+    task = build_model(cfg, {"input_dim": 784, "num_classes": 10})
+    expected = {"direct": (Direct, 1.0, True), "direct_eps01": (Direct, 0.1, True),
+                "direct_no_kl": (Direct, 1.0, False), "gsm": (GumbelSoftmax, 1.0, True)}[experiment]
+    assert (type(task.estimator), task.anneal_start, task.kl_discrete) == expected
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        sweep = compose("train", overrides=["+sweep=direct_vae"], return_hydra_config=True)
+    assert sweep.hydra.sweeper.params["+experiment"] == "vae/direct,vae/gsm,vae/direct_no_kl,vae/direct_eps01"
+
+
+@pytest.mark.parametrize("estimator", ["direct", "gumbel_softmax", "st_gumbel", "marginals", "sparsemap", "sfe",
+                                       "spigot", "ste_s"])
+def test_every_estimator_trains_the_vae(data_dir, tmp_path, estimator):
+    """Any estimator option crosses the code's argmax; labelled steps: direct's target or the cross-entropy."""
+    cfg = _cfg(data_dir, tmp_path / "run", f"estimator={estimator}", method="gsm")
+    task = build_model(cfg, {"input_dim": 784, "num_classes": 10})
+    x = (torch.rand(8, 784) > 0.5).float()
+    for batch in ({"x": x, "y": torch.arange(8)}, {"x": x}):
+        task.zero_grad()
+        out = task(batch)
+        out.loss.backward()
+        assert torch.isfinite(out.loss)
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in task.vae.discrete_head.parameters())
 
 
 @pytest.mark.skipif(REAL_DATA is None, reason="the shared MNIST is not here")
@@ -174,10 +261,10 @@ def test_real_mnist_smoke_run_learns_from_the_labels(tmp_path):
 
 @pytest.mark.parametrize("method", ["direct", "gsm"])
 def test_kl_discrete_false_drops_exactly_the_categorical_kl(method):
-    small = dict(gaussian_dim=4, encoder_hidden=(32, 16), head_hidden=8, decoder_hidden=32)
+    estimators = {"direct": lambda: Direct(epsilon=-1.0, max_retries=0), "gsm": GumbelSoftmax}
     torch.manual_seed(0)
-    with_kl = SemiSupervisedVAE(784, 10, method, **small).double()
-    without = SemiSupervisedVAE(784, 10, method, kl_discrete=False, **small).double()
+    with_kl = _task(estimators[method]()).double()
+    without = _task(estimators[method](), kl_discrete=False).double()
     without.load_state_dict(with_kl.state_dict())
     x = (torch.rand(8, 784) > 0.5).double()
     losses = []

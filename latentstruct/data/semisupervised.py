@@ -28,6 +28,7 @@ A trainer with ``trainer.phases`` first trains on ``labelled``, then on ``train`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -110,10 +111,24 @@ def semisupervised_mnist(
 
 
 def semisupervised_dataset(
-    name: str, data_dir: str | Path, n_labelled: int, label_seed: int = 0, n_valid: int = 10000, num_classes: int = 10
+    name: Literal["mnist", "fashion_mnist"],
+    data_dir: str | Path,
+    n_labelled: int = 100,
+    label_seed: int = 0,
+    n_valid: int = 10000,
+    num_classes: int = 10,
 ) -> TensorSplits:
     """:func:`semisupervised_mnist` as :class:`TensorSplits` with the splits ``train`` (images only), ``labelled``,
-    ``valid`` and ``test`` (see the module docstring); dims ``input_dim`` and ``num_classes``."""
+    ``valid`` and ``test`` (see the module docstring); dims ``input_dim`` and ``num_classes``.
+
+    Args:
+        name: mnist or fashion_mnist (IDX files read from <data_dir>/<name>/).
+        data_dir: root of the real datasets.
+        n_labelled: labelled training images, the same number per class (seed 003: 50 ... 1200).
+        label_seed: seed of the balanced labelled subset.
+        n_valid: the last training images held out for validation.
+        num_classes: the classes, each with n_labelled / num_classes labelled images.
+    """
     data = semisupervised_mnist(name, data_dir, n_labelled, label_seed, n_valid, num_classes)
     train = data["train"]
     splits = {

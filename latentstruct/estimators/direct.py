@@ -46,6 +46,12 @@ per example, e.g. the softplus output of a noise network, seed 002 App. C) or a 
 part, which changes nothing on structures whose vertices all have the same number of parts (every structure here), but
 would otherwise make σ move the mean as well as the spread.
 
+**Known targets.** Where the best vertex of every example is known (a label: the supervised examples of seed 003's
+semi-supervised VAE, its term E_γ[ℓ(z, z^{s+γ})]), ``estimator(..., target=vertices)`` takes ẑ_ε = target: the
+loss-perturbed MAP in the limit ε → −∞ of "towards best" under a loss minimal at the target alone. The update
+(target − ẑ)/(Bε) is then the perceptron step towards the target scaled by 1/|ε|, a descent direction only for ε < 0
+(required); ``downstream`` is not called and there are no retries (ẑ_ε is given).
+
 Forward returns the first noise sample's ẑ (the decoder's own parameters are trained on it); at evaluation it
 returns MAP(s) without noise, as every non-relaxed estimator does.
 
@@ -108,8 +114,9 @@ class Direct(Estimator):
             may grow up to 1.1¹⁰⁰ ≈ 1.4·10⁴ times; retries that provably cannot succeed are skipped.
         eval_latent: see :class:`~latentstruct.estimators.base.Estimator` (this estimator is not relaxed: MAP).
 
-    Call: ``latent = estimator(scores, structure, lengths=None, downstream=None, sigma=None)``; ``downstream`` is
-    required while training (whenever a gradient is needed); ``sigma`` is a float or a tensor (see module docstring).
+    Call: ``latent = estimator(scores, structure, lengths=None, downstream=None, sigma=None, target=None)``;
+    ``downstream`` is required while training (whenever a gradient is needed) unless ``target`` is given; ``sigma``
+    is a float or a tensor, ``target`` the known best vertices ``[B, ...]`` (see module docstring).
     """
 
     def __init__(
@@ -143,12 +150,13 @@ class Direct(Estimator):
         lengths: torch.Tensor | None = None,
         downstream: Downstream | None = None,
         sigma: float | torch.Tensor | None = None,
+        target: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.training:
-            return self.train_forward(scores, structure, lengths, downstream, sigma)
+            return self.train_forward(scores, structure, lengths, downstream, sigma, target)
         return super().forward(scores, structure, lengths, downstream)
 
-    def train_forward(self, scores, structure, lengths, downstream, sigma=None):
+    def train_forward(self, scores, structure, lengths, downstream, sigma=None, target=None):
         s = scores.detach()
         batch = s.shape[0]
         sigma_t, sigma_f = self._resolve_sigma(sigma, s)
@@ -174,17 +182,19 @@ class Direct(Estimator):
         first = z[:batch]
         if not needs_grad:
             return first
-        if downstream is None:
-            raise ValueError("Direct needs the `downstream` closure to build the loss-perturbed prediction")
-
-        # One downstream call per noise sample: the closure holds the batch's targets, so it takes B rows at a time.
-        pieces = [_loss_and_slope(downstream, z[k * batch : (k + 1) * batch]) for k in range(n_samples)]
-        losses = torch.cat([loss for loss, _ in pieces])
-        slope = torch.cat([grad for _, grad in pieces]).to(s.dtype)
         eps = torch.full((n_samples * batch,), self.epsilon, dtype=s.dtype, device=s.device)
-        z_eps = structure.map(perturbed + self.epsilon * slope, lengths_rep)
-        if self.max_retries > 0:
-            self._retry(structure, perturbed, slope, lengths_rep, losses, z, z_eps, eps)
+        if target is not None:
+            z_eps = self._check_target(target, s).repeat(reps)
+        else:
+            if downstream is None:
+                raise ValueError("Direct needs the `downstream` closure to build the loss-perturbed prediction")
+            # One downstream call per noise sample: the closure holds the batch's targets, so B rows at a time.
+            pieces = [_loss_and_slope(downstream, z[k * batch : (k + 1) * batch]) for k in range(n_samples)]
+            losses = torch.cat([loss for loss, _ in pieces])
+            slope = torch.cat([grad for _, grad in pieces]).to(s.dtype)
+            z_eps = structure.map(perturbed + self.epsilon * slope, lengths_rep)
+            if self.max_retries > 0:
+                self._retry(structure, perturbed, slope, lengths_rep, losses, z, z_eps, eps)
 
         delta = (z_eps - z) / _per_row(eps, z)  # one direct gradient per (sample, example), before the 1/B
         norm = n_samples * batch
@@ -225,6 +235,14 @@ class Direct(Estimator):
             z_eps[rows] = structure.map(perturbed[rows] + _per_row(eps[rows], slope) * slope[rows], sub_lengths)
             moved = (z_eps[rows] != z[rows]).flatten(1).any(1)
             stuck[rows[moved]] = False
+
+    def _check_target(self, target, scores):
+        """The known best vertices as ẑ_ε (module docstring, "Known targets"): shaped like the scores, ε < 0."""
+        if self.epsilon >= 0:
+            raise ValueError(f"a target is the towards-best limit: epsilon must be negative, got {self.epsilon}")
+        if target.shape != scores.shape:
+            raise ValueError(f"target must be shaped like the scores {tuple(scores.shape)}, got {tuple(target.shape)}")
+        return target.detach().to(device=scores.device, dtype=scores.dtype)
 
     def _resolve_sigma(self, sigma, scores):
         """(tensor or None, float): the call-time σ tensor, or the float σ (the constructor's if ``sigma`` is None)."""

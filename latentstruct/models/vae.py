@@ -14,9 +14,9 @@ A discrete code z ∈ {0 .. K−1} (K = 10) and, per component, a D-dimensional 
 * **Decoder.** 300 → Linear 400 → LeakyReLU(0.2) → Linear 784 = Bernoulli logits of the binarised pixels.
 * **Prior.** p(z) uniform over K, p(h) = N(0, I_D) (the same for every component).
 
-Every size and the LeakyReLU slope are constructor arguments. The optimiser settings of the authors' protocol (Adam,
-lr 8e-4, batch 100; ε = 0.05 while the labelled term is on, then ε = max(exp(−1e-5·step), 0.1)) belong to the training
-loop; :data:`DEFAULTS` records them and :func:`annealed_epsilon` computes the schedule.
+The three networks are config options (``encoder=gmvae``, ``scorer=gmvae`` for the discrete head, ``decoder=gmvae``:
+:class:`Encoder`, :class:`DiscreteHead`, :class:`Decoder`, whose sizes and LeakyReLU slope are their settings);
+:class:`GMVAE` sizes them from the data and adds the Gaussian heads.
 
 The terms that depend on k (:meth:`GMVAE.per_category`)
 -------------------------------------------------------
@@ -31,33 +31,18 @@ With one standard-normal draw e ∈ R^D per example, *shared by all components* 
 
 exact in z (the K components are enumerated) and a one-sample estimate in h. :func:`negative_elbo` returns
 −ELBO, the "bound" of the seed's table (in nats per image). ``per_category`` computes all K values of θ in one
-decoder pass over B·K rows; the direct estimator needs them all for the loss-perturbed argmax.
+decoder pass over B·K rows (:meth:`GMVAE.category_log_likelihood`); direct optimisation needs them all.
 
-Direct optimisation (:func:`direct_encoder_surrogate`)
-------------------------------------------------------
-z^{φ+γ} = argmax_k φ_k + γ_k with γ i.i.d. standard Gumbel is a sample of q(z|x) (Gumbel-max), so
-E_γ[θ(x, z^{φ+γ})] = Σ_k softmax(φ)_k θ_k. The seed's theorem gives its gradient through φ as
-
-    ∇_φ E_γ[θ(x, z^{φ+γ})] = lim_{ε→0} E_γ[z_ε − ẑ] / ε,   ẑ = onehot argmax(φ + γ),  z_ε = onehot argmax(φ + γ + εθ).
-
-(With Gumbel-max the finite-ε expectation is exactly (softmax(φ + εθ) − softmax(φ))/ε, so the bias is O(ε).)
-
-**Sign convention.** θ is a log-likelihood, to be *maximised*, while training loops *minimise*. The surrogate is
-
-    S = −(1/B) Σ_b <φ_b, z_ε,b − ẑ_b> / ε,     ∇_{φ_b} S = (ẑ_b − z_ε,b) / (B ε),
-
-i.e. the *negated* direct estimate of ∇_φ E[θ] (batch mean), so that a gradient-descent step on S is an ascent
-step on E_γ[θ] (for ε > 0; the formula is valid for ε < 0 too, z_ε then moving "away from best"). The gradient
-reaches the encoder weights w through φ(x; w) by the chain rule. S's *value* carries no meaning; only its gradient
-does. (This equals the project's direct-loss convention of :mod:`latentstruct.estimators.direct` with the loss
-ℓ = −θ and ε_there = −ε_here: "towards best".)
-
-**Labelled examples** (the semi-supervised term E_γ[ℓ(z, z^{φ+γ})]). For an example with a label y, z_ε is replaced
-by onehot(y) — the best code, i.e. the ε → ∞ limit of the "towards best" argmax when only the label scores — so
-∇_{φ_b} S = (ẑ_b − onehot(y_b)) / (B ε): descent raises φ_y and lowers the sampled code's φ (zero when ẑ = y). This
-is what makes component k stand for class k, so that argmax_k φ(x, k) is the predicted class (:meth:`GMVAE.predict`).
-
-Gumbel-softmax baseline (:func:`gumbel_softmax_sample`): softmax((φ + γ)/τ), fed to the same decoder through
+Direct optimisation and Gumbel-softmax
+--------------------------------------
+Both are estimators of :mod:`latentstruct.estimators` on the :class:`~latentstruct.structures.Categorical` code
+(:mod:`latentstruct.tasks.vae` wires them). z^{φ+γ} = argmax_k φ_k + γ_k with γ standard Gumbel is a sample of q(z|x)
+(Gumbel-max), so E_γ[θ(x, z^{φ+γ})] = Σ_k softmax(φ)_k θ_k, whose gradient through φ is, by the seed's theorem,
+lim_{ε→0} E_γ[z_ε − ẑ]/ε with ẑ = onehot argmax(φ + γ) and z_ε = onehot argmax(φ + γ + εθ) — the direct loss
+gradient of :class:`~latentstruct.estimators.Direct` (σ = 1) for the loss ℓ = −θ, whose per-component values the
+task gives as the linear ``downstream(μ) = −<μ, θ>``, with that estimator's ε = −ε here ("towards best"). (With
+Gumbel-max the finite-ε expectation is exactly (softmax(φ + εθ) − softmax(φ))/ε, so the bias is O(ε).) Gumbel-softmax
+is :class:`~latentstruct.estimators.GumbelSoftmax`: softmax((φ + γ)/τ), fed to the same decoder through
 :meth:`GMVAE.embed`.
 
 References: G. Lorberbom, A. Gane, T. Jaakkola, T. Hazan (2019), "Direct optimization through argmax for discrete
@@ -68,44 +53,82 @@ variational auto-encoder", NeurIPS (seed 003). E. Jang, S. Gu, B. Poole (2017) a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentstruct.structures.base import gumbel_like
-
 __all__ = [
-    "DEFAULTS",
+    "Decoder",
+    "DiscreteHead",
+    "Encoder",
     "GMVAE",
     "PerCategory",
-    "annealed_epsilon",
-    "direct_encoder_surrogate",
     "gaussian_kl",
-    "gumbel_softmax_sample",
     "kl_uniform",
     "negative_elbo",
 ]
-
-#: the authors' training protocol (for the training loop; nothing here reads it)
-DEFAULTS: dict[str, float] = {
-    "lr": 8e-4,
-    "batch_size": 100,
-    "epsilon_labelled": 0.05,
-    "epsilon_decay": 1e-5,
-    "epsilon_floor": 0.1,
-}
-
-
-def annealed_epsilon(step: int, decay: float = 1e-5, floor: float = 0.1) -> float:
-    """ε after the labelled phase: max(exp(−decay · step), floor)."""
-    return max(math.exp(-decay * step), floor)
 
 
 def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     """KL(N(μ, diag exp(logvar)) ‖ N(0, I)) summed over the last dimension: ½ Σ (μ² + σ² − 1 − log σ²)."""
     return 0.5 * (mu.pow(2) + logvar.exp() - 1.0 - logvar).sum(-1)
+
+
+class Encoder(nn.Sequential):
+    """The shared encoder: x ``[B, input_dim]`` → features f ``[B, hidden[-1]]``, Linear → LeakyReLU per layer.
+
+    Args:
+        hidden: the shared encoder's hidden layers (seed 003: 400, 200).
+        negative_slope: LeakyReLU slope (seed 003: 0.2).
+    """
+
+    FROM_DATA = ("input_dim",)  # given by the model, from the data
+
+    def __init__(self, input_dim: int, hidden: tuple[int, ...] = (400, 200), negative_slope: float = 0.2):
+        sizes = [input_dim, *hidden]
+        layers = [(nn.Linear(i, o), nn.LeakyReLU(negative_slope)) for i, o in zip(sizes, sizes[1:], strict=False)]
+        super().__init__(*[m for layer in layers for m in layer])
+        self.output_dim = sizes[-1]
+
+
+class _OneHidden(nn.Sequential):
+    """Linear → LeakyReLU → Linear."""
+
+    def __init__(self, in_features: int, out_features: int, hidden: int, negative_slope: float):
+        super().__init__(nn.Linear(in_features, hidden), nn.LeakyReLU(negative_slope), nn.Linear(hidden, out_features))
+
+
+class DiscreteHead(_OneHidden):
+    """The discrete head (the scorer): features f ``[B, in_features]`` → the logits φ(x, ·) ``[B, num_parts]`` of
+    q(z|x), through one hidden layer.
+
+    Args:
+        hidden: hidden layer of the discrete head (seed 003: 100).
+        negative_slope: LeakyReLU slope (seed 003: 0.2).
+    """
+
+    FROM_DATA = ("in_features", "num_parts")  # given by the model, from the data
+
+    def __init__(self, in_features: int, num_parts: int, hidden: int = 100, negative_slope: float = 0.2):
+        super().__init__(in_features, num_parts, hidden, negative_slope)
+
+
+class Decoder(_OneHidden):
+    """The decoder: the code's embedding ``[B, in_features]`` (:meth:`GMVAE.embed`) → Bernoulli logits of the pixels
+    ``[B, out_features]``, through one hidden layer.
+
+    Args:
+        hidden: hidden layer of the decoder (seed 003: 400).
+        negative_slope: LeakyReLU slope (seed 003: 0.2).
+    """
+
+    FROM_DATA = ("in_features", "out_features")  # given by the model, from the data
+
+    def __init__(self, in_features: int, out_features: int, hidden: int = 400, negative_slope: float = 0.2):
+        super().__init__(in_features, out_features, hidden, negative_slope)
 
 
 class PerCategory(NamedTuple):
@@ -121,29 +144,30 @@ class PerCategory(NamedTuple):
 
 
 class GMVAE(nn.Module):
-    """Gaussian-mixture VAE with a discrete component code (see the module docstring for the architecture)."""
+    """Gaussian-mixture VAE with a discrete component code (see the module docstring for the architecture).
+
+    ``encoder``, ``discrete_head`` and ``decoder`` are callables that take their sizes (the classes, or the partials
+    the configs build); they are built here, in that order with the Gaussian heads between the last two, so that one
+    seed gives one initialisation. The defaults are seed 003's model.
+    """
 
     def __init__(
         self,
+        encoder: Callable[..., nn.Module] = Encoder,
+        discrete_head: Callable[..., nn.Module] = DiscreteHead,
+        decoder: Callable[..., nn.Module] = Decoder,
         input_dim: int = 784,
         num_components: int = 10,
         gaussian_dim: int = 30,
-        encoder_hidden: tuple[int, int] = (400, 200),
-        head_hidden: int = 100,
-        decoder_hidden: int = 400,
-        negative_slope: float = 0.2,
     ) -> None:
         super().__init__()
         self.input_dim, self.num_components, self.gaussian_dim = input_dim, num_components, gaussian_dim
-        h1, h2 = encoder_hidden
-        act = lambda: nn.LeakyReLU(negative_slope)  # noqa: E731
-        self.encoder = nn.Sequential(nn.Linear(input_dim, h1), act(), nn.Linear(h1, h2), act())
-        self.discrete_head = nn.Sequential(nn.Linear(h2, head_hidden), act(), nn.Linear(head_hidden, num_components))
-        self.mu_head = nn.Linear(h2, num_components * gaussian_dim)
-        self.logvar_head = nn.Linear(h2, num_components * gaussian_dim)
-        self.decoder = nn.Sequential(
-            nn.Linear(num_components * gaussian_dim, decoder_hidden), act(), nn.Linear(decoder_hidden, input_dim)
-        )
+        self.encoder = encoder(input_dim=input_dim)
+        features, code = self.encoder.output_dim, num_components * gaussian_dim
+        self.discrete_head = discrete_head(in_features=features, num_parts=num_components)
+        self.mu_head = nn.Linear(features, code)
+        self.logvar_head = nn.Linear(features, code)
+        self.decoder = decoder(in_features=code, out_features=input_dim)
 
     def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` [B, input_dim] → (φ [B, K] logits, μ [B, K, D], log σ² [B, K, D])."""
@@ -217,52 +241,3 @@ def negative_elbo(phi: torch.Tensor, theta: torch.Tensor, reduction: str = "mean
     if reduction == "none":
         return out
     raise ValueError(f"unknown reduction {reduction!r}; choose mean, sum or none")
-
-
-def direct_encoder_surrogate(
-    phi: torch.Tensor,
-    theta: torch.Tensor,
-    epsilon: float,
-    generator: torch.Generator | None = None,
-    target: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Direct-optimisation surrogate for the encoder logits ``phi`` [B, K] given ``theta`` [B, K] (detached here).
-
-    Returns (S, ẑ, z_ε): ẑ = onehot argmax(φ + γ) with γ standard Gumbel drawn from ``generator``; z_ε = onehot
-    argmax(φ + γ + εθ), or onehot(target_b) for every b with ``target`` [B] ≥ 0 (a negative target means
-    unlabelled); S = −mean_b <φ_b, z_ε,b − ẑ_b>/ε, whose gradient (ẑ − z_ε)/(Bε) is the *negated* direct estimate of
-    ∇_φ E_γ[θ], so minimising S ascends E_γ[θ]. ẑ and z_ε carry no gradient. See the module docstring."""
-    if epsilon == 0:
-        raise ValueError("epsilon must be non-zero")
-    if phi.shape != theta.shape or phi.ndim != 2:
-        raise ValueError(f"phi and theta must both be [B, K], got {tuple(phi.shape)} and {tuple(theta.shape)}")
-    k = phi.shape[-1]
-    with torch.no_grad():
-        perturbed = phi.detach() + gumbel_like(phi.detach(), generator)
-        z_hat = F.one_hot(perturbed.argmax(-1), k).to(phi.dtype)
-        z_eps = F.one_hot((perturbed + epsilon * theta.detach()).argmax(-1), k).to(phi.dtype)
-        if target is not None:
-            target = target.to(device=phi.device, dtype=torch.long)
-            if target.shape != phi.shape[:1]:
-                raise ValueError(f"target must be [B] = [{phi.shape[0]}], got {tuple(target.shape)}")
-            if bool((target >= k).any()):
-                raise ValueError(f"target labels must be < K = {k}")
-            has_label = target >= 0
-            z_label = F.one_hot(target.clamp_min(0), k).to(phi.dtype)
-            z_eps = torch.where(has_label.unsqueeze(-1), z_label, z_eps)
-    surrogate = -((phi * (z_eps - z_hat)).sum(-1) / epsilon).mean()
-    return surrogate, z_hat, z_eps
-
-
-def gumbel_softmax_sample(
-    phi: torch.Tensor, tau: float, generator: torch.Generator | None = None, hard: bool = False
-) -> torch.Tensor:
-    """Gumbel-softmax (Concrete) sample softmax((φ + γ)/τ) over the last dimension; with ``hard`` the forward value
-    is the one-hot argmax and the gradient that of the relaxed sample (straight-through)."""
-    if tau <= 0:
-        raise ValueError(f"tau={tau} must be positive")
-    soft = torch.softmax((phi + gumbel_like(phi, generator)) / tau, -1)
-    if not hard:
-        return soft
-    hard_z = F.one_hot(soft.argmax(-1), phi.shape[-1]).to(soft.dtype)
-    return hard_z + soft - soft.detach()

@@ -1,33 +1,39 @@
 r"""Semi-supervised discrete VAE on binarised MNIST / Fashion-MNIST (seed 003, the authors' protocol as read).
 
-The model is :class:`~latentstruct.models.vae.GMVAE` (K = 10 components, a 30-dimensional Gaussian each); the data
-is :func:`~latentstruct.data.semisupervised.semisupervised_dataset`, and training runs in two phases
-(``trainer.phases``): first epochs over the ``labelled`` split only, then epochs over all of ``train`` without labels.
-Component k is trained to stand for class k, so the predicted class is argmax_k φ(x, k).
+The model is :class:`~latentstruct.models.vae.GMVAE` (K = 10 components, a 30-dimensional Gaussian each), built from
+the ``encoder``, ``scorer`` (the discrete head: the logits φ of q(z|x)) and ``decoder`` groups; the code z is a
+:class:`~latentstruct.structures.Categorical` over the K components, and the ``estimator`` group says how gradients
+cross its argmax. The data is :func:`~latentstruct.data.semisupervised.semisupervised_dataset`, and training runs in
+two phases (``trainer.phases``): first epochs over the ``labelled`` split only, then epochs over all of ``train``
+without labels. Component k is trained to stand for class k, so the predicted class is argmax_k φ(x, k).
 
-**Direct optimisation** (``method=direct``). For a batch, with ẑ = onehot argmax(φ + γ), γ standard Gumbel:
+For a batch, with z the estimator's code (a sample of q(z|x)) and h the Gaussian samples:
 
-    loss = mean_b [ −log p(x | ẑ, h_ẑ) + KL(q(h | x, ẑ) ‖ N(0, I)) + KL(q(z|x) ‖ uniform) ] + S
+    loss = mean_b [ −log p(x | z, h) + Σ_k z_k KL(q(h | x, k) ‖ N(0, I)) + KL(q(z|x) ‖ uniform) ]
+           + ``label_weight`` · mean_b −log z_{b, y_b}    (labelled phase; every estimator but ``direct``)
 
-The first two terms train the decoder and the Gaussian heads through the sampled component (its reparameterised h);
-the third is the exact categorical KL (its gradient through softmax(φ)); S is
-:func:`~latentstruct.models.vae.direct_encoder_surrogate`, whose gradient is the direct estimate of
-−∇_φ E_γ[θ(x, z^{φ+γ})]: z_ε = onehot argmax(φ + γ + εθ) with θ(x, k) = log p(x | z=k, h_k) for every k
-(``theta=likelihood``, the decoder's log-likelihood term as in the seed; ``theta=elbo`` subtracts each component's
-Gaussian KL, the whole part of the ELBO that depends on z). In the labelled phase z_ε is the label's one-hot (the
-seed's semi-supervised term E_γ[ℓ(z, z^{φ+γ})], the authors' "towards the label" update) and ε =
-``labelled_epsilon`` (0.05); in the unsupervised phase ε = max(``anneal_start`` · exp(−``anneal_rate`` · t),
-``anneal_floor``), t the steps taken in that phase.
+The first two terms train the decoder and the Gaussian heads through the code (its reparameterised h); the third is
+the exact categorical KL (its gradient through softmax(φ)).
 
-**Gumbel-softmax** (``method=gsm``, the baseline with the same model). z̃ = softmax((φ + γ)/τ) (straight-through
-with ``gsm_hard``) is fed to the decoder through :meth:`~latentstruct.models.vae.GMVAE.embed`:
+**Direct optimisation** (``estimator=direct``, seed 003's method). :class:`~latentstruct.estimators.Direct` with σ = 1
+forwards ẑ = onehot argmax(φ + γ), γ Gumbel, and gives φ the direct gradient of E_γ[θ(x, z^{φ+γ})]: ``downstream(μ)
+= −<μ, θ>`` holds θ(x, k) for every k (``theta=likelihood``: log p(x | z=k, h_k), the decoder's log-likelihood term
+as in the seed; ``theta=elbo`` subtracts each component's Gaussian KL, the whole part of the ELBO that depends on z),
+the loss of each component extended linearly, so its loss-perturbed argmax is argmax(φ + γ + |ε| θ). In the labelled
+phase the loss-perturbed code is the label's one-hot (the estimator's ``target``: the seed's semi-supervised term
+E_γ[ℓ(z, z^{φ+γ})], the authors' "towards the label" update) and |ε| = ``labelled_epsilon`` (0.05).
 
-    loss = mean_b [ −log p(x | z̃, h) + Σ_k z̃_k KL(q(h | x, k) ‖ N(0, I)) + KL(q(z|x) ‖ uniform) ]
-           + ``gsm_label_weight`` · mean_b −log z̃_{b, y_b}    (labelled phase only)
+**Gumbel-softmax** (``estimator=gumbel_softmax``, the baseline with the same model): z̃ = softmax((φ + γ)/τ) is fed
+to the decoder through :meth:`~latentstruct.models.vae.GMVAE.embed`, and the labelled phase adds the cross-entropy
+above (``estimator=st_gumbel``: the straight-through variant, one-hot forward).
 
-τ = ``anneal_start`` in the labelled phase, then annealed as ε above (the authors' GSM shares the schedule).
+**Temperatures.** Before each step the task sets the estimator's temperature — Direct's ε (negative: "towards
+best"), a Gumbel estimator's τ — as a scheduler sets an optimizer's learning rate: in the labelled phase |ε| =
+``labelled_epsilon`` and τ = the configured τ; in the unsupervised phase the configured |ε| or τ annealed,
+max(start · exp(−``anneal_rate`` · t), ``anneal_floor``), t the steps taken in that phase (the authors' GSM shares
+direct's schedule). Other estimators (``marginals``, ``sfe``, ``spigot``...) have no temperature and also train.
 
-**Evaluation** (both methods, noise-free where it matters): ``acc`` = 100 × the fraction of images whose mode
+**Evaluation** (every estimator, noise-free where it matters): ``acc`` = 100 × the fraction of images whose mode
 argmax_k φ(x, k) is their label; ``bound`` = the mean negative ELBO in nats, exact in z (all K components
 enumerated) with one Gaussian draw per image from a fixed generator (:meth:`GMVAE.bound`); ``rec`` and ``kl`` split it
 into −E_q log p(x | z, h) and the two KL terms.
@@ -42,112 +48,117 @@ epoch's length, so ε reaches its floor after one unsupervised epoch, while here
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
-from latentstruct.models.vae import (
-    GMVAE,
-    annealed_epsilon,
-    direct_encoder_surrogate,
-    gaussian_kl,
-    gumbel_softmax_sample,
-    kl_uniform,
-    negative_elbo,
-)
+from latentstruct.estimators.base import Tempered
+from latentstruct.estimators.direct import Direct
+from latentstruct.models.vae import GMVAE, gaussian_kl, kl_uniform, negative_elbo
+from latentstruct.structures.categorical import Categorical
 from latentstruct.tasks.base import Task
 
-__all__ = ["METHODS", "SemiSupervisedVAE", "VAEOutput"]
+__all__ = ["SemiSupervisedVAE", "VAEOutput"]
 
-METHODS = ("direct", "gsm")
+THETAS = ("likelihood", "elbo")
 
 
 @dataclass
 class VAEOutput:
     loss: torch.Tensor  # scalar: the batch's training loss (see the module docstring)
-    z: torch.Tensor  # [B, K] the code fed to the decoder (one-hot for direct, relaxed for gsm)
+    z: torch.Tensor  # [B, K] the code fed to the decoder (one-hot for direct, relaxed for gumbel_softmax)
 
 
 class SemiSupervisedVAE(Task):
-    """The seed-003 semi-supervised GM-VAE trained by direct optimisation or Gumbel-softmax (module docstring).
+    """The seed-003 semi-supervised GM-VAE, trained through any estimator: direct optimisation and Gumbel-softmax
+    are the seed's (module docstring).
 
     Args:
-        input_dim, num_classes: pixels per image and K (one component per class).
-        method: ``direct`` or ``gsm``.
-        gaussian_dim, encoder_hidden, head_hidden, decoder_hidden, negative_slope: :class:`GMVAE`'s sizes.
-        theta: ``likelihood`` or ``elbo``: what scores each component in the direct loss-perturbed argmax.
-        labelled_epsilon: ε of the labelled phase (direct).
-        anneal_start, anneal_rate, anneal_floor: ε (direct) or τ (gsm) of the unsupervised phase,
-            max(start · exp(−rate · t), floor); ``anneal_start`` is also gsm's τ in the labelled phase.
-        gsm_label_weight: weight of gsm's labelled cross-entropy; gsm_hard: straight-through Gumbel-softmax.
-        kl_discrete: train on KL(q(z|x) ‖ uniform) (the seed's objective); false drops it from the training loss,
-            as the authors' direct code did (it is reported in the bound either way).
+        gaussian_dim: dimension of each component's Gaussian code.
+        theta: direct: component scores of the loss-perturbed argmax, the decoder's log-likelihood or the ELBO terms
+            (log-likelihood minus the component's Gaussian KL).
+        labelled_epsilon: direct: |ε| in the labelled phase.
+        anneal_rate: the estimator's |ε| / τ in the unsupervised phase = max(start · exp(−rate · t), floor), t =
+            unsupervised steps, start = its configured |ε| / τ.
+        anneal_floor: lower bound of the annealed |ε| / τ.
+        label_weight: weight of the labelled cross-entropy on the code (every estimator but direct, whose labelled
+            step goes to the label itself).
+        kl_discrete: train on KL(q(z|x) ‖ uniform), as the seed's objective does; false: as the authors' direct
+            code did, only report it.
 
     Batches hold ``x`` [B, input_dim] in {0, 1} and, in the labelled phase, ``y`` [B].
     """
 
-    def __init__(
-        self,
-        input_dim: int,
-        num_classes: int,
-        method: str = "direct",
+    PARTS = ("encoder", "scorer", "estimator", "decoder")
+
+    @classmethod
+    def build(
+        cls,
+        dims: dict[str, int],
+        extras: dict,
+        encoder,
+        scorer,
+        estimator,
+        decoder,
         gaussian_dim: int = 30,
-        encoder_hidden: tuple[int, int] = (400, 200),
-        head_hidden: int = 100,
-        decoder_hidden: int = 400,
-        negative_slope: float = 0.2,
-        theta: str = "likelihood",
+        theta: Literal["likelihood", "elbo"] = "likelihood",
         labelled_epsilon: float = 0.05,
-        anneal_start: float = 1.0,
         anneal_rate: float = 1e-5,
         anneal_floor: float = 0.1,
-        gsm_label_weight: float = 10.0,
-        gsm_hard: bool = False,
+        label_weight: float = 10.0,
+        kl_discrete: bool = True,
+    ) -> SemiSupervisedVAE:
+        """The GM-VAE from the encoder, the discrete head (``scorer``) and the decoder, sized by the data
+        (``input_dim`` pixels, ``num_classes`` = K components: ``dataset=semisupervised_mnist``)."""
+        if "input_dim" not in dims or "num_classes" not in dims:
+            raise ValueError("task=vae needs an image dataset with labels (dataset=semisupervised_mnist)")
+        vae = GMVAE(encoder, scorer, decoder, dims["input_dim"], dims["num_classes"], gaussian_dim)
+        return cls(vae, estimator, theta, labelled_epsilon, anneal_rate, anneal_floor, label_weight, kl_discrete)
+
+    def __init__(
+        self,
+        vae: GMVAE,
+        estimator: nn.Module,
+        theta: str = "likelihood",
+        labelled_epsilon: float = 0.05,
+        anneal_rate: float = 1e-5,
+        anneal_floor: float = 0.1,
+        label_weight: float = 10.0,
         kl_discrete: bool = True,
     ):
         super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if theta not in ("likelihood", "elbo"):
+        if theta not in THETAS:
             raise ValueError(f"theta must be likelihood or elbo, got {theta!r}")
-        if not (labelled_epsilon > 0 and anneal_start > 0 and anneal_floor > 0 and anneal_rate >= 0):
-            raise ValueError("need labelled_epsilon, anneal_start, anneal_floor > 0 and anneal_rate >= 0")
-        self.vae = GMVAE(input_dim, num_classes, gaussian_dim, tuple(encoder_hidden), head_hidden, decoder_hidden,
-                         negative_slope)
-        self.method, self.theta = method, theta
-        self.labelled_epsilon = float(labelled_epsilon)
-        self.anneal = (float(anneal_start), float(anneal_rate), float(anneal_floor))
-        self.gsm_label_weight, self.gsm_hard = float(gsm_label_weight), bool(gsm_hard)
-        self.kl_discrete = bool(kl_discrete)
+        if not (labelled_epsilon > 0 and anneal_floor > 0 and anneal_rate >= 0):
+            raise ValueError("need labelled_epsilon, anneal_floor > 0 and anneal_rate >= 0")
+        if isinstance(estimator, Direct) and not estimator.epsilon < 0:
+            raise ValueError(f"the VAE's direct step goes towards the best component: estimator.epsilon must be "
+                             f"negative (seed 003: -1), got {estimator.epsilon}")
+        self.vae, self.estimator, self.structure = vae, estimator, Categorical()
+        self.theta, self.labelled_epsilon = theta, float(labelled_epsilon)
+        self.anneal_rate, self.anneal_floor = float(anneal_rate), float(anneal_floor)
+        self.label_weight, self.kl_discrete = float(label_weight), bool(kl_discrete)
+        # the configured |ε| or τ starts the unsupervised phase's schedule (None: an estimator without temperature)
+        self.anneal_start = (-estimator.epsilon if isinstance(estimator, Direct)
+                             else estimator.tau if isinstance(estimator, Tempered) else None)
         self._phase_step = 0
-
-    @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> SemiSupervisedVAE:
-        """Reads ``task`` only; the sizes come from the data (``dataset=semisupervised_mnist``)."""
-        if "input_dim" not in dims or "num_classes" not in dims:
-            raise ValueError("task=vae needs an image dataset with labels (dataset=semisupervised_mnist)")
-        t = cfg.task
-        return cls(
-            input_dim=dims["input_dim"], num_classes=dims["num_classes"], method=option_name(t.method),
-            gaussian_dim=t.gaussian_dim, encoder_hidden=tuple(t.encoder_hidden), head_hidden=t.head_hidden,
-            decoder_hidden=t.decoder_hidden, negative_slope=t.negative_slope, theta=option_name(t.theta),
-            labelled_epsilon=t.labelled_epsilon, anneal_start=t.anneal_start, anneal_rate=t.anneal_rate,
-            anneal_floor=t.anneal_floor, gsm_label_weight=t.gsm_label_weight, gsm_hard=t.gsm_hard,
-            kl_discrete=t.kl_discrete,
-        )
 
     def begin_step(self, phase: int, step: int) -> None:
         self._phase_step = step
 
-    def temperature(self, labelled: bool) -> float:
-        """ε (direct) or τ (gsm) for the next step: fixed in the labelled phase, annealed after it."""
-        start, rate, floor = self.anneal
+    def temperature(self, labelled: bool) -> float | None:
+        """|ε| (direct) or τ (Gumbel estimators; None for the others) for the next step: fixed in the labelled
+        phase, annealed after it (module docstring)."""
+        if self.anneal_start is None:
+            return None
         if labelled:
-            return self.labelled_epsilon if self.method == "direct" else start
-        return max(start * annealed_epsilon(self._phase_step, rate, 0.0), floor)
+            return self.labelled_epsilon if isinstance(self.estimator, Direct) else self.anneal_start
+        return max(self.anneal_start * math.exp(-self.anneal_rate * self._phase_step), self.anneal_floor)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> VAEOutput:
         x, y = batch["x"], batch.get("y")
@@ -155,22 +166,30 @@ class SemiSupervisedVAE(Task):
         phi, mu, logvar = vae.encode(x)
         h = vae.sample_gaussians(mu, logvar)
         kl_gauss = gaussian_kl(mu, logvar)  # [B, K]
-        temperature = self.temperature(y is not None)
-        if self.method == "direct":
-            with torch.no_grad():  # θ(x, k) for every k only steers the argmax: no gradient through it
+
+        def downstream(code):  # −<code, θ>: each component's loss, extended linearly (module docstring)
+            with torch.no_grad():  # θ(x, k) for every k only steers the estimator: no gradient through it
                 theta = vae.category_log_likelihood(x, h)
                 if self.theta == "elbo":
                     theta = theta - kl_gauss
-            surrogate, z, _ = direct_encoder_surrogate(phi, theta, temperature, target=y)
-            rec = vae.log_likelihood(x, vae.decode(vae.embed(z, h)))
-            loss = (-rec + (z * kl_gauss).sum(-1) + self.kl_discrete * kl_uniform(phi)).mean() + surrogate
-            return VAEOutput(loss, z)
-        z = gumbel_softmax_sample(phi, temperature, hard=self.gsm_hard)
+            return -(code * theta).sum(-1)
+
+        direct = isinstance(self.estimator, Direct)
+        self._set_temperature(labelled=y is not None)
+        target = {"target": F.one_hot(y, phi.shape[-1]).to(phi.dtype)} if direct and y is not None else {}
+        z = self.estimator(phi, self.structure, None, downstream, **target)
         rec = vae.log_likelihood(x, vae.decode(vae.embed(z, h)))
         loss = (-rec + (z * kl_gauss).sum(-1) + self.kl_discrete * kl_uniform(phi)).mean()
-        if y is not None:
-            loss = loss + self.gsm_label_weight * F.nll_loss(torch.log(z.clamp_min(1e-20)), y)
+        if y is not None and not direct:
+            loss = loss + self.label_weight * F.nll_loss(torch.log(z.clamp_min(1e-20)), y)
         return VAEOutput(loss, z)
+
+    def _set_temperature(self, labelled: bool) -> None:
+        """Set the estimator's temperature for this step, as a scheduler sets an optimizer's learning rate."""
+        if isinstance(self.estimator, Direct):
+            self.estimator.epsilon = -self.temperature(labelled)  # towards best
+        elif isinstance(self.estimator, Tempered):
+            self.estimator.tau = self.temperature(labelled)
 
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
