@@ -30,7 +30,7 @@ VAE_SEEDS ?= 301
 VAE_ARGS ?=
 # The ListOps table (issue #7): seeds of the merge-parser / LSTM runs and of the chart runs, extra overrides of all
 # runs and of the chart runs only. The reduced CPU run of results/listops/table.md: LISTOPS_ARGS=+preset=listops_cpu
-# LISTOPS_SEEDS=301,302 LISTOPS_CHART_SEEDS=301 LISTOPS_CHART_ARGS='trainer.max_steps=500 task.checkpoint=false'.
+# LISTOPS_SEEDS=301,302 LISTOPS_CHART_SEEDS=301 LISTOPS_CHART_ARGS='trainer.max_steps=500 composer.checkpoint=false'.
 LISTOPS_SEEDS ?= 301,302,303
 LISTOPS_CHART_SEEDS ?= 301,302,303
 LISTOPS_ARGS ?=

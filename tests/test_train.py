@@ -48,7 +48,9 @@ def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
 
 
-@pytest.mark.parametrize("group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "optim"])
+@pytest.mark.parametrize(
+    "group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "composer", "optim"]
+)
 def test_every_group_option_composes_and_instantiates(group, tmp_path):
     # The real image datasets are read from tiny generated files in their formats.
     write_mnist(tmp_path / "mnist", n_train=12, n_test=4)
@@ -67,8 +69,9 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
         tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
         tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
+        tiny += ["task=listops"] if group == "composer" else []  # the task whose option has a composer group
         cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
-        if group in ("encoder", "scorer", "decoder", "optim"):
+        if group in ("encoder", "scorer", "decoder", "composer", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
         node = cfg[group]
         # Sizes a task fills in (e.g. num_tags) are required, not defaulted.

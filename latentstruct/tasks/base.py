@@ -37,7 +37,7 @@ from torch import nn
 __all__ = ["Task", "PART_GROUPS", "SHARED"]
 
 #: the top-level config groups that hold model parts; a task reads those of them its ``PARTS`` lists
-PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder")
+PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder", "composer")
 #: top-level settings shared by the tasks, passed to :meth:`Task.build` when its signature names them
 SHARED = {"latent": "predicted", "embedding": None}
 
