@@ -222,6 +222,25 @@ def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
             torch.testing.assert_close(p.grad, theirs[name].grad, msg=name)
 
 
+def test_reinforce_takes_its_control_variate_from_the_estimator(data):
+    """The merge parser's REINFORCE is estimator=sfe: the moving average of the losses lives in the estimator (its
+    buffer is saved with the model), starts at the first batch's mean CE, and the advantage is CE − b."""
+    model = _model("reinforce", "estimator.decay=0.5").train()
+    assert "estimator.running_loss" in model.state_dict()
+    batch = {k: v[:8] for k, v in data.splits["train"].items()}
+    torch.manual_seed(3)
+    model(batch)
+    torch.manual_seed(3)
+    parse = model.parser(model.embedding(batch["x"][:, : int(batch["lengths"].max())].long()),
+                         batch["lengths"].long(), mode="sample")
+    ce = torch.nn.functional.cross_entropy(model.classifier(parse.h), batch["y"], reduction="none").detach()
+    torch.testing.assert_close(model.estimator.running_loss, ce.mean())  # b_1 = mean CE, then 0.5 b + 0.5 mean
+    model.estimator.running_loss.fill_(0.25)
+    torch.manual_seed(3)
+    loss = model(batch).loss  # the same sample: CE + mean_b (CE_b − 0.25) Σ_t log π
+    torch.testing.assert_close(loss, ce.mean() + ((ce - 0.25) * parse.log_prob).mean())
+
+
 def test_ppo_behaviour_policy_lags_and_is_refreshed(data):
     model = _model("ppo", "estimator.refresh=2").train()
     groups = model.param_groups()

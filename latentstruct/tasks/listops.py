@@ -85,7 +85,7 @@ parse. The importance ratio corrects for sampling from π_old, and the clip boun
 refreshes can move the policy, which is PPO's purpose; what differs is that each of those steps sees new data
 (no reuse of one batch K times), and that the composer and the parser take their steps together, from one
 optimizer (``optim``, or ``optim_groups.policy`` for the parser's ``policy`` parameter group). With
-``ppo_refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``reinforce`` with the same settings. Other
+``estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
 deviations from Havrylov et al.: Adam (they used Adadelta with learning rates 1 / 0.1 for the composer / parser,
 L2 1e-4 and gradient clipping at 0.5, none of which the training loop has); the parser's leaves are the cell's
 leaf transform, not an LSTM over the sequence; the entropy bonus is the sum of the per-merge entropies (they used a
