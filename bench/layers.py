@@ -422,7 +422,7 @@ def protocol_notes(args) -> list[str]:
         "`structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
         "ListOps: `+preset=listops_cpu` (batch 64, word / hidden sizes 64, training expressions of ≤ 20 leaves), "
         "`dataset.n_train=10000` (the same generator and length filter, less generation time), "
-        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `task.checkpoint=true` as the experiments "
+        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `composer.checkpoint=true` as the experiments "
         "set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
         "Outside the timed steps: data loading, the evaluation, the checkpoint written after it (no option skips "
         "it), process start. Runs go to a temporary directory that is removed afterwards.",

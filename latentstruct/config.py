@@ -266,18 +266,6 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class ListOpsMethod(str, Enum):
-    lstm = "lstm"
-    chart = "chart"
-    gumbel_tree = "gumbel_tree"
-    reinforce = "reinforce"
-    ppo = "ppo"
-
-
-class ListOpsBaseline(str, Enum):
-    none = "none"
-    moving_average = "moving_average"
-    self_critical = "self_critical"
 
 
 # ---------------------------------------------------------------------------------------------------- dataset
@@ -309,19 +297,6 @@ class SNLIConf(_TextDatasetConf):
 
 
 @dataclass
-class ListOpsConf:
-    _target_: str = "latentstruct.data.listops.listops_dataset"
-    data_dir: str = _help("root of the real datasets (holds <folder>/test_d20s.tsv[.gz], the official test set)",
-                          "${paths.data_dir}")
-    folder: str = _help("the ListOps folder, relative to data_dir", "listops")
-    n_train: int = _help("generated training expressions before the length filter (Havrylov et al. 2019: 90k)",
-                         90000)
-    n_valid: int = _help("generated expressions held out for validation (issue #7: 1000)", 1000)
-    seed: int = _help("generator and split seed (issue #7: 42)", 42)
-    max_train_tokens: int = _help("drop training expressions with more leaves (Havrylov et al. 2019: 130)", 130)
-    subset: int | None = _help("keep the first this many training expressions (smoke runs); null = all", None)
-    max_eval_tokens: int | None = _help("keep only valid / test expressions with at most this many leaves (reduced "
-                                        "runs; null = all, the official protocol)", None)
 
 
 # ------------------------------------------------------------------------------------------------------ task
@@ -347,35 +322,6 @@ class NLITaskConf(TaskConf):
     dropout: float = _help("dropout before every layer of F, G and H (Table 4: 0.2)", 0.2)
     aggregate_layers: int = _help("ReLU layers of the aggregation MLP H before its output layer (1 gives the "
                                   "baseline Table 4's 340K parameters with 300d vectors)", 1)
-
-
-@dataclass
-class ListOpsTaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.ListOps"
-    method: ListOpsMethod = _help("lstm (baseline), chart (structure=binary_tree × estimator), gumbel_tree (Choi et "
-                                  "al. 2018), reinforce (score function), ppo (Havrylov et al. 2019)", "lstm")
-    word_dim: int = _help("word vectors (Havrylov et al. 2019: 128)", 128)
-    hidden: int = _help("LSTM / Tree-LSTM / merge-parser states (Havrylov et al. 2019: 128)", 128)
-    mlp_hidden: int = _help("hidden layer of the classifier MLP", 128)
-    dropout: float = _help("dropout before the classifier MLP's layers", 0.0)
-    scorer_hidden: int = _help("chart: the span scorer's BiLSTM, both directions together", 128)
-    span_hidden: int = _help("chart: the span MLP's tanh layer (memory [B, n, n, span_hidden])", 128)
-    checkpoint: bool = _help("chart: recompute the ChartTreeLSTM per width in backward (O(B n² dim) memory, not "
-                             "O(B n³ dim))", False)
-    disjoint: bool = _help("the parser gets its own embeddings and (reinforce, ppo) a separate composer Tree-LSTM, "
-                           "as Havrylov et al. (2019); not for gumbel_tree", False)
-    tau: float = _help("gumbel_tree: Gumbel-softmax temperature", 1.0)
-    baseline: ListOpsBaseline = _help("reinforce / ppo control variate: none, moving_average or self_critical",
-                                      "moving_average")
-    decay: float = _help("decay of the moving-average baseline", 0.9)
-    entropy_weight: float = _help("reinforce / ppo: weight of the entropy bonus (sum of per-merge entropies)", 0.0)
-    normalize_advantage: bool = _help("reinforce / ppo: divide the advantage by max(1, its running std)", False)
-    norm_decay: float = _help("decay of the advantage's running variance", 0.9)
-    ppo_clip: float = _help("ppo: clip ε of the probability ratio (Havrylov et al. 2019: 0.2)", 0.2)
-    ppo_refresh: int = _help("ppo: training steps between refreshes of the behaviour policy (the PPO updates per "
-                             "sample; Havrylov et al. 2019: 15 per batch)", 15)
-    eval_max_cells: int = _help("evaluation batches (sorted by length) hold at most this many examples × n²",
-                                1048576)
 
 
 @dataclass
@@ -454,6 +400,7 @@ class TrainConf:
     energy: Any = None
     infnet: Any = None
     cost_net: Any = None
+    composer: Any = None
     optim: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
@@ -470,11 +417,9 @@ class TrainConf:
 _SCHEMAS = {
     ("dataset", "base_sst"): SSTConf,
     ("dataset", "base_snli"): SNLIConf,
-    ("dataset", "base_listops"): ListOpsConf,
     ("task", "base_task"): TaskConf,
     ("task", "base_sst"): SSTTaskConf,
     ("task", "base_nli"): NLITaskConf,
-    ("task", "base_listops"): ListOpsTaskConf,
 }
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from latentstruct.data.listops import left_branching, spans_to_trees
-from latentstruct.models.composition import BinaryTreeLSTMCell, ChartTreeLSTM, LSTMClassifier
+from latentstruct.models.composition import BinaryTreeLSTMCell, ChartTreeLSTM, SequenceLSTM
 from latentstruct.structures.binary_tree import BinaryTree
 
 
@@ -176,18 +176,19 @@ def test_checkpoint_same_values_and_grads():
     torch.testing.assert_close(grads[0][1], grads[1][1])
 
 
-def test_lstm_classifier_shapes_and_padding():
+def test_sequence_lstm_shapes_and_padding():
     torch.manual_seed(11)
-    model = LSTMClassifier(vocab_size=20, embed_dim=8, hidden=12, num_classes=10)
+    embedding, model = torch.nn.Embedding(20, 8, padding_idx=0), SequenceLSTM(input_dim=8, dim=12)
     ids = torch.randint(1, 20, (3, 7))
     lengths = torch.tensor([7, 2, 5])
-    logits = model(ids, lengths)
-    assert logits.shape == (3, 10)
-    alone = model(ids[1:2, :2], torch.tensor([2]))
-    torch.testing.assert_close(logits[1:2], alone, atol=1e-6, rtol=1e-5)
+    out = model(embedding(ids), lengths)
+    assert out.shape == (3, 12) and not model.uses_tree
+    alone = model(embedding(ids[1:2, :2]), torch.tensor([2]))
+    torch.testing.assert_close(out[1:2], alone, atol=1e-6, rtol=1e-5)
     ids2 = ids.clone()
     ids2[1, 2:] = 13  # whatever sits in the padding
-    torch.testing.assert_close(model(ids2, lengths), logits)
-    logits.sum().backward()
+    torch.testing.assert_close(model(embedding(ids2), lengths), out)
+    torch.testing.assert_close(model(embedding(ids), lengths, torch.rand(3, 7, 7)), out)  # z is not read
+    out.sum().backward()
     with pytest.raises(ValueError):
-        model(ids, torch.tensor([8, 1, 1]))
+        model(embedding(ids), torch.tensor([8, 1, 1]))

@@ -15,6 +15,7 @@ from latentstruct.estimators import (
     GumbelSoftmax,
     Marginals,
     PerturbAndMap,
+    Ppo,
     Sfe,
     Sparsemap,
     Spigot,
@@ -23,6 +24,7 @@ from latentstruct.estimators import (
     SteI,
     SteS,
     StGumbel,
+    ppo_loss,
 )
 from latentstruct.structures import Categorical, gumbel_like
 
@@ -391,6 +393,118 @@ def test_sfe_gives_the_decoder_its_usual_gradient():
     _close(got, decoder.weight.grad)
 
 
+def test_sfe_self_critical_baseline_on_a_structure_is_the_map_loss():
+    """baseline=self_critical on a structure: b_b = L_b(MAP(s_b)); the estimator's gradient uses L − b exactly."""
+    downstream = _nonlinear()
+    s = torch.tensor([[0.4, -0.3, 1.0], [2.0, 0.1, -1.0]], dtype=torch.float64)
+    g, z, losses = _sfe_run_batch(Sfe("self_critical"), s, downstream, seed=3)
+    greedy = downstream(_one_hot_argmax(s))
+    _close(g, (losses - greedy).unsqueeze(-1) * (z - torch.softmax(s, -1)) / 2)
+
+
+def _sfe_run_batch(est, s0, downstream, seed):
+    est.train()
+    s = s0.clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    z = est(s, CAT, None, downstream)
+    (g,) = torch.autograd.grad(downstream(z).mean(), s)
+    return g, z.detach(), downstream(z.detach())
+
+
+def test_the_control_variates_one_rule():
+    """Sfe.advantage, used by sfe on a structure and by the policy estimators alike: A = L − b. The moving average
+    returns the first batch's own mean on its first call (no history), then the past only, updated after use."""
+    ma = Sfe("moving_average", decay=0.5)
+    first = ma.advantage(torch.tensor([1.0, 3.0]))
+    assert first.tolist() == [-1.0, 1.0]  # b = 2.0, the first batch's mean
+    assert ma.running_loss.item() == 2.0
+    assert ma.advantage(torch.tensor([5.0, 5.0])).tolist() == [3.0, 3.0]  # b = 2 (the past), then 3.5
+    assert ma.advantage(torch.tensor([0.0])).tolist() == [-3.5]
+    assert ma.state_dict()["running_loss"].item() == pytest.approx(1.75)
+    assert Sfe("none").advantage(torch.tensor([1.0, 3.0])).tolist() == [1.0, 3.0]
+    critic = Sfe("self_critical")
+    assert critic.advantage(torch.tensor([1.0, 3.0]), lambda: torch.tensor([2.0, 2.5])).tolist() == [-1.0, 0.5]
+    with pytest.raises(ValueError, match="greedy"):
+        critic.advantage(torch.tensor([1.0]))
+    # normalisation: A / max(1, σ), σ² ← 0.5 σ² + 0.5 var(A) from σ² = 1
+    norm = Sfe("none", normalize_advantage=True, norm_decay=0.5)
+    a = torch.tensor([0.0, 6.0])  # var 9 → σ² = 5
+    torch.testing.assert_close(norm.advantage(a), a / math.sqrt(5.0))
+    small = torch.tensor([0.0, 0.2])  # σ² = 2.5 + 0.005 > 1: still divided
+    torch.testing.assert_close(norm.advantage(small), small / math.sqrt(0.5 * 5.0 + 0.5 * 0.01))
+    assert "advantage_var" in norm.state_dict() and "advantage_var" not in Sfe().state_dict()
+
+
+def _policy(seed=0):
+    """Per-step log-probabilities of a tiny sequential policy (two steps over three choices), and its entropies."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, 2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    actions = torch.randint(0, 3, (4, 2), generator=g)
+    log_p = logits.log_softmax(-1)
+    log_probs = log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    mask = torch.tensor([[True, True], [True, False], [True, True], [False, False]])
+    return logits, log_probs, entropy, mask
+
+
+def test_sfe_policy_loss_is_reinforce_with_the_control_variate():
+    logits, log_probs, entropy, mask = _policy()
+    losses = torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64)
+    est = Sfe("moving_average", entropy_weight=0.1)
+    est.advantage(torch.tensor([4.0, 2.0], dtype=torch.float64))  # history: b = 3 (then 3·0.9 + 0.1·... )
+    b = float(est.running_loss)
+    got = est.policy_loss(log_probs, mask, losses, entropy)
+    expected = (((losses - b) * log_probs.masked_fill(~mask, 0).sum(-1))
+                - 0.1 * entropy.masked_fill(~mask, 0).sum(-1)).mean()
+    _close(got, expected)
+    with pytest.raises(ValueError, match="ppo"):
+        est.policy_loss(log_probs, mask, losses, old_log_probs=log_probs.detach())
+    with pytest.raises(ValueError, match="sequential"):
+        est.train()(S0.clone().requires_grad_(True), CAT, None, _nonlinear())  # no entropy rule for a structure
+
+
+def test_ppo_policy_loss_is_the_clipped_surrogate_and_refuses_a_structure():
+    logits, log_probs, entropy, mask = _policy(1)
+    losses = torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64)
+    old = (log_probs + 0.3).detach()  # ρ = e^{-0.3 · steps}: clipped for the two-step examples
+    ppo = Ppo("self_critical", entropy_weight=0.01, clip=0.2, refresh=4)
+    greedy = torch.tensor([1.5, 1.5, 1.5, 1.5], dtype=torch.float64)
+    got = ppo.policy_loss(log_probs, mask, losses, entropy, lambda: greedy, old)
+    bonus = 0.01 * entropy.masked_fill(~mask, 0).sum(-1).mean()
+    expected = ppo_loss(log_probs, old, mask, greedy - losses, 0.2) - bonus
+    _close(got, expected)
+    # at ρ = 1 the gradient is Sfe's
+    fresh = ppo.policy_loss(log_probs, mask, losses, None, lambda: greedy, log_probs.detach())
+    ref = Sfe("self_critical").policy_loss(log_probs, mask, losses, None, lambda: greedy)
+    (g1,) = torch.autograd.grad(fresh, logits, retain_graph=True)
+    (g2,) = torch.autograd.grad(ref, logits)
+    _close(g1, g2)
+    with pytest.raises(ValueError, match="old_log_probs"):
+        ppo.policy_loss(log_probs, mask, losses, None, lambda: greedy)
+    with pytest.raises(ValueError, match="sfe"):
+        ppo.train()(S0.clone().requires_grad_(True), CAT, None, _nonlinear())
+    with pytest.raises(ValueError, match="clip"):
+        Ppo(clip=1.5)
+
+
+def test_st_gumbel_on_masked_choices_is_one_hot_forward_softmax_backward():
+    """What the merge parser feeds it at every merge: scores with −inf on the pairs that do not exist."""
+    scores = torch.randn(6, 5, dtype=torch.float64).requires_grad_()
+    allowed = torch.arange(5) < torch.tensor([5, 3, 1, 4, 2, 5]).view(-1, 1)
+    masked = scores.masked_fill(~allowed, float("-inf"))
+    w = torch.randn(6, 5, dtype=torch.float64)
+    torch.manual_seed(3)
+    y = StGumbel(0.5).train()(masked, CAT)
+    assert ((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all() and not (y.bool() & ~allowed).any()
+    (grad_st,) = torch.autograd.grad((y * w).sum(), scores, retain_graph=True)
+    torch.manual_seed(3)
+    noise = gumbel_like(masked)
+    assert torch.equal(y, _one_hot_argmax(masked + noise))
+    (grad_soft,) = torch.autograd.grad((((masked + noise) / 0.5).softmax(-1) * w).sum(), scores)
+    torch.testing.assert_close(grad_st, grad_soft)
+    assert grad_st.abs().sum() > 0 and (grad_st[~allowed] == 0).all()
+
+
 # ------------------------------------------------------------------------------ downstream never touches the decoder
 
 
@@ -489,7 +603,8 @@ def test_invalid_tau(cls, tau):
         cls(tau)
 
 
-@pytest.mark.parametrize("kwargs", [{"baseline": "mean"}, {"baseline": None}, {"decay": 1.0}, {"decay": -0.1}])
+@pytest.mark.parametrize("kwargs", [{"baseline": "mean"}, {"baseline": None}, {"decay": 1.0}, {"decay": -0.1},
+                                    {"norm_decay": 1.0}])
 def test_invalid_sfe_arguments(kwargs):
     with pytest.raises(ValueError, match="baseline|decay"):
         Sfe(**kwargs)

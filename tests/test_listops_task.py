@@ -14,6 +14,7 @@ from hydra.errors import ConfigCompositionException
 from shared_data import real_data
 
 import latentstruct.data.listops as listops_data
+from latentstruct.config import ConfigError, validate
 from latentstruct.data.listops import (
     generate,
     left_branching,
@@ -30,8 +31,7 @@ from latentstruct.train import build_model, train
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "listops").glob("*.yaml")
-                     if p.stem not in ("common", "chart_common"))
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "listops").glob("*.yaml"))
 TREE_EXPERIMENTS = [e for e in EXPERIMENTS if e not in ("lstm", "gold")]
 SMALL = ["task.word_dim=8", "task.hidden=8", "task.mlp_hidden=8", "task.scorer_hidden=8", "task.span_hidden=6"]
 TREE_METRICS = {"tree_f1", "f1_left", "f1_right", "depth"}
@@ -181,7 +181,7 @@ def test_the_given_merges_and_the_chart_compose_the_true_tree_alike(data):
 
 
 def _parser_grad(model: ListOps) -> float:
-    module = model.scorer if model.method == "chart" else model.parser
+    module = model.scorer if model.kind == "chart" else model.parser
     return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
 
 
@@ -190,7 +190,7 @@ def test_gradients_reach_the_parser_and_the_composer(data, experiment):
     # A large pull-back step: with η = 1 the SPIGOT projection of a point this close to ẑ may be ẑ itself (a zero
     # gradient, which is correct); the baseline-free variant keeps the REINFORCE advantage away from 0.
     extra = ["estimator.eta=1000"] if experiment.startswith(("chart_spigot", "chart_ste")) else []
-    extra += ["task.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
+    extra += ["estimator.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
     model = _model(experiment, *extra).train()
     batch = {k: v[:8] for k, v in data.splits["train"].items()}
     model(batch).loss.backward()
@@ -204,8 +204,8 @@ def test_gradients_reach_the_parser_and_the_composer(data, experiment):
 
 def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
     """ρ = 1 when the behaviour policy is the current one: PPO's gradient is REINFORCE's on the same sample."""
-    common = ["task.baseline=none", "task.normalize_advantage=false", "task.entropy_weight=0.01", "task.ppo_refresh=1"]
-    ppo = _model("ppo", *common).train()
+    common = ["estimator.baseline=none", "estimator.normalize_advantage=false", "estimator.entropy_weight=0.01"]
+    ppo = _model("ppo", *common, "estimator.refresh=1").train()
     reinforce = _model("reinforce", *common, "task.disjoint=true").train()
     missing, unexpected = reinforce.load_state_dict(ppo.state_dict(), strict=False)
     assert not missing and all(k.startswith(("behaviour.", "ppo_steps")) for k in unexpected)
@@ -222,8 +222,27 @@ def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
             torch.testing.assert_close(p.grad, theirs[name].grad, msg=name)
 
 
+def test_reinforce_takes_its_control_variate_from_the_estimator(data):
+    """The merge parser's REINFORCE is estimator=sfe: the moving average of the losses lives in the estimator (its
+    buffer is saved with the model), starts at the first batch's mean CE, and the advantage is CE − b."""
+    model = _model("reinforce", "estimator.decay=0.5").train()
+    assert "estimator.running_loss" in model.state_dict()
+    batch = {k: v[:8] for k, v in data.splits["train"].items()}
+    torch.manual_seed(3)
+    model(batch)
+    torch.manual_seed(3)
+    parse = model.parser(model.embedding(batch["x"][:, : int(batch["lengths"].max())].long()),
+                         batch["lengths"].long(), mode="sample")
+    ce = torch.nn.functional.cross_entropy(model.classifier(parse.h), batch["y"], reduction="none").detach()
+    torch.testing.assert_close(model.estimator.running_loss, ce.mean())  # b_1 = mean CE, then 0.5 b + 0.5 mean
+    model.estimator.running_loss.fill_(0.25)
+    torch.manual_seed(3)
+    loss = model(batch).loss  # the same sample: CE + mean_b (CE_b − 0.25) Σ_t log π
+    torch.testing.assert_close(loss, ce.mean() + ((ce - 0.25) * parse.log_prob).mean())
+
+
 def test_ppo_behaviour_policy_lags_and_is_refreshed(data):
-    model = _model("ppo", "task.ppo_refresh=2").train()
+    model = _model("ppo", "estimator.refresh=2").train()
     groups = model.param_groups()
     assert set(groups) == {"default", "policy"}
     ids = [{id(p) for p in g} for g in groups.values()]
@@ -272,34 +291,59 @@ def test_dataset_and_task_configs_compose():
     assert (cfg.dataset.n_train, cfg.dataset.n_valid, cfg.dataset.seed, cfg.dataset.max_train_tokens) == (
         90000, 1000, 42, 130)
     assert cfg.dataset.folder == "listops" and cfg.dataset.subset is None
-    assert cfg.task._target_ == "latentstruct.tasks.ListOps" and cfg.task.method.value == "lstm"
+    assert cfg.task._target_ == "latentstruct.tasks.ListOps" and "method" not in cfg.task
     assert (cfg.task.word_dim, cfg.task.hidden) == (128, 128)
-    with pytest.raises(ConfigCompositionException, match="method"):
-        _compose("task=listops", "task.method=spinn")
-    with pytest.raises(ConfigCompositionException, match="baseline"):
-        _compose("task=listops", "task.baseline=learned")
+    # the task's own option is the Gumbel Tree-LSTM: the merge parser with st_gumbel at every merge
+    assert cfg.scorer._target_.endswith(".MergeParser") and cfg.estimator._target_.endswith(".StGumbel")
+    assert cfg.structure is None and cfg.composer is None
+    with pytest.raises(ConfigError, match="baseline"):
+        validate(_compose("+experiment=listops/reinforce", "estimator.baseline=learned"))
+    with pytest.raises(ConfigError, match="method"):
+        validate(_compose("task=listops", "+task.method=lstm"))  # the parts choose the model, not a string
+
+
+def _choice(cfg, group: str) -> str | None:
+    return None if cfg[group] is None else cfg[group]._target_.rsplit(".", 1)[1]
 
 
 def test_experiments_carry_their_settings():
+    """Each experiment is a choice of parts (scorer × structure × estimator × composer), the method chosen one way."""
+    parts = ("scorer", "structure", "estimator", "composer")
+    merge = ("MergeParser", None)
+    expected = {
+        "lstm": (None, None, None, "SequenceLSTM"),
+        "gold": (*merge, None, None),
+        "gumbel_tree": (*merge, "StGumbel", None),
+        "reinforce": (*merge, "Sfe", None),
+        "reinforce_none": (*merge, "Sfe", None),
+        "reinforce_self_critical": (*merge, "Sfe", None),
+        "ppo": (*merge, "Ppo", None),
+    }
     for experiment in EXPERIMENTS:
         cfg = _compose(f"+experiment=listops/{experiment}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size) == ("torch.optim.Adam", 1e-3, 128)
         assert cfg.trainer.select.value == "best" and cfg.task._target_ == "latentstruct.tasks.ListOps"
+        chosen = tuple(_choice(cfg, g) for g in parts)
         if experiment.startswith("chart_"):
             estimator = experiment.removeprefix("chart_")
-            assert cfg.task.method.value == "chart" and cfg.task.checkpoint
-            assert cfg.structure._target_ == "latentstruct.structures.BinaryTree"
-            assert cfg.estimator._target_.rsplit(".", 1)[1].lower() == estimator.replace("_", "")
-    ppo = _compose("+experiment=listops/ppo").task
-    assert (ppo.method.value, ppo.disjoint, ppo.baseline.value, ppo.normalize_advantage) == (
-        "ppo", True, "self_critical", True)
-    assert (ppo.ppo_clip, ppo.ppo_refresh, ppo.entropy_weight) == (0.2, 15, 1e-4)
-    baselines = {e: _compose(f"+experiment=listops/{e}").task.baseline.value
+            assert chosen[:2] + chosen[3:] == ("SpanScorer", "BinaryTree", "ChartTreeLSTM")
+            assert chosen[2].lower() == estimator.replace("_", "") and cfg.composer.checkpoint
+        else:
+            assert chosen == expected[experiment], experiment
+        validate(cfg)
+    ppo = _compose("+experiment=listops/ppo")
+    assert ppo.task.disjoint and (ppo.estimator.baseline, ppo.estimator.normalize_advantage) == ("self_critical", True)
+    assert (ppo.estimator.clip, ppo.estimator.refresh, ppo.estimator.entropy_weight) == (0.2, 15, 1e-4)
+    baselines = {e: _compose(f"+experiment=listops/{e}").estimator.baseline
                  for e in ("reinforce", "reinforce_self_critical", "reinforce_none")}
     assert baselines == {"reinforce": "moving_average", "reinforce_self_critical": "self_critical",
                          "reinforce_none": "none"}
     assert _compose("+experiment=listops/lstm").latent.value == "none"
     assert _compose("+experiment=listops/gold").latent.value == "gold"
+    # the shared fragments are root-level configs, not experiments
+    assert not {"common", "chart_common"} & set(EXPERIMENTS)
+    with pytest.raises(ConfigCompositionException):
+        _compose("+experiment=listops/common")
 
 
 def test_sweeps_cover_every_experiment_and_three_seeds():
@@ -314,15 +358,36 @@ def test_sweeps_cover_every_experiment_and_three_seeds():
     assert sorted(experiments) == sorted(f"listops/{e}" for e in EXPERIMENTS)
 
 
-def test_invalid_combinations_are_refused():
+def test_invalid_combinations_are_refused(data):
     with pytest.raises(ValueError, match="binary_tree"):
         _model("chart_spigot", "structure=categorical")
-    with pytest.raises(ValueError, match="method=lstm"):
+    with pytest.raises(ValueError, match="latent=none"):
         _model("gumbel_tree", "latent=none")
+    with pytest.raises(ValueError, match="latent=none"):
+        _model("lstm", "latent=predicted")
     with pytest.raises(ValueError, match="disjoint"):
         _model("gumbel_tree", "task.disjoint=true")
     with pytest.raises(ValueError, match="dataset=listops"):
         build_model(_compose("+experiment=listops/lstm"), {"input_dim": 3, "num_classes": 2}, {})
+    with pytest.raises(ValueError, match="structure=null"):
+        _model("reinforce", "structure=binary_tree")
+    with pytest.raises(ValueError, match="no tree"):
+        _model("lstm", "scorer=merge_parser")
+    with pytest.raises(ValueError, match="merge_parser"):
+        _model("gumbel_tree", "scorer=span_scorer")
+    with pytest.raises(ValueError, match="ppo"):  # PPO needs a behaviour policy: the chart has none
+        _model("chart_spigot", "estimator=ppo").train()({k: v[:4] for k, v in data.splits["train"].items()})
+
+
+@pytest.mark.parametrize("group, option", [("encoder", "identity"), ("decoder", "linear")])
+def test_a_part_group_listops_does_not_read_is_refused(group, option):
+    """The ListOps models are built from scorer, structure, estimator and composer; an encoder or decoder override
+    is an error, not a silent no-op: at composition (the task's option has no such group), or, added with +, when
+    the task is built."""
+    with pytest.raises(ConfigCompositionException, match=group):
+        _model("gumbel_tree", f"{group}={option}")
+    with pytest.raises(ValueError, match=f"does not read {group}"):
+        _model("gumbel_tree", f"+{group}={option}")
 
 
 # --- real data -----------------------------------------------------------------------------------------------------

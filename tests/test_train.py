@@ -50,7 +50,7 @@ def _options(group: str) -> list[str]:
 
 
 @pytest.mark.parametrize("group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "energy",
-                                   "infnet", "cost_net", "optim"])
+                                   "infnet", "cost_net", "composer", "optim"])
 def test_every_group_option_composes_and_instantiates(group, tmp_path):
     # The real image datasets are read from tiny generated files in their formats.
     write_mnist(tmp_path / "mnist", n_train=12, n_test=4)
@@ -70,8 +70,9 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
         tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
         add = "+" if group in ("energy", "infnet", "cost_net") else ""  # not in the default task's defaults list
+        tiny += ["task=listops"] if group == "composer" else []  # the task whose option has a composer group
         cfg = _compose(f"{add}{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
-        if group in ("encoder", "scorer", "decoder", "energy", "infnet", "cost_net", "optim"):
+        if group in ("encoder", "scorer", "decoder", "energy", "infnet", "cost_net", "composer", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
         node = cfg[group]
         # Sizes a task fills in (e.g. num_tags) are required, not defaulted.

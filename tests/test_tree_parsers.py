@@ -19,25 +19,16 @@ from latentstruct.data.listops import (
     tree_depth,
     tree_f1,
 )
+from latentstruct.estimators import GumbelSoftmax, StGumbel, ppo_loss, ppo_update, reinforce_loss
 from latentstruct.models.composition import ChartTreeLSTM
-from latentstruct.models.tree_parsers import (
-    MergeParser,
-    MovingAverageBaseline,
-    _st_gumbel,
-    ppo_loss,
-    ppo_update,
-    reinforce_loss,
-    self_critical_baseline,
-    tree_actions,
-)
-from latentstruct.structures.base import gumbel_like
+from latentstruct.models.tree_parsers import MergeParser, tree_actions
 
 DT = torch.float64
 
 
-def make_parser(input_dim=3, dim=4, seed=0, **kwargs) -> MergeParser:
+def make_parser(input_dim=3, dim=4, seed=0) -> MergeParser:
     torch.manual_seed(seed)
-    parser = MergeParser(input_dim, dim, **kwargs).to(DT)
+    parser = MergeParser(input_dim, dim).to(DT)
     with torch.no_grad():
         parser.query.normal_()  # a policy far from uniform, so that the score-function terms are not negligible
     return parser
@@ -152,25 +143,6 @@ def test_reinforce_loss_value_mask_and_entropy_bonus():
     torch.testing.assert_close(lp.grad, torch.tensor([[-0.25, -0.25, 0.0], [0.0, 0.0, 0.0]]))
 
 
-def test_baselines():
-    ma = MovingAverageBaseline(decay=0.5)
-    first = ma(torch.tensor([1.0, 3.0]))
-    assert first.tolist() == [0.0, 0.0]  # no history: 0, never the current rewards
-    assert ma(torch.tensor([5.0, 5.0])).tolist() == [2.0, 2.0]
-    assert ma(torch.tensor([0.0])).tolist() == [3.5]
-    assert ma.state_dict()["value"].item() == pytest.approx(1.75)
-    with pytest.raises(ValueError):
-        MovingAverageBaseline(decay=1.0)
-
-    parser = make_parser()
-    x = torch.randn(3, 5, 3, dtype=DT)
-    lengths = torch.tensor([5, 2, 4])
-    reward_fn = lambda parse: parse.h.sum(-1)  # noqa: E731
-    b = self_critical_baseline(parser, x, lengths, reward_fn)
-    assert not b.requires_grad
-    torch.testing.assert_close(b, parser(x, lengths, mode="argmax").h.sum(-1).detach())
-
-
 # --- following a given tree ------------------------------------------------------------------------------------------
 
 
@@ -256,20 +228,20 @@ class _PositionalScores(MergeParser):
 def test_argmax_with_positional_scorer(sign, branching):
     parser = _PositionalScores(sign, input_dim=3, dim=4).to(DT).eval()
     lengths = [6, 4, 1, 2]
-    out = parser(torch.randn(4, 6, 3, dtype=DT), torch.tensor(lengths))  # default gumbel → argmax in eval
+    out = parser(torch.randn(4, 6, 3, dtype=DT), torch.tensor(lengths), mode="estimate")  # → argmax in eval
     for b, length in enumerate(lengths):
         expected = torch.zeros(6, 6, dtype=DT)
         expected[:length, :length] = branching(length, DT)
         torch.testing.assert_close(out.z[b], expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("mode", ["gumbel", "sample", "argmax"])
+@pytest.mark.parametrize("mode", ["estimate", "sample", "argmax"])
 def test_trees_are_binary_bracketings(mode):
     parser = make_parser()
     g = torch.Generator().manual_seed(4)
     lengths = torch.randint(1, 10, (12,), generator=g)
     x = torch.randn(12, 9, 3, generator=g, dtype=DT)
-    out = parser(x, lengths, mode=mode, generator=g)
+    out = parser(x, lengths, mode=mode, generator=g, estimator=StGumbel())
     assert out.z.shape == (12, 9, 9) and out.actions.shape == out.log_probs.shape == (12, 8)
     for b, length in enumerate(lengths.tolist()):
         assert_binary_bracketing(out.z[b], length)
@@ -320,25 +292,15 @@ def test_padding_invariance(mode):
 # --- Gumbel straight-through ------------------------------------------------------------------------------------------
 
 
-def test_st_gumbel_forward_one_hot_backward_softmax():
-    scores = torch.randn(6, 5, dtype=DT).requires_grad_()
-    masked = scores.masked_fill(torch.arange(5) >= torch.tensor([5, 3, 1, 4, 2, 5]).view(-1, 1), float("-inf"))
-    w = torch.randn(6, 5, dtype=DT)
-    y, index = _st_gumbel(masked, 0.5, torch.Generator().manual_seed(3))
-    assert ((y == 0) | (y == 1)).all() and (y.sum(-1) == 1).all()
-    assert (y.argmax(-1) == index).all() and (index < torch.tensor([5, 3, 1, 4, 2, 5])).all()
-    (grad_st,) = torch.autograd.grad((y * w).sum(), scores, retain_graph=True)
-    noise = gumbel_like(masked, torch.Generator().manual_seed(3))
-    (grad_soft,) = torch.autograd.grad((((masked + noise) / 0.5).softmax(-1) * w).sum(), scores)
-    torch.testing.assert_close(grad_st, grad_soft)
-    assert grad_st.abs().sum() > 0
-
-
 def test_gumbel_parser_is_hard_forward_and_trains_the_query():
-    parser = make_parser(mode="gumbel", tau=0.7)
+    """estimator=st_gumbel at every merge (the Gumbel Tree-LSTM): the forward pass is the hard tree, the gradient
+    reaches the query; in eval mode the merges are greedy."""
+    parser = make_parser()
     lengths = torch.tensor([6, 3, 1])
     x = torch.randn(3, 6, 3, dtype=DT)
-    out = parser(x, lengths, generator=torch.Generator().manual_seed(0))
+    estimator = StGumbel(0.7)
+    torch.manual_seed(0)
+    out = parser(x, lengths, mode="estimate", estimator=estimator)
     replay = parser(x, lengths, mode="given", actions=out.actions)
     torch.testing.assert_close(out.h, replay.h, rtol=0, atol=0)  # the forward pass is exactly the hard tree
     torch.testing.assert_close(out.z, replay.z, rtol=0, atol=0)
@@ -349,7 +311,28 @@ def test_gumbel_parser_is_hard_forward_and_trains_the_query():
     assert parser.query.grad is None or parser.query.grad.abs().sum() == 0  # teacher forcing: no path to q
 
     parser.eval()
-    torch.testing.assert_close(parser(x, lengths).z, parser(x, lengths, mode="argmax").z)
+    torch.testing.assert_close(parser(x, lengths, mode="estimate", estimator=estimator).z, parser(x, lengths).z)
+    with pytest.raises(ValueError, match="estimator"):
+        parser.train()(x, lengths, mode="estimate")
+
+
+def test_the_merges_take_the_rule_of_their_estimator():
+    """Each merge is one Categorical choice made by the §5 estimator: st_gumbel's one-hot is argmax(s + G) with G the
+    noise drawn at that step, and a relaxed estimator (gumbel_softmax) merges softly, its root a smooth mixture."""
+    parser = make_parser(seed=6)
+    lengths = torch.tensor([5, 4])
+    x = torch.randn(2, 5, 3, dtype=DT)
+    torch.manual_seed(1)
+    hard = parser(x, lengths, mode="estimate", estimator=StGumbel())
+    torch.manual_seed(1)  # the same noise: st_gumbel's choices are the Gumbel-max samples of the same scores
+    sampled = parser(x, lengths, mode="sample")
+    assert torch.equal(hard.actions, sampled.actions) and torch.equal(hard.z, sampled.z)
+    torch.testing.assert_close(hard.h, sampled.h, rtol=0, atol=0)
+    torch.manual_seed(1)
+    soft = parser(x, lengths, mode="estimate", estimator=GumbelSoftmax(1.0))
+    assert not torch.allclose(soft.h, hard.h)  # mixed nodes, not one tree's
+    for b, length in enumerate(lengths.tolist()):
+        assert_binary_bracketing(soft.z[b], length)  # the recorded tree: the argmax of each relaxed choice
 
 
 # --- PPO -------------------------------------------------------------------------------------------------------------

@@ -413,9 +413,19 @@ def listops_dataset(
     """ListOps as :class:`~latentstruct.data.base.TensorSplits` (module docstring). Each split ``{"x": int64 [N, L]
     ids padded with 0, "lengths": int64 [N], "y": int64 [N] labels 0-9, "spans": int16 [N, L - 1, 2]}`` (the gold
     constituents, padded with -1; :func:`spans_to_trees` rebuilds ``[B, L, L]`` trees). ``dims`` = ``vocab_size``
-    (16), ``num_classes`` (10); ``extras`` = ``itos`` (:data:`LISTOPS_VOCAB`). ``subset`` keeps the first that many
-    training examples (smoke runs). ``max_eval_tokens`` keeps only the valid and test expressions of at most that many
-    leaves (reduced runs on short expressions; ``None`` = all, the official protocol)."""
+    (16), ``num_classes`` (10); ``extras`` = ``itos`` (:data:`LISTOPS_VOCAB`).
+
+    Args:
+        data_dir: root of the real datasets (holds <folder>/test_d20s.tsv[.gz], the official test set)
+        folder: the ListOps folder, relative to data_dir
+        n_train: generated training expressions before the length filter (Havrylov et al. 2019: 90k)
+        n_valid: generated expressions held out for validation (issue #7: 1000)
+        seed: generator and split seed (issue #7: 42)
+        max_train_tokens: drop training expressions with more leaves (Havrylov et al. 2019: 130)
+        subset: keep the first this many training expressions (smoke runs); null = all
+        max_eval_tokens: keep only valid / test expressions with at most this many leaves (reduced runs; null = all,
+            the official protocol)
+    """
     root = Path(data_dir) / folder
     path = first_file([root / "test_d20s.tsv", root / "test_d20s.tsv.gz"])
     if path is None:

@@ -4,7 +4,7 @@ structure interface, so that it works unchanged on every structure."""
 from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
 from latentstruct.estimators.direct import Direct
 from latentstruct.estimators.relaxed import GumbelSoftmax, Marginals, NeuralSort, Sparsemap
-from latentstruct.estimators.stochastic import PerturbAndMap, Sfe, StGumbel
+from latentstruct.estimators.stochastic import PerturbAndMap, Ppo, Sfe, StGumbel, ppo_loss, ppo_update, reinforce_loss
 from latentstruct.estimators.surrogate import PulledBack, Spigot, SpigotCe, SpigotEg, SteI, SteS
 
 __all__ = [
@@ -19,6 +19,10 @@ __all__ = [
     "StGumbel",
     "PerturbAndMap",
     "Sfe",
+    "Ppo",
+    "reinforce_loss",
+    "ppo_loss",
+    "ppo_update",
     "SteI",
     "SteS",
     "Spigot",

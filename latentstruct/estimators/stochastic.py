@@ -1,16 +1,25 @@
-"""Stochastic estimators: the forward pass samples a vertex (seed 000; seed 001 §4 "Introducing stochasticity")."""
+"""Stochastic estimators: the forward pass samples a vertex (seed 000; seed 001 §4 "Introducing stochasticity"),
+or, for the score-function family, a sequence of choices of a policy (the merge parser of ListOps).
+
+The score-function family (:class:`Sfe`, :class:`Ppo`) has one control variate rule (:meth:`Sfe.advantage`) for both
+kinds of latent: a structure through the §5 interface, and a sequential policy whose per-step log-probabilities the
+caller hands to :meth:`Sfe.policy_loss`. The functional tier (:func:`reinforce_loss`, :func:`ppo_loss`,
+:func:`ppo_update`) works on such per-step log-probabilities directly.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
+from torch import nn
 
 from latentstruct.estimators.base import Estimator, Tempered, surrogate
 from latentstruct.estimators.surrogate import straight_through
 from latentstruct.structures.base import gumbel_like
 
-__all__ = ["StGumbel", "PerturbAndMap", "Sfe"]
+__all__ = ["StGumbel", "PerturbAndMap", "Sfe", "Ppo", "reinforce_loss", "ppo_loss", "ppo_update"]
 
 
 class StGumbel(Tempered):
@@ -31,40 +40,70 @@ class PerturbAndMap(StGumbel):
 
 
 class Sfe(Estimator):
-    """Score-function estimator (REINFORCE): forward z ~ p(z | s); the gradient w.r.t. s is
+    """Score-function estimator (REINFORCE; Williams, 1992), over a structure or over a sequential policy.
 
-        (1/B) Σ_b (L_b - b) ∇_s log p(z_b | s_b) = (1/B) Σ_b (L_b - b) (z_b - Marg(s_b)),
+    *Structure* (the §5 interface): forward z ~ p(z | s); the gradient w.r.t. s is
 
-    with L_b = downstream(z)_b the example's own loss (not the batch mean), and b = 0 (``baseline="none"``) or a
-    moving average of past batch-mean losses (``baseline="moving_average"``, decay ``decay``), updated after use.
-    The decoder's own parameters get their usual gradient through the sampled z.
+        (1/B) Σ_b A_b ∇_s log p(z_b | s_b) = (1/B) Σ_b A_b (z_b - Marg(s_b)),     A_b = L_b - b_b,
+
+    with L_b = downstream(z)_b the example's own loss (not the batch mean). The decoder's own parameters get their
+    usual gradient through the sampled z.
+
+    *Sequential policy* (:meth:`policy_loss`): the caller samples actions a_t ~ π(· | state_t) (e.g. the merges of
+    :class:`~latentstruct.models.tree_parsers.MergeParser`), evaluates the example's loss L_b on them, and adds the
+    surrogate mean_b A_b Σ_t log π(a_{b,t}) − β mean_b Σ_t H_t (:func:`reinforce_loss`; β = ``entropy_weight``), whose
+    gradient is an unbiased estimate of ∇ E[L] − β ∇ E[Σ_t H_t] (Yogatama et al., 2017).
+
+    The control variate b (:meth:`advantage`, the same rule for both) never depends on the sampled z, so the
+    estimator stays unbiased:
+
+    * ``none``: b = 0;
+    * ``moving_average``: a moving average of past batch-mean losses, decay ``decay``, updated after use. Its first
+      call, with no history, returns the first batch's own mean (the batch stands in for the missing history: on
+      that one step b depends on the sample through its 1/B share of the mean; every later value is the past's
+      only). The state is a buffer, so a resumed run continues with the same control variate;
+    * ``self_critical``: b_b = the loss of the MAP structure (the greedy policy) for the same example, without
+      gradient (Rennie et al., 2017): A_b < 0 exactly when the sample beats the greedy choice.
+
+    ``normalize_advantage`` divides A by max(1, σ), σ² a running mean (decay ``norm_decay``, from 1) of the batch
+    variance of A: Havrylov et al. (2019)'s "gradient normalisation".
 
     Args:
-        baseline: control variate: none or moving_average.
+        baseline: control variate: none, moving_average or self_critical.
         decay: decay of the moving-average baseline.
+        entropy_weight: sequential policies: weight β of the entropy bonus (sum of the per-step entropies).
+        normalize_advantage: divide the advantage by max(1, its running std).
+        norm_decay: decay of the advantage's running variance.
     """
 
-    BASELINES = ("none", "moving_average")
+    BASELINES = ("none", "moving_average", "self_critical")
 
-    def __init__(self, baseline: Literal["none", "moving_average"] = "none", decay: float = 0.9,
+    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none", decay: float = 0.9,
+                 entropy_weight: float = 0.0, normalize_advantage: bool = False, norm_decay: float = 0.9,
                  eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if baseline not in self.BASELINES:
             raise ValueError(f"baseline must be one of {self.BASELINES}, got {baseline!r}")
-        if not 0 <= decay < 1:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        if not 0 <= decay < 1 or not 0 <= norm_decay < 1:
+            raise ValueError(f"decay and norm_decay must be in [0, 1), got {decay}, {norm_decay}")
         self.baseline, self.decay = baseline, float(decay)
+        self.entropy_weight, self.normalize_advantage = float(entropy_weight), bool(normalize_advantage)
+        self.norm_decay = float(norm_decay)
         # Part of the state dict so that a resumed run continues with the same control variate.
         self.register_buffer("running_loss", torch.tensor(float("nan")))
+        if self.normalize_advantage:
+            self.register_buffer("advantage_var", torch.tensor(1.0))
 
     def train_forward(self, scores, structure, lengths, downstream):
         if downstream is None:
-            raise ValueError("Sfe needs the `downstream` closure to evaluate each sample's loss")
-        z = structure.exact_sample(scores.detach(), lengths)
+            raise ValueError(f"{type(self).__name__} needs the `downstream` closure to evaluate each sample's loss")
+        if self.entropy_weight:
+            raise ValueError("entropy_weight is for sequential policies (policy_loss), not for a structure")
+        s = scores.detach()
+        z = structure.exact_sample(s, lengths)
         with torch.no_grad():
             losses = downstream(z).detach()
-        advantage = losses - self._baseline_value(losses)
-        s = scores.detach()
+        advantage = self.advantage(losses, lambda: downstream(structure.map(s, lengths)))
 
         def backward_fn(_gamma):
             with torch.no_grad():
@@ -72,6 +111,36 @@ class Sfe(Estimator):
                 return advantage.view(-1, *[1] * (s.dim() - 1)) * grad_log_p / s.shape[0]
 
         return surrogate(scores, z, backward_fn)
+
+    def policy_loss(self, log_probs: torch.Tensor, mask: torch.Tensor, losses: torch.Tensor,
+                    entropy: torch.Tensor | None = None, greedy: Callable[[], torch.Tensor] | None = None,
+                    old_log_probs: torch.Tensor | None = None) -> torch.Tensor:
+        """The surrogate (a scalar) to add to the task's loss for actions sampled from the current policy.
+
+        ``log_probs`` (differentiable), ``mask``, ``entropy`` ``[B, T]`` per step (masked steps ignored);
+        ``losses`` ``[B]`` the examples' losses on the sampled actions (detached here); ``greedy()`` → ``[B]`` the
+        losses of the greedy actions (needed by ``self_critical`` only). ``old_log_probs`` is PPO's (:class:`Ppo`).
+        """
+        if old_log_probs is not None:
+            raise ValueError("old_log_probs (a behaviour policy) is PPO's: use estimator=ppo")
+        return reinforce_loss(log_probs, mask, -self.advantage(losses, greedy), None, entropy, self.entropy_weight)
+
+    @torch.no_grad()
+    def advantage(self, losses: torch.Tensor, greedy: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+        """A = L − b ``[B]`` (detached; the class docstring gives b), divided by max(1, running std) when
+        ``normalize_advantage``. Updates the running statistics: call it once per training step."""
+        losses = losses.detach()
+        if self.baseline == "self_critical":
+            if greedy is None:
+                raise ValueError("the self_critical baseline needs the loss of the greedy choice (`greedy`)")
+            advantage = losses - greedy().detach()
+        else:
+            advantage = losses - self._baseline_value(losses)
+        if self.normalize_advantage:
+            var = advantage.var(unbiased=False).to(self.advantage_var)
+            self.advantage_var.mul_(self.norm_decay).add_((1 - self.norm_decay) * var)
+            advantage = advantage / self.advantage_var.sqrt().clamp_min(1.0).to(advantage)
+        return advantage
 
     def _baseline_value(self, losses: torch.Tensor) -> torch.Tensor:
         if self.baseline == "none":
@@ -82,3 +151,138 @@ class Sfe(Estimator):
         value = self.running_loss.to(losses.dtype).clone()
         self.running_loss.mul_(self.decay).add_((1 - self.decay) * mean)
         return value
+
+
+class Ppo(Sfe):
+    """Proximal policy optimisation (Schulman et al., 2017) for a sequential policy, with :class:`Sfe`'s control
+    variates: actions a_b sampled from a *behaviour* policy π_old (a frozen copy of the policy that the caller
+    refreshes every ``refresh`` training steps), and the surrogate (:func:`ppo_loss`)
+
+        −mean_b min(ρ_b A_b, clip(ρ_b, 1 − ε, 1 + ε) A_b) − β mean_b Σ_t H_t,   ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),
+
+    with A = −(L − b) the advantage of :meth:`Sfe.advantage` as a reward. With ``refresh=1``, ρ = 1 and the gradient
+    is :class:`Sfe`'s. PPO has no rule for a structure's scores (no behaviour policy): use ``sfe`` there.
+
+    Args:
+        clip: ε of the clipped probability ratio (Havrylov et al. 2019: 0.2).
+        refresh: training steps between refreshes of the behaviour policy (the PPO updates per sample; Havrylov et
+            al. 2019: 15 per batch).
+    """
+
+    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none", decay: float = 0.9,
+                 entropy_weight: float = 0.0, normalize_advantage: bool = False, norm_decay: float = 0.9,
+                 clip: float = 0.2, refresh: int = 15, eval_latent: Literal["map", "relaxed"] = "relaxed"):
+        super().__init__(baseline, decay, entropy_weight, normalize_advantage, norm_decay, eval_latent)
+        if not 0 < clip < 1 or refresh < 1:
+            raise ValueError(f"need 0 < clip < 1 and refresh >= 1, got {clip}, {refresh}")
+        self.clip, self.refresh = float(clip), int(refresh)
+
+    def train_forward(self, scores, structure, lengths, downstream):
+        raise ValueError("ppo trains a sequential policy (policy_loss); for a structure's scores use estimator=sfe")
+
+    def policy_loss(self, log_probs, mask, losses, entropy=None, greedy=None, old_log_probs=None):
+        """:meth:`Sfe.policy_loss` with the behaviour policy's ``old_log_probs`` ``[B, T]`` (required)."""
+        if old_log_probs is None:
+            raise ValueError("ppo needs the behaviour policy's log-probabilities (old_log_probs)")
+        surrogate = ppo_loss(log_probs, old_log_probs, mask, -self.advantage(losses, greedy), self.clip)
+        if self.entropy_weight and entropy is not None:
+            surrogate = surrogate - self.entropy_weight * entropy.masked_fill(~mask, 0).sum(-1).mean()
+        return surrogate
+
+
+# ------------------------------------------------------------------------------- functional: per-step policies
+
+
+def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+
+
+def reinforce_loss(
+    log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    reward: torch.Tensor,
+    baseline: torch.Tensor | float | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_weight: float = 0.0,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Score-function (REINFORCE) surrogate to minimise: −(1/B) Σ_b (R_b − b_b) Σ_t mask · log π_t, minus
+    ``entropy_weight`` · (1/B) Σ_b Σ_t mask · H_t when ``entropy`` is given.
+
+    ``log_probs``, ``mask``, ``entropy`` ``[B, T]`` (masked entries are ignored whatever they hold); ``reward``
+    ``[B]`` is to be *maximised* (accuracy, or −loss) and ``baseline`` (``[B]``, a scalar or None for 0) must not
+    depend on the sampled actions; both are detached. The gradient is then an unbiased estimate of −∇ E_π[R]
+    (Σ_a b ∇π(a | x) = b ∇1 = 0). When R itself depends on parameters (a differentiable composition), add its own
+    pathwise term: minimise ``task_loss + reinforce_loss(..., reward=-task_loss)``. ``reduction="none"`` returns the
+    per-example terms ``[B]``.
+    """
+    advantage = reward.detach()
+    if baseline is not None:
+        advantage = advantage - torch.as_tensor(baseline, dtype=advantage.dtype, device=advantage.device).detach()
+    total = log_probs.masked_fill(~mask, 0.0).sum(-1)
+    loss = -advantage * total
+    if entropy is not None and entropy_weight:
+        loss = loss - entropy_weight * entropy.masked_fill(~mask, 0.0).sum(-1)
+    return _reduce(loss, reduction)
+
+
+def ppo_loss(
+    new_log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    advantage: torch.Tensor,
+    clip: float = 0.2,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Clipped PPO surrogate to minimise (Schulman et al., 2017) on whole action sequences (Havrylov et al., 2019):
+    −(1/B) Σ_b min(ρ_b A_b, clip(ρ_b, 1 − ε, 1 + ε) A_b), ρ_b = exp Σ_t mask · (new − old).
+
+    ``new_log_probs`` (differentiable), ``old_log_probs`` (detached), ``mask`` ``[B, T]``; ``advantage`` ``[B]``
+    (R − b, detached); ``clip`` = ε. The ratio is the whole sequence's (per trajectory, not per step). At ρ = 1 the
+    gradient equals :func:`reinforce_loss`'s with R − b = A; once ρ leaves [1 − ε, 1 + ε] on the side that A
+    favours, the example's gradient is 0.
+    """
+    if not 0 < clip < 1:
+        raise ValueError(f"clip must be in (0, 1), got {clip}")
+    diff = (new_log_probs - old_log_probs.detach()).masked_fill(~mask, 0.0).sum(-1)
+    ratio = diff.exp()
+    advantage = advantage.detach()
+    objective = torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
+    return _reduce(-objective, reduction)
+
+
+def ppo_update(
+    rescore: Callable[[torch.Tensor], torch.Tensor],
+    actions: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    advantage: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    epochs: int = 4,
+    clip: float = 0.2,
+    max_grad_norm: float | None = None,
+) -> list[float]:
+    """K = ``epochs`` PPO steps on one stored batch of trajectories (the original algorithm); returns the loss
+    before each step.
+
+    ``rescore(actions [B, T]) → new log_probs [B, T]`` re-scores the stored actions under the current parameters,
+    e.g. ``lambda a: parser(x, lengths, mode="given", actions=a).log_probs``. Each epoch: zero the gradients,
+    :func:`ppo_loss` against the stored ``old_log_probs`` and ``advantage``, backward, clip the gradient norm of the
+    optimizer's parameters to ``max_grad_norm`` (if given), step.
+    """
+    old_log_probs, advantage = old_log_probs.detach(), advantage.detach()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    losses = []
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        loss = ppo_loss(rescore(actions), old_log_probs, mask, advantage, clip)
+        loss.backward()
+        if max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses

@@ -1,5 +1,7 @@
-"""Tree composition for latent-tree classification (ListOps, Nangia & Bowman, 2018): a binary Tree-LSTM run over a
-hard or relaxed bracketing, and the sequence-LSTM baseline.
+"""Composition functions for latent-tree classification (ListOps, Nangia & Bowman, 2018): a binary Tree-LSTM run over
+a hard or relaxed bracketing, and the sequence LSTM of the baseline. A composer maps word vectors ``[B, n, input_dim]``,
+``lengths`` and a bracketing ``z`` ``[B, n, n]`` to one vector per example ``[B, dim]`` (the ``composer`` config
+group; the merge parser of :mod:`latentstruct.models.tree_parsers` composes as it parses).
 
 * :class:`BinaryTreeLSTMCell` — the N-ary Tree-LSTM of Tai et al. (2015) with N = 2. From the children (h_l, c_l),
   (h_r, c_r), one ``Linear(2·dim → 5·dim)`` on [h_l; h_r] gives the input gate i, one forget gate per child f_l, f_r,
@@ -25,6 +27,9 @@ hard or relaxed bracketing, and the sequence-LSTM baseline.
   tree; spans outside the tree may fall back to the uniform split, but they never reach the root. For a relaxation
   the root is a smooth function of z, and the gradient flows into z through p.
 
+* :class:`SequenceLSTM` — the baseline's composer: one LSTM over the words, its state after the last real word; it
+  reads no tree (use with ``latent=none``).
+
 References: K. S. Tai, R. Socher, C. D. Manning (2015), "Improved semantic representations from tree-structured long
 short-term memory networks", ACL. N. Nangia, S. R. Bowman (2018), "ListOps: a diagnostic dataset for latent tree
 learning", NAACL SRW.
@@ -39,7 +44,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from latentstruct.models.text import check_lengths, length_mask
 
-__all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "LSTMClassifier"]
+__all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "SequenceLSTM"]
 
 
 # ---------------------------------------------------------------------------------------------------------- cell
@@ -111,7 +116,13 @@ class ChartTreeLSTM(nn.Module):
     ``checkpoint=True`` each width is recomputed in the backward pass (torch.utils.checkpoint), so only the chart
     (O(B n² dim)) plus one width's intermediates are kept (measured peak RSS ≈ 1.5 GB for the case above), at the
     price of a second forward pass (backward ≈ 2× slower). For n ≈ 130 use ``checkpoint=True`` or smaller batches.
+
+    Args:
+        checkpoint: recompute the chart per width in the backward pass (O(B n² dim) memory, not O(B n³ dim)).
     """
+
+    uses_tree = True
+    FROM_DATA = ("input_dim", "dim")  # the word and state sizes, given by the task
 
     def __init__(self, input_dim: int, dim: int, checkpoint: bool = False):
         super().__init__()
@@ -178,36 +189,21 @@ class ChartTreeLSTM(nn.Module):
 # ---------------------------------------------------------------------------------------------------- baseline
 
 
-class LSTMClassifier(nn.Module):
-    """The ListOps sequence baseline: ids ``[B, n]`` and ``lengths`` ``[B]`` → logits ``[B, num_classes]``.
+class SequenceLSTM(nn.Module):
+    """The ListOps sequence baseline's composer: ``forward(x [B, n, input_dim], lengths [B], z=None)`` → ``[B, dim]``,
+    one LSTM layer over time, packed by the lengths, and its state after the last real word. ``z`` is not read."""
 
-    Embedding (row ``padding_idx`` = 0 kept at zero) → one-layer LSTM over time, packed by the lengths → its state
-    after the last real word → MLP (Linear → ReLU → Linear).
-    """
+    uses_tree = False
+    FROM_DATA = ("input_dim", "dim")  # the word and state sizes, given by the task
 
-    def __init__(
-        self,
-        vocab_size: int,
-        embed_dim: int,
-        hidden: int,
-        num_classes: int = 10,
-        dropout: float = 0.0,
-        padding_idx: int | None = 0,
-    ):
+    def __init__(self, input_dim: int, dim: int):
         super().__init__()
-        self.embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx)
-        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=1, batch_first=True)
-        self.mlp = nn.Sequential(
-            nn.Dropout(dropout),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, num_classes),
-        )
+        self.input_dim, self.dim = input_dim, dim
+        self.lstm = nn.LSTM(input_dim, dim, num_layers=1, batch_first=True)
 
-    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        batch, n = ids.shape
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        batch, n, _ = x.shape
         cpu_lengths = check_lengths(torch.as_tensor(lengths).detach().cpu(), batch, n, torch.device("cpu"))
-        packed = pack_padded_sequence(self.embedding(ids), cpu_lengths, batch_first=True, enforce_sorted=False)
-        _, (h_n, _) = self.lstm(packed)  # h_n [1, B, hidden], in the original batch order
-        return self.mlp(h_n[0])
+        packed = pack_padded_sequence(x, cpu_lengths, batch_first=True, enforce_sorted=False)
+        _, (h_n, _) = self.lstm(packed)  # h_n [1, B, dim], in the original batch order
+        return h_n[0]

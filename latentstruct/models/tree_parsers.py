@@ -1,8 +1,8 @@
-"""Incremental latent-tree parsers: a binary tree over n leaves built by n − 1 merges of adjacent nodes, composed by
-a binary Tree-LSTM, and the policy-gradient losses that train them (seed 000, Parts II and III).
+"""Latent-tree parsers for ListOps (seed 000, Parts II and III): an incremental merge parser, a binary tree over n
+leaves built by n − 1 merges of adjacent nodes and composed by a binary Tree-LSTM, and the chart parser's span scorer.
 
-Parser (easy-first, bottom-up adjacent merge; Choi et al., 2018)
-----------------------------------------------------------------
+Merge parser (easy-first, bottom-up adjacent merge; Choi et al., 2018)
+----------------------------------------------------------------------
 The leaves are r⁰ = (leaf(x_0), …, leaf(x_{L-1})) (:meth:`BinaryTreeLSTMCell.leaf`). At step t = 0 … L − 2 the
 current list r^t = (r_0, …, r_{L-1-t}) of (h, c) nodes is shortened by one merge: every adjacent pair is composed
 into a candidate parent and scored with a learned query vector q,
@@ -12,17 +12,21 @@ into a candidate parent and scored with a learned query vector q,
 a pair a_t is chosen, and r^{t+1} = (r_0, …, r_{a−1}, p_a, r_{a+2}, …). After L − 1 steps one node is left, the
 root. The actions a = (a_0, …, a_{L-2}) determine the tree (the merged span at step t is a constituent), but not
 conversely: a tree with two disjoint constituents can be built in several orders. The policy is over action
-sequences, π(a | x) = Π_t π(a_t | r^t); every log-probability, ratio and entropy below is over action sequences, and
+sequences, π(a | x) = Π_t π(a_t | r^t); every log-probability, ratio and entropy is over action sequences, and
 expectations over them equal expectations over trees (the tree is a function of a).
 
 Choice rules (``mode``):
 
-* ``gumbel`` — Gumbel Tree-LSTM (Choi et al., 2018), straight-through Gumbel-softmax at every step: y = softmax((s + g)
-  / τ) with g ~ Gumbel(0, 1); forward the exact one-hot of argmax(s + g), backward the gradient of y. The new node
-  list is the convex combination r^{t+1}_i = (1 − C_i) r_i + y_i p_i + (C_i − y_i) r_{i+1} with C_i = Σ_{k≤i} y_k
-  (in the forward pass exactly the list above), so the downstream gradient reaches the scores, hence q.
-* ``sample`` — a_t ~ π(· | r^t) (Gumbel-max), no gradient through the choice; for REINFORCE / PPO.
-* ``argmax`` — greedy a_t = argmax s. ``gumbel`` and ``sample`` fall back to it in eval mode (``module.eval()``).
+* ``estimate`` — each merge is a :class:`~latentstruct.structures.Categorical` choice over the adjacent pairs, made
+  by a §5 estimator: y = ``estimator(s, Categorical())``. The new node list is the convex combination
+  r^{t+1}_i = (1 − C_i) r_i + y_i p_i + (C_i − y_i) r_{i+1} with C_i = Σ_{k≤i} y_k (for a one-hot y exactly the list
+  above), so the downstream gradient reaches the scores, hence q, by the estimator's rule. With ``st_gumbel`` this
+  is the Gumbel Tree-LSTM (Choi et al., 2018): forward the one-hot of argmax(s + g), backward the gradient of
+  softmax((s + g) / τ); a relaxed estimator (``gumbel_softmax``, ``marginals``) merges softly (the recorded tree
+  is then the argmax of y).
+* ``sample`` — a_t ~ π(· | r^t) (Gumbel-max), no gradient through the choice: for the score-function estimators
+  (:class:`~latentstruct.estimators.Sfe`, :class:`~latentstruct.estimators.Ppo`, their ``policy_loss``).
+* ``argmax`` — greedy a_t = argmax s. ``estimate`` and ``sample`` fall back to it in eval mode (``module.eval()``).
 * ``given`` — follow given actions (or a given tree, through :func:`tree_actions`): teacher forcing, to compose along a
   known tree (gold, left/right-branching) or to re-score old actions (PPO).
 
@@ -31,48 +35,29 @@ gradient), the per-step entropies H(π(· | r^t)) and the tree in the layout of
 :class:`~latentstruct.structures.BinaryTree` (``z[b, i, j]`` = 1 iff leaves i..j form a constituent, i < j; diagonal,
 lower triangle and padding 0), so that ``tree_f1`` and ``tree_depth`` of :mod:`latentstruct.data.listops` apply.
 
-Score-function estimator (Williams, 1992; Yogatama et al., 2017)
-----------------------------------------------------------------
-For a reward R(a) to *maximise* (accuracy, or −loss) and any baseline b(x) that does not depend on a,
-
-    ∇ E_{a~π}[R(a)] = E_{a~π}[(R(a) − b(x)) ∇ log π(a | x)],
-
-because Σ_a b ∇π(a | x) = b ∇1 = 0. :func:`reinforce_loss` returns the surrogate to *minimise*,
-−(1/B) Σ_b (R_b − b_b) Σ_t log π(a_{b,t}), whose gradient is an unbiased estimate of −∇ E[R]; the reward and the
-baseline are detached. When R depends on parameters through the root (the composition is differentiable), its own
-pathwise gradient −∇R(a) must be added, i.e. minimise ``task_loss + reinforce_loss(..., reward=-task_loss)``.
-Control variates: :class:`MovingAverageBaseline` (a moving average of past batch-mean rewards; seed 000, "Control
-variates"), :func:`self_critical_baseline` (the reward of the greedy parse of the same example; Rennie et al., 2017),
-and any input-dependent b(x) the caller learns (Havrylov et al., 2019). An optional entropy bonus subtracts
-β · (1/B) Σ_b Σ_t H_t.
-
-PPO (Schulman et al., 2017; Havrylov et al., 2019)
--------------------------------------------------
-With stored actions a, their old log-probabilities and advantages A_b = R_b − b_b, :func:`ppo_loss` is
-
-    −(1/B) Σ_b min(ρ_b A_b, clip(ρ_b, 1 − ε, 1 + ε) A_b),     ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),
-
-with ρ the ratio of the whole parse's probabilities (per trajectory, not per step). The seed only names PPO as
-Havrylov et al.'s remedy for co-adaptation; we read their objective as clipping the ratio of the parse's
-probability π(z | x), a product over the merge decisions, and use that. At ρ = 1 its gradient is the REINFORCE
-surrogate's, −A ∇ log π(a). :func:`ppo_update` runs K epochs of it over one stored batch, re-scoring the old actions
-with ``mode="given"``.
-
 Cost. Every step composes all m − 1 adjacent pairs: Σ_t (L − 1 − t) ≈ L²/2 cell applications per example, so
 O(B n² dim²) time and O(B n² dim) autograd memory, with a Python loop over the n − 1 steps only.
 
-References: R. J. Williams (1992), "Simple statistical gradient-following algorithms for connectionist reinforcement
-learning", Machine Learning. D. Yogatama, P. Blunsom, C. Dyer, E. Grefenstette, W. Ling (2017), "Learning to compose
-words into sentences with reinforcement learning", ICLR. J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose
-task-specific tree structures", AAAI. S. J. Rennie, E. Marcheret, Y. Mroueh, J. Ross, V. Goel (2017), "Self-critical
-sequence training for image captioning", CVPR. J. Schulman, F. Wolski, P. Dhariwal, A. Radford, O. Klimov (2017),
-"Proximal policy optimization algorithms", arXiv:1707.06347. S. Havrylov, G. Kruszewski, A. Joulin (2019),
-"Cooperative learning of disjoint syntax and semantics", NAACL.
+Span scorer (the chart parser)
+------------------------------
+:class:`SpanScorer`: span scores s[i, j] for :class:`~latentstruct.structures.BinaryTree`, from the LSTM-minus
+features of a BiLSTM (Wang & Chang, 2016; Cross & Huang, 2016; Stern et al., 2017): with f_t, b_t the forward and
+backward states (f_{-1} = b_L = 0), r(i, j) = [f_j − f_{i−1}; b_i − b_{j+1}] and s[i, j] = vᵀ tanh(W r(i, j) + c).
+The first layer is linear, so it splits into a term of the start and a term of the end, each computed once per
+position: W r(i, j) = A_i + B_j, and the scores cost one ``[B, n, n, hidden]`` tanh. (A plain MLP on
+[h_i; h_j; h_i − h_j] is the same function class as one on [h_i; h_j], since h_i − h_j folds into the linear layer;
+the LSTM-minus features instead describe what lies inside the span.)
+
+References: J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose task-specific tree structures", AAAI.
+D. Yogatama, P. Blunsom, C. Dyer, E. Grefenstette, W. Ling (2017), "Learning to compose words into sentences with
+reinforcement learning", ICLR. S. Havrylov, G. Kruszewski, A. Joulin (2019), "Cooperative learning of disjoint syntax
+and semantics", NAACL. M. Stern, J. Andreas, D. Klein (2017), "A minimal span-based neural constituency parser", ACL.
+W. Wang, B. Chang (2016), "Graph-based dependency parsing with bidirectional LSTM", ACL. J. Cross, L. Huang (2016),
+"Span-based constituency parsing with a structure-label system and provably optimal dynamic oracles", EMNLP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -80,36 +65,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.models.composition import BinaryTreeLSTMCell
-from latentstruct.models.text import check_lengths, length_mask
+from latentstruct.models.text import BiLSTMEncoder, check_lengths, length_mask
+from latentstruct.structures import Categorical
 from latentstruct.structures.base import gumbel_like
 
-__all__ = [
-    "MODES",
-    "MergeParser",
-    "MovingAverageBaseline",
-    "Parse",
-    "ppo_loss",
-    "ppo_update",
-    "reinforce_loss",
-    "self_critical_baseline",
-    "tree_actions",
-]
+__all__ = ["MODES", "MergeParser", "Parse", "SpanScorer", "tree_actions"]
 
 #: the choice rules of :class:`MergeParser`
-MODES: tuple[str, ...] = ("gumbel", "sample", "argmax", "given")
-
-
-def _st_gumbel(
-    scores: torch.Tensor, tau: float, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Straight-through Gumbel-softmax over the last dim of ``scores`` ``[B, K]`` (−inf = not allowed; at least one
-    finite per row): ``(y, a)`` with ``y`` exactly the one-hot of a = argmax(s + g) in the forward pass and the
-    gradient of softmax((s + g)/τ) in the backward pass."""
-    soft = ((scores + gumbel_like(scores, generator)) / tau).softmax(-1)
-    index = soft.argmax(-1)
-    hard = F.one_hot(index, scores.shape[-1]).to(soft.dtype)
-    # hard + (soft − soft) rather than hard − soft + soft: the forward value is then exactly 0/1.
-    return hard + (soft - soft.detach()), index
+MODES: tuple[str, ...] = ("estimate", "sample", "argmax", "given")
+#: each merge of ``mode="estimate"``: one choice among the adjacent pairs
+_PAIRS = Categorical()
 
 
 # ------------------------------------------------------------------------------------------------------- parser
@@ -146,32 +111,26 @@ class Parse:
 class MergeParser(nn.Module):
     """Easy-first merge parser with a binary Tree-LSTM composition (module docstring; Choi et al., 2018).
 
-    ``forward(x [B, n, input_dim], lengths [B] | None, mode=None, actions=None, tree=None, generator=None)`` →
-    :class:`Parse`. ``mode`` (default: the constructor's) is one of :data:`MODES`; in eval mode ``gumbel`` and
-    ``sample`` become ``argmax``. ``given`` needs exactly one of ``actions`` ``[B, n-1]`` (entries at masked steps
-    are ignored) or ``tree`` ``[B, n, n]`` (a binary bracketing per example, replayed via :func:`tree_actions`; a
-    ValueError if the replay does not reproduce it). ``generator`` seeds the Gumbel noise.
+    ``forward(x [B, n, input_dim], lengths [B] | None, mode="argmax", actions=None, tree=None, generator=None,
+    estimator=None)`` → :class:`Parse`. ``mode`` is one of :data:`MODES`; in eval mode ``estimate`` and ``sample``
+    become ``argmax``. ``estimate`` needs the §5 ``estimator`` that makes each merge. ``given`` needs exactly one of
+    ``actions`` ``[B, n-1]`` (entries at masked steps are ignored) or ``tree`` ``[B, n, n]`` (a binary bracketing per
+    example, replayed via :func:`tree_actions`; a ValueError if the replay does not reproduce it). ``generator``
+    seeds the noise of ``sample``.
 
-    ``cell`` — pass a :class:`BinaryTreeLSTMCell` to share it (e.g. one parser and one composer with disjoint
-    parameters as in Havrylov et al. (2019): ``composer(x, lengths, mode="given", actions=parse.actions)``); by
-    default a fresh ``BinaryTreeLSTMCell(dim, input_dim)``, used both to build the candidates and to compose, as in
-    Choi et al. (2018). The query q ``[dim]`` starts small (N(0, 0.01²)) so that the first policy is nearly uniform.
-    Padded words of ``x`` are replaced by 0 and never reach a real node, so in the deterministic modes (``argmax``,
-    ``given``) an example's output does not depend on the padding or on the rest of the batch.
+    One :class:`BinaryTreeLSTMCell` (``dim_in = input_dim``) builds the candidates and composes, as in Choi et al.
+    (2018); a second parser replaying the first one's merges (``mode="given"``) composes with parameters of its own,
+    as in Havrylov et al. (2019). The query q ``[dim]`` starts small (N(0, 0.01²)) so that the first policy is nearly
+    uniform. Padded words of ``x`` are replaced by 0 and never reach a real node, so in the deterministic modes
+    (``argmax``, ``given``) an example's output does not depend on the padding or on the rest of the batch.
     """
 
-    def __init__(
-        self, input_dim: int, dim: int, mode: str = "gumbel", tau: float = 1.0, cell: BinaryTreeLSTMCell | None = None
-    ):
+    FROM_DATA = ("input_dim", "dim")  # the word and state sizes, given by the task
+
+    def __init__(self, input_dim: int, dim: int):
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if tau <= 0:
-            raise ValueError(f"tau must be positive, got {tau}")
-        self.cell = BinaryTreeLSTMCell(dim, input_dim) if cell is None else cell
-        if self.cell.dim != dim or self.cell.dim_in != input_dim:
-            raise ValueError(f"cell is ({self.cell.dim_in} → {self.cell.dim}), expected ({input_dim} → {dim})")
-        self.input_dim, self.dim, self.mode, self.tau = input_dim, dim, mode, float(tau)
+        self.cell = BinaryTreeLSTMCell(dim, input_dim)
+        self.input_dim, self.dim = input_dim, dim
         self.query = nn.Parameter(0.01 * torch.randn(dim))
 
     def score(self, parent_h: torch.Tensor) -> torch.Tensor:
@@ -182,16 +141,18 @@ class MergeParser(nn.Module):
         self,
         x: torch.Tensor,
         lengths: torch.Tensor | None = None,
-        mode: str | None = None,
+        mode: str = "argmax",
         actions: torch.Tensor | None = None,
         tree: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        estimator: nn.Module | None = None,
     ) -> Parse:
-        mode = self.mode if mode is None else mode
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        if not self.training and mode in ("gumbel", "sample"):
+        if not self.training and mode in ("estimate", "sample"):
             mode = "argmax"
+        if mode == "estimate" and estimator is None:
+            raise ValueError("mode='estimate' needs the `estimator` that makes each merge")
         if x.dim() != 3 or x.shape[-1] != self.input_dim:
             raise ValueError(f"x must be [B, n, {self.input_dim}], got {tuple(x.shape)}")
         batch, n, _ = x.shape
@@ -231,8 +192,9 @@ class MergeParser(nn.Module):
             scores = self.score(parent_h).masked_fill(~valid, float("-inf"))
             log_p = scores.log_softmax(-1)
             entropies.append(-(log_p.exp() * log_p.masked_fill(~valid, 0.0)).sum(-1))
-            if mode == "gumbel":
-                select, a = _st_gumbel(scores, self.tau, generator)
+            if mode == "estimate":
+                select = estimator(scores, _PAIRS)
+                a = select.detach().argmax(-1)
             else:
                 if mode == "sample":
                     a = (scores.detach() + gumbel_like(scores, generator)).argmax(-1)
@@ -316,136 +278,40 @@ def tree_actions(z: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.
     return (first - before.sum(-1)).masked_fill(~real, 0)
 
 
-# ------------------------------------------------------------------------------------------------ REINFORCE
 
 
-def _reduce(loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+# --------------------------------------------------------------------------------------------------- span scorer
 
 
-def reinforce_loss(
-    log_probs: torch.Tensor,
-    mask: torch.Tensor,
-    reward: torch.Tensor,
-    baseline: torch.Tensor | float | None = None,
-    entropy: torch.Tensor | None = None,
-    entropy_weight: float = 0.0,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """Score-function (REINFORCE) surrogate to minimise: −(1/B) Σ_b (R_b − b_b) Σ_t mask · log π_t, minus
-    ``entropy_weight`` · (1/B) Σ_b Σ_t mask · H_t when ``entropy`` is given.
+class SpanScorer(nn.Module):
+    """The chart parser's span scores (module docstring): word vectors ``x`` ``[B, n, input_dim]`` and ``lengths``
+    ``[B]`` → ``[B, n, n]`` with ``s[b, i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c)`` for i < j < L and 0
+    elsewhere, [f; b] the states of a BiLSTM (``lstm_dim`` units, both directions together; exactly 0 at padding)
+    and ``hidden`` the size of the tanh layer (memory ``[B, n, n, hidden]``)."""
 
-    ``log_probs``, ``mask``, ``entropy`` ``[B, T]`` (as in :class:`Parse`; masked entries are ignored whatever they
-    hold); ``reward`` ``[B]`` is to be *maximised* (accuracy, or −loss) and ``baseline`` (``[B]``, a scalar or None
-    for 0) must not depend on the sampled actions; both are detached. The gradient is then an unbiased estimate of
-    −∇ E_π[R] (module docstring). ``reduction="none"`` returns the per-example terms ``[B]``.
-    """
-    advantage = reward.detach()
-    if baseline is not None:
-        advantage = advantage - torch.as_tensor(baseline, dtype=advantage.dtype, device=advantage.device).detach()
-    total = log_probs.masked_fill(~mask, 0.0).sum(-1)
-    loss = -advantage * total
-    if entropy is not None and entropy_weight:
-        loss = loss - entropy_weight * entropy.masked_fill(~mask, 0.0).sum(-1)
-    return _reduce(loss, reduction)
+    FROM_DATA = ("input_dim", "lstm_dim", "hidden")  # the word size and the scorer's sizes, given by the task
 
-
-class MovingAverageBaseline(nn.Module):
-    """b = a moving average of past batch-mean rewards (seed 000, "Control variates").
-
-    ``forward(reward [B])`` returns the current b ``[B]`` (broadcast), *then* updates b ← decay · b + (1 − decay) ·
-    mean(reward). The value returned never depends on the rewards passed with it, so the estimator stays unbiased;
-    the first call returns 0 (no history yet). The state is a buffer, so it is saved and resumed with the model.
-    """
-
-    def __init__(self, decay: float = 0.9):
+    def __init__(self, input_dim: int, lstm_dim: int, hidden: int):
         super().__init__()
-        if not 0 <= decay < 1:
-            raise ValueError(f"decay must be in [0, 1), got {decay}")
-        self.decay = float(decay)
-        self.register_buffer("value", torch.tensor(float("nan")))
+        if lstm_dim % 2:
+            raise ValueError(f"lstm_dim is [forward; backward] and must be even, got {lstm_dim}")
+        self.encoder = BiLSTMEncoder(input_dim, lstm_dim)
+        self.half = lstm_dim // 2
+        self.proj = nn.Linear(lstm_dim, hidden)  # W on [Δf; Δb], and c
+        self.v = nn.Linear(hidden, 1, bias=False)
 
-    def forward(self, reward: torch.Tensor) -> torch.Tensor:
-        reward = reward.detach()
-        started = not bool(torch.isnan(self.value))
-        current = self.value.to(reward.dtype) if started else torch.zeros((), dtype=reward.dtype)
-        out = current.to(reward.device).expand(reward.shape).clone()
-        mean = reward.mean().to(self.value)
-        self.value.copy_(self.decay * self.value + (1 - self.decay) * mean if started else mean)
-        return out
-
-
-@torch.no_grad()
-def self_critical_baseline(
-    parser: MergeParser,
-    x: torch.Tensor,
-    lengths: torch.Tensor | None,
-    reward_fn: Callable[[Parse], torch.Tensor],
-) -> torch.Tensor:
-    """Self-critical baseline (Rennie et al., 2017): b_b = the reward ``reward_fn(parse)`` ``[B]`` of the greedy
-    (argmax) parse of the same example, computed without gradient. It does not depend on the sampled actions, so it
-    keeps the estimator unbiased; R − b > 0 exactly when the sample beats the greedy parse."""
-    return reward_fn(parser(x, lengths, mode="argmax")).detach()
-
-
-# ------------------------------------------------------------------------------------------------------------ PPO
-
-
-def ppo_loss(
-    new_log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    mask: torch.Tensor,
-    advantage: torch.Tensor,
-    clip: float = 0.2,
-    reduction: str = "mean",
-) -> torch.Tensor:
-    """Clipped PPO surrogate to minimise (Schulman et al., 2017) on whole parses (Havrylov et al., 2019):
-    −(1/B) Σ_b min(ρ_b A_b, clip(ρ_b, 1 − ε, 1 + ε) A_b), ρ_b = exp Σ_t mask · (new − old).
-
-    ``new_log_probs`` (differentiable), ``old_log_probs`` (detached), ``mask`` ``[B, T]``; ``advantage`` ``[B]``
-    (R − b, detached); ``clip`` = ε. At ρ = 1 the gradient equals :func:`reinforce_loss`'s with R − b = A; once ρ
-    leaves [1 − ε, 1 + ε] on the side that A favours, the example's gradient is 0.
-    """
-    if not 0 < clip < 1:
-        raise ValueError(f"clip must be in (0, 1), got {clip}")
-    diff = (new_log_probs - old_log_probs.detach()).masked_fill(~mask, 0.0).sum(-1)
-    ratio = diff.exp()
-    advantage = advantage.detach()
-    objective = torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage)
-    return _reduce(-objective, reduction)
-
-
-def ppo_update(
-    rescore: Callable[[torch.Tensor], torch.Tensor],
-    actions: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    mask: torch.Tensor,
-    advantage: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
-    epochs: int = 4,
-    clip: float = 0.2,
-    max_grad_norm: float | None = None,
-) -> list[float]:
-    """K = ``epochs`` PPO steps on one stored batch of trajectories; returns the loss before each step.
-
-    ``rescore(actions [B, T]) → new log_probs [B, T]`` re-scores the stored actions under the current parameters,
-    typically ``lambda a: parser(x, lengths, mode="given", actions=a).log_probs``. Each epoch: zero the gradients,
-    :func:`ppo_loss` against the stored ``old_log_probs`` and ``advantage``, backward, clip the gradient norm of the
-    optimizer's parameters to ``max_grad_norm`` (if given), step.
-    """
-    old_log_probs, advantage = old_log_probs.detach(), advantage.detach()
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    losses = []
-    for _ in range(epochs):
-        optimizer.zero_grad()
-        loss = ppo_loss(rescore(actions), old_log_probs, mask, advantage, clip)
-        loss.backward()
-        if max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x, lengths)
+        batch, n, _ = h.shape
+        f, b = h[..., : self.half], h[..., self.half :]
+        zero = h.new_zeros(batch, 1, self.half)
+        f_before = torch.cat([zero, f[:, :-1]], dim=1)  # f_{i−1}
+        b_after = torch.cat([b[:, 1:], zero], dim=1)  # b_{j+1} (0 past the length: padding is 0)
+        w_f, w_b = self.proj.weight[:, : self.half], self.proj.weight[:, self.half :]
+        start = b @ w_b.t() - f_before @ w_f.t() + self.proj.bias  # [B, n, k]: the terms of i
+        end = f @ w_f.t() - b_after @ w_b.t()  # [B, n, k]: the terms of j
+        scores = self.v(torch.tanh(start.unsqueeze(2) + end.unsqueeze(1))).squeeze(-1)
+        pos = torch.arange(n, device=h.device)
+        ends = lengths.to(h.device).long().view(-1, 1, 1)
+        parts = (pos.view(1, -1, 1) < pos.view(1, 1, -1)) & (pos.view(1, 1, -1) < ends)
+        return scores.masked_fill(~parts, 0.0)

@@ -133,7 +133,9 @@ def _completed_tree_runs(root: Path) -> dict[Path, str]:
 
 
 def _has_tree(config: dict) -> bool:
-    return config["task"]["method"] != "lstm" and config.get("latent") != "gold"
+    """A run whose model predicts trees: latent=predicted (the LSTM baseline is latent=none; records from before
+    issue #18 name it task.method=lstm)."""
+    return config.get("latent", "predicted") == "predicted" and config["task"].get("method") != "lstm"
 
 
 def self_f1(runs_root: str | Path, data_dir: str | None = None, log=print) -> dict[str, float]:

@@ -39,7 +39,7 @@ __all__ = ["Task", "PART_GROUPS", "SHARED"]
 
 #: the top-level config groups that hold model parts; a task reads those of them its ``PARTS`` lists
 PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder", "sigma_net", "energy", "infnet",
-               "cost_net")
+               "cost_net", "composer")
 #: top-level settings shared by the tasks, passed to :meth:`Task.build` when its signature names them
 SHARED = {"latent": "predicted", "embedding": None}
 

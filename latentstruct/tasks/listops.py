@@ -2,65 +2,71 @@ r"""ListOps (Nangia & Bowman, 2018): the answer (0-9) of a nested list expressio
 tree over its tokens, with the learned trees scored against the true ones (seed 000, Parts II-III; issue #7).
 
 The input is the sequence of leaves of :func:`latentstruct.data.listops.leaves` (operators, digits and ``]``), each
-batch trimmed to its longest example. ``task.method`` picks the model; every size is in config (``task.*``; the
-ListOps experiments use 128 for words and states, as Havrylov et al. 2019).
+batch trimmed to its longest example. The model is chosen by its parts, config groups like every task's
+(``scorer``, ``structure``, ``estimator``, ``composer``; ``configs/experiment/listops/`` names each combination);
+the sizes are the task's settings (``task.word_dim``, ``task.hidden``, ...; the ListOps experiments use 128 for words
+and states, as Havrylov et al. 2019). Every model embeds the words, composes them into one vector and classifies it
+with an MLP (``task.mlp_hidden``, ``task.dropout``).
 
-Methods
--------
-* ``lstm`` — the sequence baseline, :class:`~latentstruct.models.composition.LSTMClassifier` (embedding → LSTM →
-  its last state → MLP). No tree: ``evaluate`` reports ``acc`` and ``loss`` only.
+Models
+------
+* the sequence baseline (``latent=none composer=sequence_lstm``, experiment ``lstm``):
+  :class:`~latentstruct.models.composition.SequenceLSTM`, embedding → LSTM → its last state → MLP. No tree:
+  ``evaluate`` reports ``acc`` and ``loss`` only.
 
-* ``chart`` — the framework's own route, the structure × estimator split (DESIGN.md §2):
+* the chart parser (``scorer=span_scorer structure=binary_tree composer=chart_tree_lstm estimator=<any>``,
+  experiments ``chart_<estimator>``) — the framework's own route, the structure × estimator split (DESIGN.md §2):
 
       ids ──emb──> BiLSTM ──> span scores s[i, j] ──[estimator ∘ BinaryTree]──> z or μ [B, n, n]
       ids ──emb──> ChartTreeLSTM(words, z) ──> root h ──> MLP ──> 10 logits
 
-  *Span scorer* (:class:`SpanScorer`). The chart parsers' LSTM-minus span features (Wang & Chang, 2016; Cross &
-  Huang, 2016; Stern et al., 2017): with f_t, b_t the forward and backward BiLSTM states (f_{-1} = b_L = 0),
-  r(i, j) = [f_j − f_{i−1}; b_i − b_{j+1}] and s[i, j] = vᵀ tanh(W r(i, j) + c). The first layer is linear, so it
-  splits into a term of the start and a term of the end, each computed once per position:
-  W r(i, j) = A_i + B_j, and the scores cost one ``[B, n, n, span_hidden]`` tanh. (A plain MLP on
-  [h_i; h_j; h_i − h_j] is the same function class as one on [h_i; h_j], since h_i − h_j folds into the linear
-  layer; the LSTM-minus features instead describe what lies inside the span.)
-  *Structure and estimator*: ``cfg.structure`` (must be ``binary_tree``) and ``cfg.estimator`` — any estimator of
-  the §5 contract works unchanged (marginals, sparsemap, ste_i, ste_s, spigot, spigot_ce, spigot_eg,
-  perturb_and_map, sfe, …): the pull-back closure ``downstream(μ)`` is the per-example cross-entropy of the
-  ChartTreeLSTM + MLP fed μ, with the word vectors detached (they are upstream of the scores when the embeddings are
-  shared), exactly as :class:`~latentstruct.tasks.text.LatentTreeSST` does for dependency trees.
+  *Span scorer*: :class:`~latentstruct.models.tree_parsers.SpanScorer`, the chart parsers' LSTM-minus span
+  features of a BiLSTM (``task.scorer_hidden``) through a tanh layer (``task.span_hidden``).
+  *Structure and estimator*: any estimator of the §5 contract works unchanged (marginals, sparsemap, ste_i, ste_s,
+  spigot, spigot_ce, spigot_eg, perturb_and_map, sfe, …): the pull-back closure ``downstream(μ)`` is the
+  per-example cross-entropy of the ChartTreeLSTM + MLP fed μ, with the word vectors detached (they are upstream of
+  the scores when the embeddings are shared), exactly as :class:`~latentstruct.tasks.text.LatentTreeSST` does for
+  dependency trees.
   *Composition*: :class:`~latentstruct.models.composition.ChartTreeLSTM` reads any z — a tree, marginals, a
   SparseMAP mixture — on the word embeddings. Its cost is the chart's: O(B n³ dim) time and, with autograd,
-  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``task.checkpoint=true`` recomputes each width in
+  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``composer.checkpoint=true`` recomputes each width in
   the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach n = 130).
   Evaluation is bucketed by length (below) because the test file reaches n = 939.
   *Evaluation*: the decoder is fed what ``estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
   the relaxation for marginals / SparseMAP and MAP for the others); tree metrics always use the MAP tree.
 
-* ``gumbel_tree`` — the Gumbel Tree-LSTM (Choi et al., 2018):
-  :class:`~latentstruct.models.tree_parsers.MergeParser` in ``gumbel`` mode (straight-through Gumbel-softmax at
-  every merge, temperature ``task.tau``); the parser's root state → MLP. Greedy (argmax) merges at evaluation.
+* the merge parser (``scorer=merge_parser``, no structure, no composer: the parser composes as it merges;
+  :class:`~latentstruct.models.tree_parsers.MergeParser`), its merges chosen through ``estimator``:
 
-* ``reinforce`` — a merge parser sampling its merges (``sample`` mode), trained by the score-function estimator
-  (Williams, 1992; RL-SPINN, Yogatama et al., 2017), with reward R_b = −CE_b (the example's cross-entropy,
-  detached):
+  - a pathwise §5 estimator at every merge (``mode="estimate"``): ``estimator=st_gumbel`` is the Gumbel Tree-LSTM
+    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``estimator.tau``); the parser's root state → MLP.
+    Greedy (argmax) merges at evaluation.
+  - ``estimator=sfe``: REINFORCE (Williams, 1992; RL-SPINN, Yogatama et al., 2017) — sampled merges, reward
+    −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + :meth:`Sfe.policy_loss
+    <latentstruct.estimators.Sfe.policy_loss>` (control variate ``estimator.baseline``: ``none``,
+    ``moving_average`` of past batch-mean losses, decay ``estimator.decay``, or ``self_critical``, the loss of the
+    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``estimator.entropy_weight``). Experiments
+    ``reinforce``, ``reinforce_none``, ``reinforce_self_critical``. Our parser is Choi et al.'s easy-first merger,
+    not SPINN's shift-reduce transitions: the same family of trees (all binary bracketings) under a different policy
+    factorisation.
+  - ``estimator=ppo``: Havrylov et al. (2019), experiment ``ppo`` — the same sampled parser, trained with the
+    clipped PPO surrogate (:class:`~latentstruct.estimators.Ppo`, clip ε = ``estimator.clip``) against a
+    self-critical baseline, the advantage divided by a running standard deviation
+    (``estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and ``task.disjoint=true``
+    (below).
 
-      loss = mean_b CE_b + reinforce_loss(log π(a_b), R_b − b_b, entropy bonus ``task.entropy_weight``)
+  The sequential policy does not take the §5 interface as a whole (its scores at step t depend on the merges before
+  it), so the estimators meet it in two ways: a pathwise estimator makes each merge (a categorical choice), and the
+  score-function ones (:class:`~latentstruct.estimators.Sfe`, :class:`~latentstruct.estimators.Ppo`) receive the
+  sampled merges' log-probabilities and the examples' losses (``policy_loss``), with the same control variates as
+  ``sfe`` on a structure.
 
-  ``task.baseline``: ``none``, ``moving_average`` (of past batch-mean rewards, decay ``task.decay``) or
-  ``self_critical`` (the reward of the greedy parse of the same example; Rennie et al., 2017). Our parser is
-  Choi et al.'s easy-first merger, not SPINN's shift-reduce transitions: the same family of trees (all binary
-  bracketings) under a different policy factorisation.
-
-* ``ppo`` — Havrylov et al. (2019): the same sampled parser, trained with the clipped PPO surrogate
-  (:func:`~latentstruct.models.tree_parsers.ppo_loss`, clip ε = ``task.ppo_clip``) against a self-critical baseline,
-  the advantage divided by a running standard deviation (``task.normalize_advantage``; their "gradient
-  normalisation"), an entropy bonus, and ``task.disjoint=true`` (below).
-
-``task.disjoint`` (reinforce, ppo, chart): the parser (span scorer / merge parser) gets its own word embeddings and,
-for reinforce / ppo, the tree is composed by a separate Tree-LSTM (a second MergeParser replaying the parser's
-merges), so that syntax and semantics share no parameter, as in Havrylov et al. (2019). With ``false`` one table
-of embeddings serves both and reinforce / ppo classify the parser's own root (the same cell scores and composes, as
-in Choi et al. 2018 and, in spirit, RL-SPINN). ``gumbel_tree`` needs ``false``: its gradient reaches the parser
-through its own composition.
+``task.disjoint`` (score-function merge parsers and chart): the parser (span scorer / merge parser) gets its own word
+embeddings and, for the merge parser, the tree is composed by a separate Tree-LSTM (a second MergeParser replaying
+the parser's merges), so that syntax and semantics share no parameter, as in Havrylov et al. (2019). With ``false``
+one table of embeddings serves both and the merge parser's own root is classified (the same cell scores and composes,
+as in Choi et al. 2018 and, in spirit, RL-SPINN). A pathwise estimator needs ``false``: its gradient reaches the
+parser through its own composition.
 
 PPO within the Task interface — the simplification
 --------------------------------------------------
@@ -68,7 +74,7 @@ Havrylov et al. take, for every batch, one optimizer step of the composition fun
 K = 15 PPO steps of the parser on the same sampled parses, re-scored after each step. ``train.py`` gives a task one
 ``forward(...).loss`` and one optimizer step per batch, so we keep PPO's proximal structure but change where the K
 updates come from: the parses are sampled from a **behaviour policy**, a frozen copy of the parser (with its
-embeddings) refreshed every ``task.ppo_refresh`` training steps (15 by default), and each step takes one clipped
+embeddings) refreshed every ``estimator.refresh`` training steps (15 by default), and each step takes one clipped
 step on a fresh batch:
 
       ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),   a_b ~ π_old,
@@ -79,7 +85,7 @@ parse. The importance ratio corrects for sampling from π_old, and the clip boun
 refreshes can move the policy, which is PPO's purpose; what differs is that each of those steps sees new data
 (no reuse of one batch K times), and that the composer and the parser take their steps together, from one
 optimizer (``optim``, or ``optim_groups.policy`` for the parser's ``policy`` parameter group). With
-``ppo_refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``reinforce`` with the same settings. Other
+``estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
 deviations from Havrylov et al.: Adam (they used Adadelta with learning rates 1 / 0.1 for the composer / parser,
 L2 1e-4 and gradient clipping at 0.5, none of which the training loop has); the parser's leaves are the cell's
 leaf transform, not an LSTM over the sequence; the entropy bonus is the sum of the per-merge entropies (they used a
@@ -93,7 +99,7 @@ expressions of up to 939 tokens. Predictions do not depend on the batching (padd
 only saves time and memory. Metrics (means over the split's examples):
 
 * ``acc`` (×100) and ``loss`` (cross-entropy);
-* tree methods, for the MAP tree (``chart``) or the greedy parse (merge parsers) against the true tree of
+* tree models, for the MAP tree (chart) or the greedy parse (merge parsers) against the true tree of
   :func:`~latentstruct.data.listops.spans_to_trees`: ``tree_f1`` (sentence-level unlabelled F1 × 100, without the
   whole-sequence span, as :func:`~latentstruct.data.listops.tree_f1`), ``f1_left`` / ``f1_right`` (the same against
   the left- and right-branching trees) and ``depth`` (:func:`~latentstruct.data.listops.tree_depth`: the most
@@ -102,9 +108,9 @@ only saves time and memory. Metrics (means over the split's examples):
   Bowman report 41.6 / 8.8 / 9.6 for their ground-truth trees, so their conventions (which tokens are leaves, which
   spans count, how depth is averaged) differ from these: compare their numbers with ours only side by side.
 
-``latent=gold`` composes along the true trees (the oracle "Tree-LSTM on ground-truth trees" row): ``chart`` runs the
-ChartTreeLSTM on them, the merge methods replay them with ``given`` merges; no parser is built or trained.
-``latent=none`` is only valid with ``method=lstm`` (which ignores ``latent``).
+``latent=gold`` composes along the true trees (the oracle "Tree-LSTM on ground-truth trees" row): the chart's
+ChartTreeLSTM runs on them, the merge parser replays them with ``given`` merges; no parser is trained (the
+estimator and structure are not read). ``latent=none`` goes with ``composer=sequence_lstm`` and only with it.
 
 References: N. Nangia, S. Bowman (2018), "ListOps: a diagnostic dataset for latent tree learning", NAACL SRW.
 J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose task-specific tree structures", AAAI. D. Yogatama et al.
@@ -121,31 +127,19 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 from torch import nn
 
-from latentstruct.config import option_name
 from latentstruct.data.listops import spans_to_trees
-from latentstruct.models.composition import ChartTreeLSTM, LSTMClassifier
-from latentstruct.models.text import BiLSTMEncoder
-from latentstruct.models.tree_parsers import (
-    MergeParser,
-    MovingAverageBaseline,
-    Parse,
-    ppo_loss,
-    reinforce_loss,
-)
+from latentstruct.estimators import Ppo, Sfe
+from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
 from latentstruct.structures import BinaryTree
 from latentstruct.tasks.base import Task
 
-__all__ = ["ListOps", "ListOpsOutput", "SpanScorer", "tree_scores", "METHODS", "BASELINES"]
-
-METHODS = ("lstm", "chart", "gumbel_tree", "reinforce", "ppo")
-BASELINES = ("none", "moving_average", "self_critical")
-_MERGE = ("gumbel_tree", "reinforce", "ppo")
+__all__ = ["ListOps", "ListOpsOutput", "SpanScorer", "tree_scores"]
 
 
 @dataclass
@@ -197,35 +191,7 @@ def tree_scores(pred: torch.Tensor, gold: torch.Tensor, lengths: torch.Tensor) -
     }
 
 
-# ----------------------------------------------------------------------------------------------------- modules
-
-
-class SpanScorer(nn.Module):
-    """Span scores from BiLSTM states (LSTM-minus features; the module docstring): ``h`` ``[B, n, 2·d]`` = [f; b]
-    (forward, backward; exactly 0 at padding, as :class:`~latentstruct.models.text.BiLSTMEncoder` gives) and
-    ``lengths`` → ``[B, n, n]`` with ``s[b, i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c)`` for i < j < L
-    and 0 elsewhere."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        if dim % 2:
-            raise ValueError(f"dim is [forward; backward] and must be even, got {dim}")
-        self.half = dim // 2
-        self.proj = nn.Linear(dim, hidden)  # W on [Δf; Δb], and c
-        self.v = nn.Linear(hidden, 1, bias=False)
-
-    def forward(self, h: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        batch, n, _ = h.shape
-        f, b = h[..., : self.half], h[..., self.half :]
-        zero = h.new_zeros(batch, 1, self.half)
-        f_before = torch.cat([zero, f[:, :-1]], dim=1)  # f_{i−1}
-        b_after = torch.cat([b[:, 1:], zero], dim=1)  # b_{j+1} (0 past the length: padding is 0)
-        w_f, w_b = self.proj.weight[:, : self.half], self.proj.weight[:, self.half :]
-        start = b @ w_b.t() - f_before @ w_f.t() + self.proj.bias  # [B, n, k]: the terms of i
-        end = f @ w_f.t() - b_after @ w_b.t()  # [B, n, k]: the terms of j
-        scores = self.v(torch.tanh(start.unsqueeze(2) + end.unsqueeze(1))).squeeze(-1)
-        parts, _ = _parts(lengths.to(h.device).long(), n)
-        return scores.masked_fill(~parts, 0.0)
+# ----------------------------------------------------------------------------------------------------- helpers
 
 
 def _mlp(dim: int, hidden: int, num_classes: int, dropout: float) -> nn.Sequential:
@@ -245,152 +211,141 @@ def _gold(batch: dict[str, torch.Tensor], n: int, like: torch.Tensor) -> torch.T
 # -------------------------------------------------------------------------------------------------------- task
 
 
-class ListOps(Task):
-    """ListOps through a latent binary tree, or the LSTM baseline (module docstring: methods, PPO, metrics).
+def _target(part: Any) -> type | None:
+    """The class a part builds: a partial's function, or the instance's class (None for a null part)."""
+    return None if part is None else getattr(part, "func", type(part))
 
-    Args:
-        method: one of :data:`METHODS`.
-        vocab_size, num_classes: from the data (16 and 10).
-        latent: ``predicted`` (the parser's tree), ``gold`` (the true trees; tree methods) or ``none`` (lstm only).
-        structure, estimator: ``chart`` only — a :class:`~latentstruct.structures.BinaryTree` and a §5 estimator.
-        word_dim, hidden: word vectors; LSTM / Tree-LSTM states (also the merge parser's).
-        mlp_hidden, dropout: the classifier MLP's hidden layer; dropout before its layers.
-        scorer_hidden, span_hidden: ``chart`` — the BiLSTM (both directions together) and the span MLP's layer.
-        checkpoint: ``chart`` — recompute the ChartTreeLSTM per width in the backward pass (O(B n² dim) memory).
-        disjoint: the parser has its own embeddings and (reinforce, ppo) a separate composer.
-        tau: ``gumbel_tree`` temperature.
-        baseline, decay: reinforce / ppo control variate (:data:`BASELINES`) and the moving average's decay.
-        entropy_weight: reinforce / ppo entropy bonus β.
-        normalize_advantage, norm_decay: divide the advantage by max(1, running std) (running variance, decay).
-        ppo_clip, ppo_refresh: PPO's ε; training steps between two refreshes of the behaviour policy.
-        eval_max_cells: evaluation batches hold at most this many examples × n² (see the module docstring).
+
+class ListOps(Task):
+    """ListOps through a latent binary tree, or the LSTM baseline (module docstring: models, PPO, metrics).
 
     Batches hold ``x`` (ids ``[B, L]``), ``lengths``, ``y`` and ``spans`` (the true trees, :func:`spans_to_trees`).
+    ``kind`` says which model the parts make: ``sequence`` (the LSTM), ``chart`` or ``merge``.
     """
 
-    def __init__(
-        self,
-        method: str,
-        vocab_size: int,
-        num_classes: int = 10,
-        latent: str = "predicted",
-        structure: BinaryTree | None = None,
-        estimator: nn.Module | None = None,
+    PARTS = ("scorer", "structure", "estimator", "composer")
+
+    @classmethod
+    def build(
+        cls,
+        dims: dict[str, int],
+        extras: dict,
+        scorer,
+        structure,
+        estimator,
+        composer,
+        latent: Literal["predicted", "gold", "none"] = "predicted",
         word_dim: int = 128,
         hidden: int = 128,
         mlp_hidden: int = 128,
         dropout: float = 0.0,
         scorer_hidden: int = 128,
         span_hidden: int = 128,
-        checkpoint: bool = False,
         disjoint: bool = False,
-        tau: float = 1.0,
-        baseline: str = "moving_average",
-        decay: float = 0.9,
-        entropy_weight: float = 0.0,
-        normalize_advantage: bool = False,
-        norm_decay: float = 0.9,
-        ppo_clip: float = 0.2,
-        ppo_refresh: int = 15,
         eval_max_cells: int = 2**20,
-    ):
-        super().__init__()
-        if method not in METHODS:
-            raise ValueError(f"task.method must be one of {METHODS}, got {method!r}")
-        if latent not in ("predicted", "gold", "none"):
-            raise ValueError(f"latent must be predicted, gold or none, got {latent!r}")
-        if latent == "none" and method != "lstm":
-            raise ValueError(f"latent=none is the sequence baseline: use task.method=lstm (got method={method})")
-        if baseline not in BASELINES:
-            raise ValueError(f"task.baseline must be one of {BASELINES}, got {baseline!r}")
-        if method == "gumbel_tree" and disjoint:
-            raise ValueError("task.disjoint=true is for reinforce / ppo / chart: the Gumbel Tree-LSTM's gradient "
-                             "reaches its parser only through its own composition")
-        if ppo_refresh < 1 or eval_max_cells < 1:
-            raise ValueError(f"need ppo_refresh >= 1 and eval_max_cells >= 1, got {ppo_refresh}, {eval_max_cells}")
-        self.method, self.latent = method, "none" if method == "lstm" else latent
-        self.disjoint = disjoint and self.latent == "predicted"
-        self.baseline, self.entropy_weight = baseline, float(entropy_weight)
-        self.normalize_advantage, self.norm_decay = normalize_advantage, float(norm_decay)
-        self.ppo_clip, self.ppo_refresh, self.eval_max_cells = float(ppo_clip), int(ppo_refresh), int(eval_max_cells)
-        self.structure, self.estimator = None, None
-        self.embedding = self.parser_embedding = self.encoder = self.scorer = None
-        self.composer = self.parser = self.classifier = self.behaviour = self.moving_average = None
+    ) -> ListOps:
+        """The model the parts make (module docstring), sized by these settings and the data (``vocab_size``,
+        ``num_classes``); the sizes are the task's so that one preset sets them whatever the parts.
 
-        if method == "lstm":
-            self.lstm = LSTMClassifier(vocab_size, word_dim, hidden, num_classes, dropout)
-            return
-        self.embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
-        self.classifier = _mlp(hidden, mlp_hidden, num_classes, dropout)
-        predicted = self.latent == "predicted"
-        if self.disjoint:
-            self.parser_embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
-        if method == "chart":
-            self.composer = ChartTreeLSTM(word_dim, hidden, checkpoint=checkpoint)
-            if predicted:
-                if not isinstance(structure, BinaryTree):
-                    raise ValueError(f"task.method=chart needs structure=binary_tree, got {type(structure).__name__}")
-                if estimator is None:
-                    raise ValueError("task.method=chart needs an estimator")
-                self.structure, self.estimator = structure, estimator
-                self.encoder = BiLSTMEncoder(word_dim, scorer_hidden)
-                self.scorer = SpanScorer(scorer_hidden, span_hidden)
-            return
-        mode = {"gumbel_tree": "gumbel", "reinforce": "sample", "ppo": "sample"}[method]
-        self.parser = MergeParser(word_dim, hidden, mode=mode, tau=tau)
-        if self.disjoint:
-            self.composer = MergeParser(word_dim, hidden, mode="given")
-        if predicted and method in ("reinforce", "ppo"):
-            if baseline == "moving_average":
-                self.moving_average = MovingAverageBaseline(decay)
-            if normalize_advantage:
-                self.register_buffer("advantage_var", torch.tensor(1.0))
-        if predicted and method == "ppo":
-            own = self.parser_embedding if self.parser_embedding is not None else self.embedding
-            policy = nn.ModuleDict({"embedding": own, "parser": self.parser})
-            self.behaviour = copy.deepcopy(policy).requires_grad_(False)
-            self.register_buffer("ppo_steps", torch.tensor(0, dtype=torch.long))
-
-    @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> ListOps:
-        """Reads ``task`` and ``latent``; for ``chart`` also ``structure`` and ``estimator`` (``dataset=listops``)."""
+        Args:
+            word_dim: word vectors (Havrylov et al. 2019: 128)
+            hidden: LSTM / Tree-LSTM / merge-parser states (Havrylov et al. 2019: 128)
+            mlp_hidden: hidden layer of the classifier MLP
+            dropout: dropout before the classifier MLP's layers
+            scorer_hidden: chart: the span scorer's BiLSTM, both directions together
+            span_hidden: chart: the span MLP's tanh layer (memory [B, n, n, span_hidden])
+            disjoint: the parser gets its own embeddings and (merge parser) a separate composer Tree-LSTM, as
+                Havrylov et al. (2019); not with a pathwise estimator over the merges (st_gumbel)
+            eval_max_cells: evaluation batches (sorted by length) hold at most this many examples × n²
+        """
         if "vocab_size" not in dims or "num_classes" not in dims:
             raise ValueError("task=listops needs the ListOps dataset (dataset=listops)")
-        t = cfg.task
-        method, latent = option_name(t.method), option_name(cfg.latent)
-        chart = method == "chart" and latent == "predicted"
-        return cls(
-            method=method,
-            vocab_size=dims["vocab_size"],
-            num_classes=dims["num_classes"],
-            latent=latent,
-            structure=instantiate(cfg.structure) if chart else None,
-            estimator=instantiate(cfg.estimator) if chart else None,
-            word_dim=t.word_dim,
-            hidden=t.hidden,
-            mlp_hidden=t.mlp_hidden,
-            dropout=t.dropout,
-            scorer_hidden=t.scorer_hidden,
-            span_hidden=t.span_hidden,
-            checkpoint=t.checkpoint,
-            disjoint=t.disjoint,
-            tau=t.tau,
-            baseline=option_name(t.baseline),
-            decay=t.decay,
-            entropy_weight=t.entropy_weight,
-            normalize_advantage=t.normalize_advantage,
-            norm_decay=t.norm_decay,
-            ppo_clip=t.ppo_clip,
-            ppo_refresh=t.ppo_refresh,
-            eval_max_cells=t.eval_max_cells,
-        )
+        vocab_size, num_classes = dims["vocab_size"], dims["num_classes"]
+        uses_tree = getattr(_target(composer), "uses_tree", True)
+        kind = "sequence" if not uses_tree else "merge" if composer is None else "chart"
+        if (latent == "none") != (kind == "sequence"):
+            raise ValueError(f"latent=none is the sequence baseline, composer=sequence_lstm, and the other way round "
+                             f"(got latent={latent}, composer {_target(composer).__name__ if composer else None})")
+        predicted = latent == "predicted"
+        if kind == "sequence" and any(p is not None for p in (scorer, structure, estimator)):
+            raise ValueError("the sequence baseline reads no tree: set scorer, structure and estimator to null")
+        if kind == "merge":
+            if not issubclass(_target(scorer) or type(None), MergeParser):
+                raise ValueError(f"without a composer the merge parser composes: scorer=merge_parser (or set a "
+                                 f"composer), got {_target(scorer)}")
+            if structure is not None:
+                raise ValueError("the merge parser makes its trees merge by merge: structure=null (a binary_tree "
+                                 "structure is the chart parser's: scorer=span_scorer composer=chart_tree_lstm)")
+            if predicted and estimator is None:
+                raise ValueError("the merge parser needs an estimator for its merges (st_gumbel, sfe, ppo)")
+            if predicted and disjoint and not isinstance(estimator, Sfe):
+                raise ValueError("task.disjoint=true is for the score-function estimators (sfe, ppo) and the chart: a "
+                                 "pathwise estimator's gradient reaches its merge parser only through its composition")
+        if kind == "chart" and predicted:
+            if not isinstance(structure, BinaryTree):
+                raise ValueError(f"the chart parser needs structure=binary_tree, got {type(structure).__name__}")
+            if estimator is None or scorer is None:
+                raise ValueError("the chart parser needs a scorer (span_scorer) and an estimator")
+        disjoint = disjoint and predicted
+        # Built in this order so that a seed gives the same initial weights as every earlier version.
+        embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
+        if kind == "sequence":
+            composer = composer(input_dim=word_dim, dim=hidden)
+            return cls(embedding, _mlp(hidden, mlp_hidden, num_classes, dropout), composer=composer, latent=latent,
+                       eval_max_cells=eval_max_cells)
+        classifier = _mlp(hidden, mlp_hidden, num_classes, dropout)
+        parser_embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0) if disjoint else None
+        parser = None
+        if kind == "chart":
+            composer = composer(input_dim=word_dim, dim=hidden)
+            scorer = scorer(input_dim=word_dim, lstm_dim=scorer_hidden, hidden=span_hidden) if predicted else None
+        else:
+            parser, scorer = scorer(input_dim=word_dim, dim=hidden), None
+            composer = _target(parser)(input_dim=word_dim, dim=hidden) if disjoint else None
+        return cls(embedding, classifier, composer=composer, latent=latent, parser_embedding=parser_embedding,
+                   scorer=scorer, structure=structure if predicted else None,
+                   estimator=estimator if predicted else None, parser=parser, eval_max_cells=eval_max_cells)
+
+    def __init__(
+        self,
+        embedding: nn.Embedding,
+        classifier: nn.Module,
+        composer: nn.Module | None = None,
+        latent: str = "predicted",
+        parser_embedding: nn.Embedding | None = None,
+        scorer: nn.Module | None = None,
+        structure: BinaryTree | None = None,
+        estimator: nn.Module | None = None,
+        parser: MergeParser | None = None,
+        eval_max_cells: int = 2**20,
+    ):
+        """Built modules (see :meth:`build`): ``embedding`` → (``parser_embedding`` →) ``scorer`` → [``estimator`` ∘
+        ``structure``] (chart), or the merge ``parser`` with its ``estimator``; ``composer`` (the chart's or sequence
+        Tree-LSTM / LSTM, or the merge parser's separate replay; None: the parser composes) → ``classifier``."""
+        super().__init__()
+        if latent not in ("predicted", "gold", "none"):
+            raise ValueError(f"latent must be predicted, gold or none, got {latent!r}")
+        if eval_max_cells < 1:
+            raise ValueError(f"need eval_max_cells >= 1, got {eval_max_cells}")
+        self.kind = "merge" if parser is not None else "chart" if getattr(composer, "uses_tree", False) else "sequence"
+        self.latent, self.eval_max_cells = latent, int(eval_max_cells)
+        self.embedding, self.classifier, self.composer = embedding, classifier, composer
+        self.parser_embedding, self.scorer, self.parser = parser_embedding, scorer, parser
+        self.structure, self.estimator = structure, estimator
+        self.disjoint = parser_embedding is not None
+        self.behaviour = None
+        if isinstance(estimator, Ppo) and parser is not None:
+            own = parser_embedding if parser_embedding is not None else embedding
+            policy = nn.ModuleDict({"embedding": own, "parser": parser})
+            self.behaviour = copy.deepcopy(policy).requires_grad_(False)
+            self.register_buffer("ppo_steps", torch.tensor(0, dtype=torch.long))
 
     # ---------------------------------------------------------------------------------------------- parameters
 
     def _policy_modules(self) -> list[nn.Module]:
         """The modules only the parser uses (none when the parser also composes)."""
-        if self.method == "chart":
-            return [m for m in (self.parser_embedding, self.encoder, self.scorer) if m is not None]
+        if self.kind == "chart":
+            return [m for m in (self.parser_embedding, self.scorer) if m is not None]
         if self.disjoint:
             return [self.parser_embedding, self.parser]
         return []
@@ -412,12 +367,12 @@ class ListOps(Task):
     def span_scores(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """``chart``: span scores ``[B, n, n]`` of ids ``[B, n]`` (what the structure sees)."""
         emb = self.parser_embedding if self.parser_embedding is not None else self.embedding
-        return self.scorer(self.encoder(emb(ids), lengths), lengths)
+        return self.scorer(emb(ids), lengths)
 
     @torch.no_grad()
     def trees(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The MAP (chart) or greedy (merge) trees ``[B, n, n]`` of a batch, in evaluation mode (for figures)."""
-        if self.method == "lstm":
+        if self.kind == "sequence":
             raise ValueError("the LSTM baseline has no tree")
         was_training = self.training
         self.eval()
@@ -431,11 +386,11 @@ class ListOps(Task):
     def forward(self, batch: dict[str, torch.Tensor]) -> ListOpsOutput:
         ids, lengths = _trim(batch)
         y = batch["y"]
-        if self.method == "lstm":
-            logits = self.lstm(ids, lengths)
-            return ListOpsOutput(logits, F.cross_entropy(logits, y), None)
         emb = self.embedding(ids)
-        if self.method == "chart":
+        if self.kind == "sequence":
+            logits = self.classifier(self.composer(emb, lengths))
+            return ListOpsOutput(logits, F.cross_entropy(logits, y), None)
+        if self.kind == "chart":
             return self._chart(batch, ids, lengths, emb, y)
         return self._merge(batch, ids, lengths, emb, y)
 
@@ -471,14 +426,15 @@ class ListOps(Task):
             logits = self.classifier(composer(emb, lengths, mode="given", tree=tree).h)
             return ListOpsOutput(logits, F.cross_entropy(logits, y), None if self.training else tree)
         pemb = self.parser_embedding(ids) if self.parser_embedding is not None else emb
-        if not self.training or self.method == "gumbel_tree":
-            parse = self.parser(pemb, lengths)  # gumbel while training; argmax in eval mode
+        if not self.training or not isinstance(self.estimator, Sfe):
+            # a pathwise estimator at every merge while training (st_gumbel: the Gumbel Tree-LSTM); greedy in eval
+            parse = self.parser(pemb, lengths, mode="estimate", estimator=self.estimator)
             logits = self.classifier(self._compose(emb, lengths, parse))
             return ListOpsOutput(logits, F.cross_entropy(logits, y), None if self.training else parse.z)
-        if self.method == "reinforce":
+        old_log_probs = None
+        if self.behaviour is None:  # REINFORCE: the current policy samples
             parse = self.parser(pemb, lengths, mode="sample")
-            old_log_probs = None
-        else:
+        else:  # PPO: the behaviour policy samples, the current one re-scores its merges
             self._maybe_refresh()
             with torch.no_grad():
                 old = self.behaviour["parser"](self.behaviour["embedding"](ids), lengths, mode="sample")
@@ -486,44 +442,25 @@ class ListOps(Task):
             old_log_probs = old.log_probs
         logits = self.classifier(self._compose(emb, lengths, parse))
         ce = F.cross_entropy(logits, y, reduction="none")
-        advantage = self._advantage(-ce.detach(), ids, lengths, emb, pemb, y)
-        if old_log_probs is None:
-            surrogate = reinforce_loss(parse.log_probs, parse.mask, advantage, None, parse.entropy,
-                                       self.entropy_weight)
-        else:
-            surrogate = ppo_loss(parse.log_probs, old_log_probs, parse.mask, advantage, self.ppo_clip)
-            if self.entropy_weight:
-                surrogate = surrogate - self.entropy_weight * parse.entropy.masked_fill(~parse.mask, 0).sum(-1).mean()
+
+        def greedy() -> torch.Tensor:  # the self-critical baseline: the greedy parse's loss, dropout off
+            was_training = self.training
+            self.eval()
+            try:
+                parse = self.parser(pemb, lengths, mode="argmax")
+                return F.cross_entropy(self.classifier(self._compose(emb, lengths, parse)), y, reduction="none")
+            finally:
+                self.train(was_training)
+
+        surrogate = self.estimator.policy_loss(parse.log_probs, parse.mask, ce, parse.entropy, greedy, old_log_probs)
         return ListOpsOutput(logits, ce.mean() + surrogate, None)
 
     def _maybe_refresh(self) -> None:
-        if int(self.ppo_steps) % self.ppo_refresh == 0:
+        if int(self.ppo_steps) % self.estimator.refresh == 0:
             own = self.parser_embedding if self.parser_embedding is not None else self.embedding
             self.behaviour["embedding"].load_state_dict(own.state_dict())
             self.behaviour["parser"].load_state_dict(self.parser.state_dict())
         self.ppo_steps += 1
-
-    @torch.no_grad()
-    def _advantage(self, reward, ids, lengths, emb, pemb, y) -> torch.Tensor:
-        """A = R − b (detached), optionally divided by max(1, running std of A) (Havrylov et al.'s normalisation)."""
-        if self.baseline == "moving_average":
-            advantage = reward - self.moving_average(reward)
-        elif self.baseline == "self_critical":
-            was_training = self.training
-            self.eval()  # the greedy parse, dropout off
-            try:
-                greedy = self.parser(pemb, lengths, mode="argmax")
-                logits = self.classifier(self._compose(emb, lengths, greedy))
-            finally:
-                self.train(was_training)
-            advantage = reward + F.cross_entropy(logits, y, reduction="none")
-        else:
-            advantage = reward
-        if self.normalize_advantage:
-            var = advantage.var(unbiased=False).to(self.advantage_var)
-            self.advantage_var.mul_(self.norm_decay).add_((1 - self.norm_decay) * var)
-            advantage = advantage / self.advantage_var.sqrt().clamp_min(1.0).to(advantage)
-        return advantage
 
     # ------------------------------------------------------------------------------------------------ evaluate
 
