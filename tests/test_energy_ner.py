@@ -27,7 +27,7 @@ from latentstruct.models.energy import (
     sequence_nll,
     ssvm_loss,
 )
-from latentstruct.models.text import length_mask
+from latentstruct.models.masks import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 

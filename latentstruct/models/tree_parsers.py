@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.models.composition import BinaryTreeLSTMCell
-from latentstruct.models.text import check_lengths, length_mask
+from latentstruct.models.masks import check_lengths, length_mask
 from latentstruct.structures.base import gumbel_like
 
 __all__ = [
