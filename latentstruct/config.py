@@ -103,8 +103,8 @@ def help_texts(obj: Any) -> dict[str, str]:
     texts: dict[str, str] = {}
     owners = [c for c in obj.__mro__ if c.__module__.startswith("latentstruct")] if isinstance(obj, type) else [obj]
     methods = ("__init__", "build")
-    docs = [d for c in owners for d in (vars(c).get("__doc__"), *(getattr(vars(c).get(m), "__doc__", None)
-                                                                   for m in methods))]
+    docs = [d for c in owners for d in (c.__doc__ if not isinstance(c, type) else vars(c).get("__doc__"),
+                                        *(getattr(vars(c).get(m), "__doc__", None) for m in methods))]
     for doc in docs:  # the first class of the MRO that documents a parameter wins
         lines = inspect.cleandoc(doc or "").splitlines()
         for i, line in enumerate(lines):
@@ -369,22 +369,6 @@ class _TextDatasetConf:
 
 
 @dataclass
-class SSTConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.text.sst_dataset"
-    folder: str = _help("the SST folder (train/dev/test.txt[.gz] PTB trees), relative to data_dir", "sst")
-    binary: bool = _help("binary sentiment (neutral dropped) or 5 classes", True)
-    check_sizes: bool = _help("refuse binary files whose sizes are not the official 6920 / 872 / 1821", True)
-
-
-@dataclass
-class SNLIConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.text.snli_dataset"
-    folder: str = _help("the SNLI folder (snli_1.0_{train,dev,test}.jsonl or {train,dev,test}.tsv[.gz]), relative "
-                        "to data_dir", "snli")
-    max_tokens: int = _help("drop pairs with a longer sentence", 100)
-
-
-@dataclass
 class ListOpsConf:
     _target_: str = "latentstruct.data.listops.listops_dataset"
     data_dir: str = _help("root of the real datasets (holds <folder>/test_d20s.tsv[.gz], the official test set)",
@@ -468,25 +452,6 @@ class KNNConf(TaskConf):
         "none")
     tau: float = _help("NeuralSort temperature τ", 16.0)
     samples: int = _help("neuralsort_stochastic: Plackett-Luce samples per query", 5)
-
-
-@dataclass
-class SSTTaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.LatentTreeSST"
-    hidden: int = _help("BiLSTM size, both directions together (seed 001 Table 4: 100)", 100)
-    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23)", 100)
-    decoder_hidden: int = _help("the decoder's affine layer (the baseline: its MLP's hidden layer)", 100)
-    dropout: float = _help("dropout on the BiLSTM outputs and before the output layer (Table 4: 0)", 0.0)
-
-
-@dataclass
-class NLITaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.LatentTreeNLI"
-    hidden: int = _help("decomposable attention's hidden size (seed 001 Table 4: 200)", 200)
-    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23), on the word vectors", 100)
-    dropout: float = _help("dropout before every layer of F, G and H (Table 4: 0.2)", 0.2)
-    aggregate_layers: int = _help("ReLU layers of the aggregation MLP H before its output layer (1 gives the "
-                                  "baseline Table 4's 340K parameters with 300d vectors)", 1)
 
 
 @dataclass
@@ -691,8 +656,6 @@ _SCHEMAS = {
     ("dataset", "base_synthetic_clusters"): SyntheticClustersConf,
     ("dataset", "base_sorting_numbers"): SortingNumbersConf,
     ("dataset", "base_image_classification"): ImageClassificationConf,
-    ("dataset", "base_sst"): SSTConf,
-    ("dataset", "base_snli"): SNLIConf,
     ("dataset", "base_semisupervised"): SemiSupervisedConf,
     ("dataset", "base_listops"): ListOpsConf,
     ("dataset", "base_mlc"): MLCConf,
@@ -701,8 +664,6 @@ _SCHEMAS = {
     ("task", "base_task"): TaskConf,
     ("task", "base_sorting"): SortingConf,
     ("task", "base_knn"): KNNConf,
-    ("task", "base_sst"): SSTTaskConf,
-    ("task", "base_nli"): NLITaskConf,
     ("task", "base_vae"): VAETaskConf,
     ("task", "base_listops"): ListOpsTaskConf,
     ("task", "base_mlc_energy"): MLCEnergyTaskConf,
