@@ -124,14 +124,8 @@ class Embedder(nn.Module):
     """Word ids ``[B, n]`` → vectors ``[B, n, dim]``.
 
     ``pretrained`` ``[vocab_size, dim]`` is copied in, and frozen when ``freeze``; without it the weights are
-    trainable, N(0, 1), with the ``padding_idx`` row zero (``None``: no padding row).
-
-    Args:
-        vocab_size: rows of the matrix (the dataset's vocabulary).
-        dim: size of the word vectors (the pretrained file's, when one is given).
-        pretrained: ``[vocab_size, dim]`` vectors to copy in; None = trainable N(0, 1) embeddings.
-        freeze: keep pretrained vectors fixed (as in the papers).
-        padding_idx: the padding id, whose row stays zero; None = no padding row.
+    trainable, N(0, 1), with the ``padding_idx`` row zero (``None``: no padding row). Not a config option: the text
+    tasks build it from the top-level ``embedding`` settings and the dataset's vocabulary and vectors.
     """
 
     def __init__(
