@@ -248,7 +248,7 @@ def validate(cfg: DictConfig, where: str = "") -> None:
                 validate(node._get_node(i), f"{where}{key}.{i}.")
 
 
-# ------------------------------------------------------------ legacy schemas (moving into the signatures)
+# ------------------------------------------------------------------------------------------- run settings
 class LatentSource(str, Enum):
     predicted = "predicted"
     gold = "gold"
@@ -266,68 +266,6 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-
-
-# ---------------------------------------------------------------------------------------------------- dataset
-@dataclass
-class _TextDatasetConf:
-    data_dir: str = _help("root of the real datasets", "${paths.data_dir}")
-    pretrained: str | None = _help("set through embedding.pretrained", "${embedding.pretrained}")
-    lowercase: bool = _help("set through embedding.lowercase", "${embedding.lowercase}")
-    cache_dir: str = _help("set through embedding.cache_dir", "${embedding.cache_dir}")
-    subset: int | None = _help("keep this many training examples, drawn by a fixed seed (smoke runs); null = all",
-                               None)
-    eval_subset: int | None = _help("keep this many valid / test examples, drawn likewise; null = all", None)
-
-
-@dataclass
-class SSTConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.text.sst_dataset"
-    folder: str = _help("the SST folder (train/dev/test.txt[.gz] PTB trees), relative to data_dir", "sst")
-    binary: bool = _help("binary sentiment (neutral dropped) or 5 classes", True)
-    check_sizes: bool = _help("refuse binary files whose sizes are not the official 6920 / 872 / 1821", True)
-
-
-@dataclass
-class SNLIConf(_TextDatasetConf):
-    _target_: str = "latentstruct.data.text.snli_dataset"
-    folder: str = _help("the SNLI folder (snli_1.0_{train,dev,test}.jsonl or {train,dev,test}.tsv[.gz]), relative "
-                        "to data_dir", "snli")
-    max_tokens: int = _help("drop pairs with a longer sentence", 100)
-
-
-@dataclass
-
-
-# ------------------------------------------------------------------------------------------------------ task
-@dataclass
-class TaskConf:
-    _target_: str = _help("the task class; train.py builds it with <class>.from_config(cfg, dims, extras)")
-
-
-@dataclass
-class SSTTaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.LatentTreeSST"
-    hidden: int = _help("BiLSTM size, both directions together (seed 001 Table 4: 100)", 100)
-    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23)", 100)
-    decoder_hidden: int = _help("the decoder's affine layer (the baseline: its MLP's hidden layer)", 100)
-    dropout: float = _help("dropout on the BiLSTM outputs and before the output layer (Table 4: 0)", 0.0)
-
-
-@dataclass
-class NLITaskConf(TaskConf):
-    _target_: str = "latentstruct.tasks.LatentTreeNLI"
-    hidden: int = _help("decomposable attention's hidden size (seed 001 Table 4: 200)", 200)
-    arc_hidden: int = _help("hidden size of the arc scorer's tanh layer (eq. 23), on the word vectors", 100)
-    dropout: float = _help("dropout before every layer of F, G and H (Table 4: 0.2)", 0.2)
-    aggregate_layers: int = _help("ReLU layers of the aggregation MLP H before its output layer (1 gives the "
-                                  "baseline Table 4's 340K parameters with 300d vectors)", 1)
-
-
-@dataclass
-
-
-# ---------------------------------------------------------------------------------------------- optim etc.
 @dataclass
 class OptimConf:
     """The schema of the torch optimizers (``configs/optim/``): a partial, given the parameters by ``optim.py``."""
@@ -414,15 +352,6 @@ class TrainConf:
     tuned: dict[str, Any] = _help("tuned hyper-parameters an experiment interpolates from (per setting)", {})
 
 
-_SCHEMAS = {
-    ("dataset", "base_sst"): SSTConf,
-    ("dataset", "base_snli"): SNLIConf,
-    ("task", "base_task"): TaskConf,
-    ("task", "base_sst"): SSTTaskConf,
-    ("task", "base_nli"): NLITaskConf,
-}
-
-
 def register_configs(config_dir: Path = CONFIG_DIR) -> None:
     """Register the run schema, the schemas the config files name, and the resolvers."""
     # ``${k:${dataset.num_clusters}}`` -> "k10": a string key into a per-setting ``tuned`` table (an interpolated
@@ -432,8 +361,6 @@ def register_configs(config_dir: Path = CONFIG_DIR) -> None:
     OmegaConf.register_new_resolver("len", len, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConf)
-    for (group, name), node in _SCHEMAS.items():
-        cs.store(group=group, name=name, node=node)
     for name in sorted(_schema_names(config_dir)):
         cs.store(name=name, node=schema(name))
 

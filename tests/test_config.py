@@ -44,8 +44,6 @@ def _compose(*overrides: str):
 @pytest.mark.parametrize(("group", "name", "path"), _options(), ids=lambda x: str(x) if isinstance(x, str) else "")
 def test_every_option_names_its_schema_and_only_its_settings(group, name, path):
     names = _schema_names(path)
-    if "base_" in path.read_text():
-        pytest.xfail("TRANSITION: a legacy schema of config.py")  # removed when the last area has moved
     if group in TYPED:
         assert not names
         return
@@ -96,8 +94,6 @@ def test_option_lists_hold_no_internal_names():
         check=True,
     ).stdout
     groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
-    if "base_" in groups or "common" in groups:
-        pytest.xfail("TRANSITION: legacy schemas and shared fragments still listed")
     assert "base_" not in groups and "common" not in groups
 
 

@@ -33,7 +33,7 @@ from latentstruct.models.energy import (
     ssvm_loss,
 )
 from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
-from latentstruct.models.text import length_mask
+from latentstruct.models.masks import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 

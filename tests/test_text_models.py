@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from latentstruct.models.masks import check_lengths, masked_softmax, masked_sum
 from latentstruct.models.text import (
     ArcScorer,
     BaselineSST,
@@ -14,7 +15,6 @@ from latentstruct.models.text import (
     Embedder,
     SSTDecoder,
     head_vectors,
-    masked_softmax,
 )
 from latentstruct.structures import ProjectiveDepTree
 
@@ -174,7 +174,7 @@ def test_head_vectors_zero_at_padding_and_batched_root():
     torch.testing.assert_close(head_vectors(z, h, root.expand(3, 6)), out, **TOL)
 
 
-# ----------------------------------------------------------------------------------------------- masked softmax
+# -------------------------------------------------------------------------------------------------------- masks
 
 
 def test_masked_softmax_all_masked_row():
@@ -186,6 +186,18 @@ def test_masked_softmax_all_masked_row():
     assert torch.all(p[1] == 0)
     (p * torch.arange(3.0)).sum().backward()
     assert torch.isfinite(scores.grad).all() and torch.all(scores.grad[1] == 0) and scores.grad[0, 2] == 0
+
+
+def test_masked_sum_and_lengths_ignore_padding():
+    x = _words()  # garbage (1e3) at the padding
+    sums = masked_sum(x, LENGTHS)
+    torch.testing.assert_close(sums, torch.stack([x[b, :n].sum(0) for b, n in enumerate(LENGTHS.tolist())]), **TOL)
+    assert check_lengths(None, 3, N, x.device).tolist() == [N] * 3
+    assert check_lengths([5, 2, 4], 3, N, x.device).dtype == torch.long
+    with pytest.raises(ValueError, match="lie in 1..5"):
+        check_lengths(torch.tensor([5, 0, 4]), 3, N, x.device)
+    with pytest.raises(ValueError, match="shape"):
+        check_lengths(torch.tensor([5, 2]), 3, N, x.device)
 
 
 # ----------------------------------------------------------------------------------------------------- decoders

@@ -161,8 +161,9 @@ def test_parameter_counts_match_table4():
 def _sst_model(method: str = "spigot") -> LatentTreeSST:
     torch.manual_seed(0)
     dims = {"vocab_size": 30, "num_classes": 2, "embedding_dim": 0}
-    return build_model(_compose(f"+experiment=sst/{method}", "embedding.dim=8", "task.hidden=6",
-                                "task.arc_hidden=5", "task.decoder_hidden=7"), dims, {})
+    tree = [] if method == "baseline" else ["scorer.hidden=5"]
+    return build_model(_compose(f"+experiment=sst/{method}", "embedding.dim=8", "encoder.hidden=6", *tree,
+                                "decoder.hidden=7"), dims, {})
 
 
 @pytest.mark.parametrize("method", ["baseline", "marginals", "spigot"])
@@ -189,7 +190,7 @@ def test_sst_training_step_reaches_the_scorer_and_evaluation_uses_map():
 def test_nli_both_trees_get_a_gradient(method):
     torch.manual_seed(0)
     experiment = "snli/marginals" if method == "direct" else f"snli/{method}"
-    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "task.hidden=6", "task.arc_hidden=5",
+    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "decoder.hidden=6", "scorer.hidden=5",
                    *(["estimator=direct"] if method == "direct" else []))
     model = build_model(cfg, {"vocab_size": 30, "num_classes": 3, "embedding_dim": 0}, {}).train()
     batch = {"premise": torch.randint(2, 30, (3, 6), dtype=torch.int32), "premise_lengths": torch.tensor([6, 2, 4]),
@@ -199,6 +200,36 @@ def test_nli_both_trees_get_a_gradient(method):
     assert model.scorer.head.weight.grad.abs().sum() > 0
     metrics = model.evaluate(batch)
     assert set(metrics) == {"loss", "acc", "depth"} and metrics["depth"] >= 1
+
+
+@pytest.mark.parametrize("overrides, error", [
+    # every part group of SST is read: a part of the wrong kind is refused, not ignored
+    (["+experiment=sst/spigot", "decoder=linear", "scorer=linear"],
+     "takes as decoder SSTDecoder, not latentstruct.models.decoders.Linear"),
+    (["+experiment=sst/spigot", "scorer=linear"], "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+    (["+experiment=sst/spigot", "encoder=identity"], "takes as encoder BiLSTMEncoder, not"),
+    (["task=sst", "structure=categorical"], "takes as structure ProjectiveDepTree or NonProjective"),  # (the
+    # experiments' tree settings already refuse it at composition)
+    (["+experiment=sst/spigot", "decoder=baseline_sst"], "latent=predicted takes as decoder SSTDecoder, not"),
+    (["+experiment=sst/baseline", "decoder=sst"], "latent=none takes as decoder BaselineSST, not"),
+    # the baseline has no tree part, a tree model all three
+    (["+experiment=sst/spigot", "latent=none"], "latent=none \\(the baseline\\) has no tree, but scorer="),
+    (["+experiment=sst/baseline", "estimator=spigot"], "has no tree, but estimator=latentstruct.estimators"),
+    (["+experiment=sst/spigot", "~scorer"], "latent=predicted goes through a tree and needs a scorer"),
+    (["+experiment=sst/spigot", "latent=gold"], "SST has no gold latent trees"),
+    # SNLI reads no encoder
+    (["+experiment=snli/spigot", "+encoder=bilstm"],
+     "LatentTreeNLI is built from scorer, structure, estimator, decoder; it does not read encoder"),
+    (["+experiment=snli/spigot", "decoder=sst"], "takes as decoder DecomposableAttention, not"),
+    (["+experiment=snli/spigot", "scorer=linear"], "takes as scorer ArcScorer, not"),
+    (["+experiment=snli/baseline", "scorer=arc"], "has no tree, but scorer="),
+    (["+experiment=snli/spigot", "~scorer"], "needs a scorer"),
+])
+def test_a_part_that_does_not_fit_is_refused(overrides, error):
+    """``+experiment=sst/spigot decoder=linear scorer=linear`` used to train the SST model as if they were not set."""
+    dims = {"vocab_size": 30, "num_classes": 3 if "snli" in overrides[0] else 2, "embedding_dim": 0}
+    with pytest.raises(ValueError, match=error):
+        build_model(_compose(*overrides, "embedding.dim=8"), dims, {})
 
 
 # --- configs -------------------------------------------------------------------------------------------------------
@@ -215,16 +246,22 @@ TABLE4 = {"sst": {"baseline": (2e-5, None), "marginals": (1e-4, None), "sparsema
 def test_experiments_carry_table4_settings(task):
     batch, structure, eval_latent = {"sst": (32, "ProjectiveDepTree", "map"),
                                      "snli": (64, "NonProjectiveDepTree", "relaxed")}[task]
+    decoders = {"sst": ("SSTDecoder", "BaselineSST"), "snli": ("DecomposableAttention",) * 2}[task]  # tree, baseline
     for method, (lr, eta) in TABLE4[task].items():
         cfg = _compose(f"+experiment={task}/{method}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size, cfg.trainer.max_epochs) == (
             "torch.optim.AdamW", lr, batch, 40)
-        assert cfg.structure._target_.endswith(structure) and cfg.structure.multiroot
-        assert eta is None or cfg.estimator.eta == eta
         assert cfg.trainer.select.value == "best"
         assert cfg.latent.value == ("none" if method == "baseline" else "predicted")
+        assert cfg.decoder._target_.endswith(decoders[method == "baseline"])
+        if method == "baseline":  # no tree
+            assert cfg.scorer is None and cfg.structure is None and cfg.estimator is None
+            continue
+        assert cfg.structure._target_.endswith(structure) and cfg.structure.multiroot
+        assert cfg.structure.sparsemap_max_iter == 50 and cfg.scorer._target_.endswith("ArcScorer")
+        assert eta is None or cfg.estimator.eta == eta
         assert cfg.estimator.eval_latent == eval_latent
-    assert _compose(f"+experiment={task}/baseline").task.dropout == (0.0 if task == "sst" else 0.2)
+    assert _compose(f"+experiment={task}/baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
 
 
 def test_sweeps_compose_the_table_and_the_grids():
@@ -233,7 +270,8 @@ def test_sweeps_compose_the_table_and_the_grids():
                               ("spigot_sst_grid_eta", 3), ("spigot_snli_grid", 6), ("spigot_snli_grid_eta", 3)):
             params = compose("train", overrides=[f"+sweep={name}"], return_hydra_config=True).hydra.sweeper.params
             assert len(params["+experiment"].split(",")) == methods, name
-    assert sorted(p.stem for p in (CONFIGS / "experiment" / "sst").glob("*.yaml")) == sorted(METHODS + ["common"])
+    for task in ("sst", "snli"):  # the shared fragments are root-level configs, not experiments
+        assert sorted(p.stem for p in (CONFIGS / "experiment" / task).glob("*.yaml")) == sorted(METHODS)
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -243,7 +281,7 @@ def test_sweeps_compose_the_table_and_the_grids():
 def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     write_sst(tmp_path / "data" / "sst")
     record = _run(tmp_path, f"+experiment=sst/{method}", "dataset.check_sizes=false", "trainer.max_steps=2",
-                  "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8", "task.hidden=6")
+                  "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     assert record["status"] == "completed" and record["seconds_per_epoch"] > 0
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
 
@@ -254,14 +292,15 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
     record = _run(tmp_path, f"+experiment=snli/{method}", "trainer.max_steps=2", "trainer.eval_every=2",
                   "trainer.batch_size=8",
-                  f"embedding.pretrained={glove.name}", "task.hidden=6", "task.arc_hidden=4")
+                  f"embedding.pretrained={glove.name}", "decoder.hidden=6",
+                  *([] if method == "baseline" else ["scorer.hidden=4"]))
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
 def test_show_trees_prints_and_draws_the_map_tree(tmp_path, capsys):
     write_sst(tmp_path / "data" / "sst")
     _run(tmp_path, "+experiment=sst/spigot_ce", "dataset.check_sizes=false", "trainer.max_steps=2",
-         "trainer.batch_size=8", "embedding.dim=8", "task.hidden=6")
+         "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     model, vocab, lowercase = load_tree_model(tmp_path / "run")
     tokens, heads, unknown = parse_sentence(model, vocab, "a very good movie, not dull", lowercase)
     assert tokens == ["a", "very", "good", "movie", ",", "not", "dull"] and len(heads) == 7
@@ -276,7 +315,7 @@ def test_show_trees_prints_and_draws_the_map_tree(tmp_path, capsys):
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
     _run(tmp_path, "+experiment=sst/baseline", "dataset.check_sizes=false", "trainer.max_steps=1",
-         "trainer.batch_size=8", "embedding.dim=8", "task.hidden=6")
+         "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     with pytest.raises(ValueError, match="no latent tree"):
         load_tree_model(tmp_path / "run")
 

@@ -579,7 +579,19 @@ def sst_dataset(
     ids, "lengths": [N], "y": [N]}``; ``dims`` = ``vocab_size``, ``num_classes``, ``embedding_dim`` (0 without a
     pretrained file); ``extras`` = the :class:`Vocab` (built on the training sentences), the GloVe matrix or None, and
     a description of the embeddings. ``subset`` / ``eval_subset`` keep that many sentences of train / valid and test,
-    drawn by a fixed seed (smoke runs); the official sizes are checked before (``check_sizes``, binary task)."""
+    drawn by a fixed seed (smoke runs); the official sizes are checked before (``check_sizes``, binary task).
+
+    Args:
+        data_dir: root of the real datasets.
+        folder: the SST folder (train/dev/test.txt[.gz] PTB trees), relative to data_dir.
+        binary: binary sentiment (neutral dropped) or 5 classes.
+        check_sizes: refuse binary files whose sizes are not the official 6920 / 872 / 1821.
+        pretrained: set through embedding.pretrained.
+        lowercase: set through embedding.lowercase.
+        cache_dir: set through embedding.cache_dir.
+        subset: keep this many training examples, drawn by a fixed seed (smoke runs); null = all.
+        eval_subset: keep this many valid / test examples, drawn likewise; null = all.
+    """
     raw = load_sst(_resolve(folder, data_dir), binary=binary, check_sizes=check_sizes)
     raw = _limit_splits(raw, subset, eval_subset)
     if lowercase:
@@ -605,7 +617,18 @@ def snli_dataset(
     """SNLI as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"premise", "hypothesis": int32 ids,
     "premise_lengths", "hypothesis_lengths", "y"}``; ``dims`` and ``extras`` as for :func:`sst_dataset` (the vocabulary
     is built on both sentences of the training pairs). Refuses to run without the training split: the shared data
-    folder holds dev and test only, and training on dev would not be the protocol."""
+    folder holds dev and test only, and training on dev would not be the protocol.
+
+    Args:
+        data_dir: root of the real datasets.
+        folder: the SNLI folder (snli_1.0_{train,dev,test}.jsonl or {train,dev,test}.tsv[.gz]), relative to data_dir.
+        max_tokens: drop pairs with a longer sentence.
+        pretrained: set through embedding.pretrained.
+        lowercase: set through embedding.lowercase.
+        cache_dir: set through embedding.cache_dir.
+        subset: keep this many training examples, drawn by a fixed seed (smoke runs); null = all.
+        eval_subset: keep this many valid / test examples, drawn likewise; null = all.
+    """
     root = _resolve(folder, data_dir)
     raw = load_snli(root, max_tokens=max_tokens)
     missing = [split for split in ("train", "valid", "test") if split not in raw]

@@ -42,7 +42,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.checkpoint import checkpoint as _checkpoint
 
-from latentstruct.models.text import check_lengths, length_mask
+from latentstruct.models.masks import check_lengths, length_mask
 
 __all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "SequenceLSTM"]
 

@@ -138,7 +138,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentstruct.models.text import BiLSTMEncoder, Embedder, check_lengths, length_mask
+from latentstruct.models.masks import check_lengths, length_mask
+from latentstruct.models.text import BiLSTMEncoder, Embedder
 from latentstruct.structures import SequenceTagging
 
 __all__ = [

@@ -63,14 +63,21 @@ Components
       aggregate:  v1 = Σ_i v1_i,  v2 = Σ_j v2_j  (true lengths only),   ŷ = H([v1; v2])
 
   F and G are two-layer ReLU MLPs with dropout before each linear layer (on the input side of both layers).
-  H is ``aggregate_layers`` such ReLU layers followed by a linear layer to the classes; the default 2 follows the
-  brief ("two-layer ReLU MLP, then a linear layer"). Note: Table 4's baseline count "340K" matches
-  ``aggregate_layers=1`` (341.8K; H = ReLU layer + linear output, the usual reading of Parikh et al., where H's
-  second layer emits the class scores), while the default gives 382K. The latent-tree variant (§7.2.2) concatenates
-  each word with its (weighted) head before the model, so only ``input_dim`` changes (see the class docstring).
+  H is ``aggregate_layers`` such ReLU layers followed by a linear layer to the classes. The default 1 gives Table
+  4's baseline count "340K" (341.8K; H = ReLU layer + linear output, the usual reading of Parikh et al., where H's
+  second layer emits the class scores) and is what the SNLI runs use; 2, a literal reading of the brief ("two-layer
+  ReLU MLP, then a linear layer"), gives 382K. The latent-tree variant (§7.2.2) concatenates each word with its
+  (weighted) head before the model, so only ``input_dim`` changes (see the class docstring).
 
-* :func:`masked_softmax` — softmax over the entries where ``mask`` is true; masked entries get weight exactly 0 and a
-  row without any valid entry gets all zeros (no NaN, in the forward or the backward pass).
+The masks (:func:`~latentstruct.models.masks.length_mask`, :func:`~latentstruct.models.masks.masked_softmax`,
+:func:`~latentstruct.models.masks.masked_sum`) live in :mod:`latentstruct.models.masks`, shared with the other
+sequence models.
+
+**As config options.** Each module is an option of the group of its role (``configs/encoder/bilstm.yaml``,
+``scorer/arc.yaml``, ``decoder/sst.yaml``, ``decoder/baseline_sst.yaml``, ``decoder/decomposable_attention.yaml``);
+the sizes that come from the data or from the part before (``FROM_DATA``) are given by the task
+(:mod:`latentstruct.tasks.text`). The embedder is built by the task from the top-level ``embedding`` settings and the
+dataset's vectors.
 
 References: A. Parikh, O. Täckström, D. Das, J. Uszkoreit (2016), "A decomposable attention model for natural
 language inference", EMNLP. H. Peng, S. Thomson, N. A. Smith (2018), "Backpropagating through structured argmax
@@ -86,6 +93,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from latentstruct.models.masks import check_lengths, length_mask, masked_softmax, masked_sum
+
 __all__ = [
     "Embedder",
     "BiLSTMEncoder",
@@ -94,49 +103,10 @@ __all__ = [
     "SSTDecoder",
     "BaselineSST",
     "DecomposableAttention",
-    "masked_softmax",
-    "length_mask",
-    "check_lengths",
 ]
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
-
-
-def check_lengths(lengths: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:
-    """``lengths`` as int64 ``[batch]`` on ``device``, each checked to lie in 1..n; None means every example has
-    all n positions."""
-    if lengths is None:
-        return torch.full((batch,), n, dtype=torch.long, device=device)
-    lengths = torch.as_tensor(lengths, device=device).long()
-    if lengths.shape != (batch,):
-        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-    if bool(((lengths < 1) | (lengths > n)).any()):
-        raise ValueError(f"lengths must lie in 1..{n}, got {lengths.tolist()}")
-    return lengths
-
-
-def length_mask(lengths: torch.Tensor, n: int, device: torch.device | None = None) -> torch.Tensor:
-    """Boolean ``[B, n]``, true at the real words: ``mask[b, i] = i < lengths[b]``."""
-    lengths = torch.as_tensor(lengths, device=device)
-    return torch.arange(n, device=lengths.device).view(1, -1) < lengths.view(-1, 1)
-
-
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """softmax of ``scores`` along ``dim`` restricted to the entries where ``mask`` (broadcastable bool) is true.
-
-    Masked entries get exactly 0 (whatever they held, even NaN or ±inf); a slice with no valid entry is all zeros,
-    and its gradient is 0, not NaN.
-    """
-    mask = mask.bool()
-    filled = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return F.softmax(filled, dim=dim) * mask.to(scores.dtype)
-
-
-def _masked_sum(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Σ over the real positions of ``x`` ``[B, n, d]`` → ``[B, d]``."""
-    mask = length_mask(lengths, x.shape[1], x.device)
-    return (x * mask.unsqueeze(-1).to(x.dtype)).sum(1)
 
 
 def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
@@ -154,7 +124,8 @@ class Embedder(nn.Module):
     """Word ids ``[B, n]`` → vectors ``[B, n, dim]``.
 
     ``pretrained`` ``[vocab_size, dim]`` is copied in, and frozen when ``freeze``; without it the weights are
-    trainable, N(0, 1), with the ``padding_idx`` row zero (``None``: no padding row).
+    trainable, N(0, 1), with the ``padding_idx`` row zero (``None``: no padding row). Not a config option: the text
+    tasks build it from the top-level ``embedding`` settings and the dataset's vocabulary and vectors.
     """
 
     def __init__(
@@ -189,9 +160,16 @@ class Embedder(nn.Module):
 
 class BiLSTMEncoder(nn.Module):
     """One bidirectional LSTM layer over time, ``hidden // 2`` units per direction: ``[B, n, input_dim]`` and
-    ``lengths`` ``[B]`` (each in 1..n) → ``[B, n, hidden]``, exactly 0 at padded positions."""
+    ``lengths`` ``[B]`` (each in 1..n) → ``[B, n, hidden]``, exactly 0 at padded positions.
 
-    def __init__(self, input_dim: int, hidden: int, dropout: float = 0.0):
+    Args:
+        hidden: BiLSTM size, both directions together (seed 001 Table 4: 100).
+        dropout: dropout on the BiLSTM outputs (Table 4: 0).
+    """
+
+    FROM_DATA = ("input_dim",)  # the word vectors' size, given by the task
+
+    def __init__(self, input_dim: int, hidden: int = 100, dropout: float = 0.0):
         super().__init__()
         if hidden % 2:
             raise ValueError(f"hidden is the total size of both directions and must be even, got {hidden}")
@@ -200,11 +178,7 @@ class BiLSTMEncoder(nn.Module):
         self.out_dim = hidden
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        cpu_lengths = torch.as_tensor(lengths).detach().to("cpu", torch.long)
-        if cpu_lengths.shape != (x.shape[0],):
-            raise ValueError(f"lengths must have shape ({x.shape[0]},), got {tuple(cpu_lengths.shape)}")
-        if bool(((cpu_lengths < 1) | (cpu_lengths > x.shape[1])).any()):
-            raise ValueError(f"lengths must lie in 1..{x.shape[1]}, got {cpu_lengths.tolist()}")
+        cpu_lengths = check_lengths(torch.as_tensor(lengths).detach().cpu(), *x.shape[:2], torch.device("cpu"))
         packed = pack_padded_sequence(x, cpu_lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # padding → 0
@@ -216,9 +190,15 @@ class BiLSTMEncoder(nn.Module):
 
 class ArcScorer(nn.Module):
     """Eq. 23: ``[B, n, dim]`` word vectors (+ ``lengths``) → arc scores ``[B, n+1, n+1]``, ``[b, h, m]`` = s(h → m)
-    = vᵀ tanh(W_h x_h + W_m x_m + b) with x = [root; words]; 0 on the diagonal, column 0 and padding."""
+    = vᵀ tanh(W_h x_h + W_m x_m + b) with x = [root; words]; 0 on the diagonal, column 0 and padding.
 
-    def __init__(self, dim: int, hidden: int):
+    Args:
+        hidden: hidden size of the arc scorer's tanh layer (eq. 23).
+    """
+
+    FROM_DATA = ("dim",)  # the size of the vectors it scores, given by the task
+
+    def __init__(self, dim: int, hidden: int = 100):
         super().__init__()
         self.head = nn.Linear(dim, hidden)  # W_h and the bias b
         self.modifier = nn.Linear(dim, hidden, bias=False)  # W_m
@@ -257,9 +237,17 @@ def head_vectors(z: torch.Tensor, h: torch.Tensor, root: torch.Tensor) -> torch.
 
 
 class SSTDecoder(nn.Module):
-    """Peng et al. (2018), §7.2.1: [h_i; head_i] → Linear → ReLU → attention pooling → Linear → logits."""
+    """Peng et al. (2018), §7.2.1: [h_i; head_i] → Linear → ReLU → attention pooling → Linear → logits.
 
-    def __init__(self, dim: int, hidden: int, num_classes: int = 2, dropout: float = 0.0):
+    Args:
+        hidden: the decoder's affine layer.
+        dropout: dropout before the output layer (seed 001 Table 4: 0).
+    """
+
+    uses_latent = True  # reads the head vectors of the tree
+    FROM_DATA = ("dim", "num_classes")  # given by the task: the encoder's size, the dataset's classes
+
+    def __init__(self, dim: int, hidden: int = 100, num_classes: int = 2, dropout: float = 0.0):
         super().__init__()
         self.hidden = nn.Linear(2 * dim, hidden)
         self.attention = nn.Linear(hidden, 1)  # the learned query w (and c, which cancels in the softmax)
@@ -279,14 +267,22 @@ class SSTDecoder(nn.Module):
 
 
 class BaselineSST(nn.Module):
-    """The §7.2.1 baseline: Σ of the BiLSTM states over the true length → Linear → ReLU → Linear → logits."""
+    """The §7.2.1 baseline: Σ of the BiLSTM states over the true length → Linear → ReLU → Linear → logits.
 
-    def __init__(self, dim: int, hidden: int, num_classes: int = 2, dropout: float = 0.0):
+    Args:
+        hidden: its MLP's hidden layer.
+        dropout: dropout before the output layer (seed 001 Table 4: 0).
+    """
+
+    uses_latent = False  # no tree: the baseline
+    FROM_DATA = ("dim", "num_classes")  # given by the task: the encoder's size, the dataset's classes
+
+    def __init__(self, dim: int, hidden: int = 100, num_classes: int = 2, dropout: float = 0.0):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_classes))
 
     def forward(self, h: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.mlp(_masked_sum(h, lengths))
+        return self.mlp(masked_sum(h, lengths))
 
 
 class DecomposableAttention(nn.Module):
@@ -304,7 +300,15 @@ class DecomposableAttention(nn.Module):
         a = torch.cat([x_a, head_vectors(z_a, x_a, scorer.root)], dim=-1)      # [B, la, 600]
         b = torch.cat([x_b, head_vectors(z_b, x_b, scorer.root)], dim=-1)
         logits = da(a, b, len_a, len_b)
+
+    Args:
+        hidden: decomposable attention's hidden size (seed 001 Table 4: 200).
+        dropout: dropout before every layer of F, G and H (Table 4: 0.2).
+        aggregate_layers: ReLU layers of the aggregation MLP H before its output layer (1 gives the baseline Table
+            4's 340K parameters with 300d vectors).
     """
+
+    FROM_DATA = ("input_dim", "num_classes")  # given by the task: [word; head] or word size, the dataset's classes
 
     def __init__(
         self,
@@ -312,7 +316,7 @@ class DecomposableAttention(nn.Module):
         hidden: int = 200,
         num_classes: int = 3,
         dropout: float = 0.2,
-        aggregate_layers: int = 2,
+        aggregate_layers: int = 1,
     ):
         super().__init__()
         if aggregate_layers < 1:
@@ -330,6 +334,6 @@ class DecomposableAttention(nn.Module):
         e = torch.bmm(self.attend(a), self.attend(b).transpose(1, 2))  # [B, la, lb]
         beta = torch.bmm(masked_softmax(e, mask_b.unsqueeze(1), dim=2), b)  # [B, la, k]: b aligned to each a_i
         alpha = torch.bmm(masked_softmax(e, mask_a.unsqueeze(2), dim=1).transpose(1, 2), a)  # [B, lb, k]
-        v1 = _masked_sum(self.compare(torch.cat([a, beta], dim=-1)), len_a)  # [B, k]
-        v2 = _masked_sum(self.compare(torch.cat([b, alpha], dim=-1)), len_b)
+        v1 = masked_sum(self.compare(torch.cat([a, beta], dim=-1)), len_a)  # [B, k]
+        v2 = masked_sum(self.compare(torch.cat([b, alpha], dim=-1)), len_b)
         return self.out(self.aggregate(torch.cat([v1, v2], dim=-1)))

@@ -65,7 +65,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.models.composition import BinaryTreeLSTMCell
-from latentstruct.models.text import BiLSTMEncoder, check_lengths, length_mask
+from latentstruct.models.masks import check_lengths, length_mask
+from latentstruct.models.text import BiLSTMEncoder
 from latentstruct.structures import Categorical
 from latentstruct.structures.base import gumbel_like
 

@@ -84,7 +84,7 @@ from latentstruct.models.energy import (
     hamming_loss,
     sequence_nll,
 )
-from latentstruct.models.text import length_mask
+from latentstruct.models.masks import length_mask
 from latentstruct.structures import Categorical, SequenceTagging
 from latentstruct.tasks.energy import (
     METHODS,

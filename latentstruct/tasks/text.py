@@ -1,20 +1,28 @@
 """Text classification through latent dependency trees (seed 001 §7.2): SST sentiment and SNLI inference.
 
-**SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → one
-:class:`~latentstruct.models.text.BiLSTMEncoder` (``hidden`` in total, over time) → h. With ``latent=predicted`` the
-same h feeds :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose scores go through the estimator and the
-structure (a projective dependency tree) to z; the decoder reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j
-(:func:`~latentstruct.models.text.head_vectors`; the root symbol's vector is the scorer's learned ``root``) through
-an affine layer, a ReLU and attention pooling (:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the
-baseline: Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
+**SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → the ``encoder``,
+one :class:`~latentstruct.models.text.BiLSTMEncoder` (``encoder.hidden`` in total, over time) → h. With
+``latent=predicted`` the same h feeds the ``scorer``, :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose
+scores go through the ``estimator`` and the ``structure`` (a projective dependency tree) to z; the ``decoder``
+reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j (:func:`~latentstruct.models.text.head_vectors`; the root
+symbol's vector is the scorer's learned ``root``) through an affine layer, a ReLU and attention pooling
+(:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the baseline: no scorer, structure or estimator,
+and the decoder Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
 ``estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code did.
 
-**SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; with ``latent=predicted``
-one :class:`~latentstruct.models.text.ArcScorer` on the word vectors scores each sentence's arcs, the estimator gives
-each its tree (by default non-projective, as the reference code), and every word is concatenated with its (weighted)
-head before :class:`~latentstruct.models.text.DecomposableAttention`; ``latent=none`` is decomposable attention alone
-(no intra-attention). Relaxed methods are fed their relaxation at evaluation (``eval_latent=relaxed``), as the authors'
+**SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; no encoder. With
+``latent=predicted`` one ``scorer`` (:class:`~latentstruct.models.text.ArcScorer`) on the word vectors scores each
+sentence's arcs, the estimator gives each its tree (by default non-projective, as the reference code), and every word
+is concatenated with its (weighted) head before the ``decoder``,
+:class:`~latentstruct.models.text.DecomposableAttention`; ``latent=none`` is decomposable attention alone (no
+intra-attention). Relaxed methods are fed their relaxation at evaluation (``eval_latent=relaxed``), as the authors'
 NLI code did.
+
+**Parts** are the config groups of :data:`~latentstruct.tasks.base.PART_GROUPS` the task's option selects
+(``configs/task/sst.yaml``, ``nli.yaml``); :meth:`build` sizes them (the word vectors' size, the encoder's, the
+classes) and refuses one that does not fit its role (``decoder=linear`` on SST is an error, not a no-op), or a tree
+part set for the baseline. The word vectors are the top-level ``embedding``'s (``dim``, ``freeze``; the pretrained
+matrix comes with the dataset).
 
 **The pulled-back loss** ``downstream(μ)`` (DESIGN.md §5) is the per-example cross-entropy of the decoder fed μ with
 everything upstream of the scores detached (the word vectors, the root vector); for SNLI the two trees are estimated
@@ -31,13 +39,13 @@ that call the closure (SFE, direct) it stands in for the other sentence's sample
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 
-from latentstruct.config import option_name
 from latentstruct.data.base import iterate_batches
 from latentstruct.models.text import (
     ArcScorer,
@@ -48,6 +56,7 @@ from latentstruct.models.text import (
     SSTDecoder,
     head_vectors,
 )
+from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks.base import Task
 
 __all__ = ["LatentTreeSST", "LatentTreeNLI", "TextOutput", "tree_depths"]
@@ -76,18 +85,48 @@ def tree_depths(z: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return level.max(1).values.float()
 
 
-def _embedder(cfg, dims: dict[str, int], extras: dict) -> Embedder:
+def _embedder(embedding: dict[str, Any], dims: dict[str, int], extras: dict) -> Embedder:
+    """The word vectors: the dataset's pretrained matrix (``extras["embeddings"]``) or ``embedding.dim`` random ones."""
     pretrained = extras.get("embeddings")
-    dim = pretrained.shape[1] if pretrained is not None else cfg.embedding.dim
-    return Embedder(dims["vocab_size"], dim, pretrained=pretrained, freeze=cfg.embedding.freeze)
+    dim = pretrained.shape[1] if pretrained is not None else embedding["dim"]
+    return Embedder(dims["vocab_size"], dim, pretrained=pretrained, freeze=embedding["freeze"])
 
 
-def _latent_source(cfg, dataset: str) -> str:
-    """``cfg.latent`` as a string: ``predicted`` or ``none`` (the baseline); text has no gold trees."""
-    latent = option_name(cfg.latent)
+_TREES = (ProjectiveDepTree, NonProjectiveDepTree)
+
+
+def _has_tree(task: str, dataset: str, latent: str, scorer, structure, estimator) -> bool:
+    """Whether the model goes through a tree: ``latent=predicted`` with a scorer, a structure and an estimator, or
+    ``latent=none`` (the baseline) with none of them; text has no gold trees."""
     if latent == "gold":
         raise ValueError(f"{dataset} has no gold latent trees: use latent=predicted or latent=none (the baseline)")
-    return latent
+    tree = {"scorer": scorer, "structure": structure, "estimator": estimator}
+    if latent == "none" and any(part is not None for part in tree.values()):
+        given = {name: _name(part) for name, part in tree.items() if part is not None}
+        raise ValueError(f"{task} with latent=none (the baseline) has no tree, but "
+                         f"{', '.join(f'{k}={v}' for k, v in given.items())} {'is' if len(given) == 1 else 'are'} "
+                         f"set; the baseline is +experiment={dataset.lower()}/baseline, without them")
+    if latent != "none" and any(part is None for part in tree.values()):
+        missing = ", ".join(name for name, part in tree.items() if part is None)
+        raise ValueError(f"{task} with latent={latent} goes through a tree and needs a {missing}; latent=none is the "
+                         "baseline")
+    return latent != "none"
+
+
+def _name(part) -> str:
+    """The class a part is (or a partial of), as ``module.Class``; settings without a ``_target_`` as their keys."""
+    if isinstance(part, Mapping):
+        return f"{{{', '.join(map(str, part))}}} (no _target_)"
+    cls = getattr(part, "func", type(part))
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _fit(task: str, role: str, part, *kinds: type) -> None:
+    """Refuse ``part`` (a module, or a partial of a module class) unless it is one of ``kinds``."""
+    cls = getattr(part, "func", type(part))
+    if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        raise ValueError(f"{task} takes as {role} {' or '.join(k.__name__ for k in kinds)}, not {_name(part)}: "
+                         f"remove the {role} override")
 
 
 def _trim(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -146,22 +185,28 @@ class _TreeTask(Task):
 class LatentTreeSST(_TreeTask):
     """Sentiment classification through a latent tree, or the BiLSTM baseline (``latent=none``)."""
 
+    PARTS = ("encoder", "scorer", "structure", "estimator", "decoder")
+
     @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeSST:
-        latent = _latent_source(cfg, "SST")
-        embedder = _embedder(cfg, dims, extras or {})
-        t = cfg.task
-        encoder = BiLSTMEncoder(embedder.out_dim, t.hidden, dropout=t.dropout)
-        if latent == "none":
-            return cls(embedder, encoder, BaselineSST(t.hidden, t.decoder_hidden, dims["num_classes"], t.dropout))
-        return cls(
-            embedder,
-            encoder,
-            SSTDecoder(t.hidden, t.decoder_hidden, dims["num_classes"], t.dropout),
-            scorer=ArcScorer(t.hidden, t.arc_hidden),
-            structure=instantiate(cfg.structure),
-            estimator=instantiate(cfg.estimator),
-        )
+    def build(cls, dims: dict[str, int], extras: dict, encoder, scorer, structure, estimator, decoder,
+              embedding: dict[str, Any], latent: str = "predicted") -> LatentTreeSST:
+        """Embedder (``embedding``, the dataset's vectors) → encoder → scorer, structure, estimator → decoder, sized
+        by the data (``vocab_size``, ``num_classes``): BiLSTMEncoder, ArcScorer and SSTDecoder with
+        ``latent=predicted``; BiLSTMEncoder and BaselineSST without a tree part with ``latent=none``."""
+        name = cls.__name__
+        tree = _has_tree(name, "SST", latent, scorer, structure, estimator)
+        _fit(name, "encoder", encoder, BiLSTMEncoder)
+        _fit(f"{name} with latent={latent}", "decoder", decoder, SSTDecoder if tree else BaselineSST)
+        if tree:
+            _fit(name, "scorer", scorer, ArcScorer)
+            _fit(name, "structure", structure, *_TREES)
+        embedder = _embedder(embedding, dims, extras)  # the order of the parts' initialisations is the runs'
+        encoder = encoder(input_dim=embedder.out_dim)
+        decoder = decoder(dim=encoder.out_dim, num_classes=dims["num_classes"])
+        if not tree:
+            return cls(embedder, encoder, decoder)
+        return cls(embedder, encoder, decoder, scorer=scorer(dim=encoder.out_dim), structure=structure,
+                   estimator=estimator)
 
     def __init__(self, embedder, encoder, decoder, scorer=None, structure=None, estimator=None):
         super().__init__()
@@ -195,22 +240,30 @@ class LatentTreeNLI(_TreeTask):
     """Natural language inference: decomposable attention over words concatenated with their latent heads, or
     decomposable attention alone (``latent=none``)."""
 
-    @classmethod
-    def from_config(cls, cfg, dims: dict[str, int], extras: dict | None = None) -> LatentTreeNLI:
-        latent = _latent_source(cfg, "SNLI")
-        embedder = _embedder(cfg, dims, extras or {})
-        t, d = cfg.task, embedder.out_dim
-        tree = latent == "predicted"
-        attention = DecomposableAttention(2 * d if tree else d, t.hidden, dims["num_classes"], t.dropout,
-                                          t.aggregate_layers)
-        if not tree:
-            return cls(embedder, attention)
-        return cls(embedder, attention, scorer=ArcScorer(d, t.arc_hidden), structure=instantiate(cfg.structure),
-                   estimator=instantiate(cfg.estimator))
+    PARTS = ("scorer", "structure", "estimator", "decoder")
 
-    def __init__(self, embedder, attention, scorer=None, structure=None, estimator=None):
+    @classmethod
+    def build(cls, dims: dict[str, int], extras: dict, scorer, structure, estimator, decoder,
+              embedding: dict[str, Any], latent: str = "predicted") -> LatentTreeNLI:
+        """Embedder (``embedding``, the dataset's vectors) → scorer, structure, estimator → decoder (decomposable
+        attention over [word; head], or over the words with ``latent=none``), sized by the data (``vocab_size``,
+        ``num_classes``)."""
+        name = cls.__name__
+        tree = _has_tree(name, "SNLI", latent, scorer, structure, estimator)
+        _fit(name, "decoder", decoder, DecomposableAttention)
+        if tree:
+            _fit(name, "scorer", scorer, ArcScorer)
+            _fit(name, "structure", structure, *_TREES)
+        embedder = _embedder(embedding, dims, extras)  # the order of the parts' initialisations is the runs'
+        d = embedder.out_dim
+        decoder = decoder(input_dim=2 * d if tree else d, num_classes=dims["num_classes"])
+        if not tree:
+            return cls(embedder, decoder)
+        return cls(embedder, decoder, scorer=scorer(dim=d), structure=structure, estimator=estimator)
+
+    def __init__(self, embedder, decoder, scorer=None, structure=None, estimator=None):
         super().__init__()
-        self.embedder, self.attention = embedder, attention
+        self.embedder, self.decoder = embedder, decoder
         self.scorer, self.structure, self.estimator = scorer, structure, estimator
 
     def arc_scores(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -221,7 +274,7 @@ class LatentTreeNLI(_TreeTask):
         a = self.embedder(_trim(batch["premise"], la))
         b = self.embedder(_trim(batch["hypothesis"], lb))
         if self.scorer is None:
-            logits = self.attention(a, b, la, lb)
+            logits = self.decoder(a, b, la, lb)
             return TextOutput(logits, F.cross_entropy(logits, y), [])
         root = self.scorer.root
         sa, sb = self.scorer(a, la), self.scorer(b, lb)
@@ -235,12 +288,12 @@ class LatentTreeNLI(_TreeTask):
             return held[name]
 
         def loss_with(heads_a, heads_b):
-            logits = self.attention(torch.cat([ad, heads_a], -1), torch.cat([bd, heads_b], -1), la, lb)
+            logits = self.decoder(torch.cat([ad, heads_a], -1), torch.cat([bd, heads_b], -1), la, lb)
             return F.cross_entropy(logits, y, reduction="none")
 
         za, tree_a = self._latent(sa, la, lambda mu: loss_with(head_vectors(mu, ad, rootd), map_heads("b", sb, lb, bd)))
         zb, tree_b = self._latent(sb, lb, lambda mu: loss_with(map_heads("a", sa, la, ad), head_vectors(mu, bd, rootd)))
-        logits = self.attention(torch.cat([a, head_vectors(za, a, root)], -1),
+        logits = self.decoder(torch.cat([a, head_vectors(za, a, root)], -1),
                                 torch.cat([b, head_vectors(zb, b, root)], -1), la, lb)
         trees = [] if tree_a is None else [(tree_a, la), (tree_b, lb)]
         return TextOutput(logits, F.cross_entropy(logits, y), trees)
