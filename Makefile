@@ -45,8 +45,10 @@ NER_SEEDS ?= 301,302,303
 NER_ARGS ?=
 POS_SEEDS ?= 301,302,303
 POS_ARGS ?=
-# Real datasets (see README); the shared copy beside the checkout when it exists.
-export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
+# Real datasets (see README); the shared copy beside the checkout when it exists, else the package's default (data/).
+ifneq ($(wildcard ../shared/data),)
+export LATENTSTRUCT_DATA ?= $(abspath ../shared/data)
+endif
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu

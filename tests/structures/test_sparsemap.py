@@ -10,7 +10,6 @@ import itertools
 import pytest
 import torch
 from entmax import sparsemax
-from reference import capped_simplex_projection, qp_over_vertices
 
 from latentstruct.structures import Categorical, Structure
 from latentstruct.structures.parts import dense_to_parts
@@ -21,6 +20,7 @@ from latentstruct.structures.sparsemap import (
     sparsemap,
     sparsemap_active_set,
 )
+from tests.structures.reference import capped_simplex_projection, qp_over_vertices
 
 CAT = Categorical()
 # The default tol = 1e-6 bounds the duality gap, and ½||μ - μ*||² ≤ gap: comparisons at 1e-9 need a tighter one.

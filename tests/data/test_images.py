@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shared_data import real_dir
 
 from latentstruct.data.images import (
     DATASETS,
@@ -278,9 +277,9 @@ def test_image_classification_errors(data_dir, tmp_path):
 
 # --- real MNIST (skipped when absent) ----------------------------------------------------------------------------
 
-@pytest.mark.skipif(real_dir("mnist") is None, reason="real MNIST not available")
-def test_real_mnist():
-    data = load_mnist(real_dir("mnist"))
+@pytest.mark.real_data("mnist")
+def test_real_mnist(data_root):
+    data = load_mnist(data_root / "mnist")
     x, y = data["train"]
     tx, ty = data["test"]
     assert x.shape == (60000, 28, 28) and tx.shape == (10000, 28, 28)

@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 import torch
-from test_listops_task import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
 
 from latentstruct import listops_report, tables
 from latentstruct.data.listops import listops_dataset, right_branching, tree_f1
 from latentstruct.tasks.listops import tree_scores
+from tests.tasks.test_listops import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
 
 pytestmark = pytest.mark.usefixtures("short")  # generated expressions stay short: fast runs
 

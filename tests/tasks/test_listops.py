@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
-from shared_data import real_data
 
 import latentstruct.data.listops as listops_data
 from latentstruct.data.listops import (
@@ -27,19 +25,14 @@ from latentstruct.structures import BinaryTree
 from latentstruct.tasks import ListOps
 from latentstruct.tasks.listops import tree_scores
 from latentstruct.train import build_model, train
+from tests.helpers import CONFIGS
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "listops").glob("*.yaml")
                      if p.stem not in ("common", "chart_common"))
 TREE_EXPERIMENTS = [e for e in EXPERIMENTS if e not in ("lstm", "gold")]
 SMALL = ["task.word_dim=8", "task.hidden=8", "task.mlp_hidden=8", "task.scorer_hidden=8", "task.span_hidden=6"]
 TREE_METRICS = {"tree_f1", "f1_left", "f1_right", "depth"}
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def write_listops(folder: Path, n: int = 12, seed: int = 7) -> Path:
@@ -305,8 +298,7 @@ def test_experiments_carry_their_settings():
 def test_sweeps_cover_every_experiment_and_three_seeds():
     experiments = []
     for sweep in ("listops", "listops_chart"):
-        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-            cfg = compose("train", overrides=[f"+sweep={sweep}"], return_hydra_config=True)
+        cfg = _compose(f"+sweep={sweep}", hydra=True)
         params = cfg.hydra.sweeper.params
         experiments += params["+experiment"].split(",")
         assert params["trainer.seed"] == "301,302,303"
@@ -328,15 +320,11 @@ def test_invalid_combinations_are_refused():
 # --- real data -----------------------------------------------------------------------------------------------------
 
 
-def _real_data() -> Path | None:
-    return real_data("listops/test_d20s.tsv") or real_data("listops/test_d20s.tsv.gz")
-
-
-@pytest.mark.skipif(_real_data() is None, reason="the official ListOps test file is not available")
-def test_real_listops_smoke_run(tmp_path):
+@pytest.mark.real_data("listops")
+def test_real_listops_smoke_run(tmp_path, data_root):
     """The official test file end to end with the LSTM (10,000 expressions of up to 939 tokens, in length buckets)."""
     record = train(_compose("+experiment=listops/lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",
                             "trainer.max_steps=1", "trainer.batch_size=32", "trainer.progress=false",
-                            "trainer.device=cpu", f"paths.data_dir={_real_data()}",
+                            "trainer.device=cpu", f"paths.data_dir={data_root}",
                             f"paths.output_dir={tmp_path / 'run'}"))
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from shared_data import real_data
 
 from latentstruct.data.text import snli_dataset, sst_dataset
 from latentstruct.show_trees import load_tree_model, parse_sentence
@@ -21,17 +19,12 @@ from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.text import tree_depths
 from latentstruct.train import build_model, train
 from latentstruct.trees import depth, heads_from_arcs
+from tests.helpers import CONFIGS
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 METHODS = ["baseline", "marginals", "sparsemap", "perturb_and_map", "ste_s", "ste_i", "spigot", "spigot_ce",
            "spigot_eg"]
 WORDS = ["good", "bad", "movie", "film", "very", "not", "fun", "dull", "a", "the", "plot", "actors", "."]
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _sentences(n: int, seed: int) -> list[list[str]]:
@@ -228,11 +221,10 @@ def test_experiments_carry_table4_settings(task):
 
 
 def test_sweeps_compose_the_table_and_the_grids():
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        for name, methods in (("spigot_sst", 9), ("spigot_snli", 9), ("spigot_sst_grid", 6),
-                              ("spigot_sst_grid_eta", 3), ("spigot_snli_grid", 6), ("spigot_snli_grid_eta", 3)):
-            params = compose("train", overrides=[f"+sweep={name}"], return_hydra_config=True).hydra.sweeper.params
-            assert len(params["+experiment"].split(",")) == methods, name
+    for name, methods in (("spigot_sst", 9), ("spigot_snli", 9), ("spigot_sst_grid", 6),
+                          ("spigot_sst_grid_eta", 3), ("spigot_snli_grid", 6), ("spigot_snli_grid_eta", 3)):
+        params = _compose(f"+sweep={name}", hydra=True).hydra.sweeper.params
+        assert len(params["+experiment"].split(",")) == methods, name
     assert sorted(p.stem for p in (CONFIGS / "experiment" / "sst").glob("*.yaml")) == sorted(METHODS + ["common"])
 
 
@@ -281,18 +273,14 @@ def test_show_trees_refuses_the_baseline(tmp_path):
         load_tree_model(tmp_path / "run")
 
 
-def _real_data() -> Path | None:
-    return real_data("sst")
-
-
-@pytest.mark.skipif(_real_data() is None, reason="real SST not available (../shared/data/sst)")
-def test_real_sst_smoke_run(tmp_path):
+@pytest.mark.real_data("sst")
+def test_real_sst_smoke_run(tmp_path, data_root):
     """The real SST files end to end: 64 training sentences, one epoch of SPIGOT, 64 valid / test sentences, with the
     shared GloVe 6B subset (frozen, lower-cased), then a tree of the trained model."""
-    glove = _real_data() / "glove" / "glove.6B-top2717.100d.sst_conll_snli.txt.xz"
+    glove = data_root / "glove" / "glove.6B-top2717.100d.sst_conll_snli.txt.xz"
     record = train(_compose("+experiment=sst/spigot", "dataset.subset=64", "dataset.eval_subset=64",
                             "trainer.max_epochs=1", "trainer.progress=false", "trainer.device=cpu",
-                            f"paths.data_dir={_real_data()}", f"paths.output_dir={tmp_path / 'run'}",
+                            f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path / 'run'}",
                             f"embedding.cache_dir={tmp_path / 'cache'}", "embedding.lowercase=true",
                             *([f"embedding.pretrained={glove}"] if glove.is_file() else [])))
     assert record["status"] == "completed" and record["steps"] == 2

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from reference import distance_to_hull, gibbs, qp_over_vertices, total_variation, vertex_scores
 
 from latentstruct.structures import (
     BinaryTree,
@@ -30,6 +29,7 @@ from latentstruct.structures import (
     gumbel_like,
 )
 from latentstruct.structures.parts import parts_to_dense
+from tests.structures.reference import distance_to_hull, gibbs, qp_over_vertices, total_variation, vertex_scores
 
 
 @dataclass(frozen=True)

@@ -6,23 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import latentstruct.config  # noqa: F401  (registers the config schemas)
+from tests.helpers import ROOT, compose
 
-ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_layers", ROOT / "bench" / "layers.py")
 layers = sys.modules["bench_layers"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
 _spec.loader.exec_module(layers)
-
-
-def _compose(overrides):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=overrides)
 
 
 def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
@@ -31,7 +23,7 @@ def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
     assert set(layers.TASK_BASELINE.values()) <= {c.key for c in configs}
     for config in configs:
         overrides = layers.run_overrides(config, steps=7, threads=1, device="cpu", eval_subset=32)
-        cfg = _compose(overrides)
+        cfg = compose(*overrides)
         assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
         assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
         if config.task == "SST" and config.cap != "—":

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shared_data import real_dir
 
 from latentstruct.data.mlc import (
     DEFAULT_THRESHOLDS,
@@ -244,9 +243,9 @@ def test_threshold_selection():
 
 # --- real data (skipped when absent) -------------------------------------------------------------------------------
 
-@pytest.mark.skipif(real_dir("bibtex") is None, reason="real bibtex not available")
-def test_real_bibtex():
-    root = real_dir("bibtex")
+@pytest.mark.real_data("bibtex")
+def test_real_bibtex(data_root):
+    root = data_root / "bibtex"
     train = read_arff(root / "bibtex-train.arff.gz")  # label count from bibtex.xml
     assert train.x.shape == (4880, 1836) and train.y.shape == (4880, 159)
     assert train.label_names[0] == "TAG_2005" and set(np.unique(train.x)) == {0.0, 1.0}
@@ -258,9 +257,9 @@ def test_real_bibtex():
     assert y.sum(1).mean().item() == pytest.approx(2.402, abs=1e-3)
 
 
-@pytest.mark.skipif(real_dir("delicious") is None, reason="real delicious not available")
-def test_real_delicious():
-    root = real_dir("delicious")
+@pytest.mark.real_data("delicious")
+def test_real_delicious(data_root):
+    root = data_root / "delicious"
     test = read_arff(root / "delicious-test.arff.gz")
     assert test.x.shape == (3185, 500) and test.y.shape == (3185, 983)
     assert int((test.y.sum(1) == 0).sum()) == 4

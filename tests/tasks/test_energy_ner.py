@@ -12,9 +12,6 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
-from shared_data import real_data
-from test_energy_task import check_resume_in_the_method_phase
 
 import latentstruct.train as train_module
 from latentstruct.data.conll import TAG_PAD, span_f1, tag_names
@@ -30,9 +27,10 @@ from latentstruct.models.energy import (
 from latentstruct.models.text import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
+from tests.helpers import ROOT
+from tests.helpers import compose as _compose
+from tests.tasks.test_energy import check_resume_in_the_method_phase
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = real_data("conll2003")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml") if p.stem != "common")
 TINY_TASK = ["task.hidden=4", "embedding.dim=6", "task.feature_dim=3", "task.neumann_terms=2", "task.spen_steps=2",
              "task.num_samples=2"]
@@ -72,11 +70,6 @@ def write_conll(root: Path, n_train: int = 24, n_valid: int = 10, n_test: int = 
             lines.append("")
         (folder / f"{split}.txt").write_text("\n".join(lines) + "\n")
     return root
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _batch(lengths=(4, 2, 3), width: int = 6, vocab: int = 12, tags: int = 4, seed: int = 0):
@@ -285,8 +278,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
     assert cfg.dataset.features and (cfg.embedding.dim, cfg.task.hidden, cfg.trainer.batch_size) == (100, 100, 32)
     assert _compose("+experiment=ner/infnet_plus").task.infnet_ce > 0
     assert str(_compose("+experiment=ner/crf").task.method.value) == "crf"
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        sweep = compose("train", overrides=["+sweep=energy_ner"], return_hydra_config=True)
+    sweep = _compose("+sweep=energy_ner", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"ner/{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["dataset.features"] == "false,true"
 
@@ -314,11 +306,11 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
                                      monkeypatch, steps=12)
 
 
-@pytest.mark.skipif(REAL_DATA is None, reason="the shared CoNLL-2003 is not here")
+@pytest.mark.real_data("conll2003")
 @pytest.mark.parametrize("experiment,features", [("cd", "false"), ("mbce", "true")])
-def test_real_conll_smoke_run(tmp_path, experiment, features):
+def test_real_conll_smoke_run(tmp_path, data_root, experiment, features):
     phases = ["trainer.phases.0.epochs=1"] if experiment != "mbce" else []  # 3 pretraining steps, then the method
-    record = train(_compose(f"+experiment=ner/{experiment}", f"paths.data_dir={REAL_DATA}",
+    record = train(_compose(f"+experiment=ner/{experiment}", f"paths.data_dir={data_root}",
                             f"paths.output_dir={tmp_path}", "trainer.progress=false", "trainer.threads=1",
                             "dataset.subset=96", "dataset.eval_subset=64", f"dataset.features={features}",
                             "trainer.max_steps=5", "trainer.eval_every=5", "task.neumann_terms=2", *phases))

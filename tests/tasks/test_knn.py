@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from test_images import write_mnist
 from torch import nn
 
 import latentstruct.optim
@@ -19,15 +16,11 @@ from latentstruct.structures import TopK
 from latentstruct.tasks import KNN
 from latentstruct.tasks.knn import knn_loss, knn_predict
 from latentstruct.train import build_model, train
+from tests.data.test_images import write_mnist
+from tests.helpers import CONFIGS
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "knn").glob("*.yaml") if p.stem != "common")
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 class Flat(nn.Module):
@@ -149,8 +142,7 @@ def test_protocol_hyper_parameters():
 
 
 def test_sweep_composes_the_paper_grid():
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=["+sweep=direct_knn"], return_hydra_config=True)
+    cfg = _compose("+sweep=direct_knn", hydra=True)
     params = cfg.hydra.sweeper.params
     assert params["task.k"] == "1,3,5,9" and len(params["+experiment"].split(",")) == len(EXPERIMENTS) == 5
 

@@ -12,7 +12,6 @@ import itertools
 
 import pytest
 import torch
-from reference import recursive_chu_liu_edmonds
 
 from latentstruct.structures import ProjectiveDepTree
 from latentstruct.structures.nonprojective import (
@@ -26,6 +25,7 @@ from latentstruct.structures.nonprojective import (
     _TorchOps,
 )
 from latentstruct.structures.sparsemap import sparsemap_active_set
+from tests.structures.reference import recursive_chu_liu_edmonds
 
 SIZES = list(range(1, 6))
 ROOTS = [True, False]

@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from shared_data import real_data
 
 from latentstruct.data.conll import TAG_PAD
 from latentstruct.data.twpos import TWPOS_SIZES, TWPOS_SPLITS, TWPOS_TAGS, read_tagged, twpos_dataset
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
+from tests.helpers import ROOT
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = real_data("twpos")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml") if p.stem != "common")
 
 
@@ -103,11 +101,6 @@ def test_pos_evaluation_is_the_token_accuracy(monkeypatch):
         SequenceLabelEnergy(12, 3, "mbce", emb_dim=4, hidden=3, metric="f2")
 
 
-def _compose(*overrides: str, hydra: bool = False):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=list(overrides), return_hydra_config=hydra)
-
-
 def test_every_experiment_runs_on_generated_twitter_pos(tmp_path):
     data_dir = write_twpos(tmp_path / "data", n=8)
     for experiment in EXPERIMENTS:
@@ -136,9 +129,9 @@ def test_the_sweeps_and_the_reduced_presets_compose():
         assert [p.epochs for p in pos_cpu.trainer.phases] == [10, 5] and pos_cpu.dataset.subset is None
 
 
-@pytest.mark.skipif(REAL_DATA is None, reason="the shared Twitter POS data is not here")
-def test_real_twitter_pos_counts():
-    data = twpos_dataset(REAL_DATA)
+@pytest.mark.real_data("twpos")
+def test_real_twitter_pos_counts(data_root):
+    data = twpos_dataset(data_root)
     assert {split: data.size(split) for split in data.splits} == TWPOS_SIZES
     tokens = {split: int(d["lengths"].sum()) for split, d in data.splits.items()}
     assert tokens == {"train": 14619 + 4823, "valid": 7152, "test": 7707}  # the MANIFEST's counts, daily547 counted

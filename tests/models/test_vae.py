@@ -8,8 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from shared_data import real_dir
-from test_images import write_mnist
 
 from latentstruct.data.semisupervised import balanced_subset, binarize, semisupervised_mnist
 from latentstruct.models.vae import (
@@ -20,8 +18,7 @@ from latentstruct.models.vae import (
     gumbel_softmax_sample,
     negative_elbo,
 )
-
-REAL_MNIST = real_dir("mnist")
+from tests.data.test_images import write_mnist
 
 PHI0 = torch.tensor([0.3, -0.5, 1.0, 0.0], dtype=torch.float64)
 THETA = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
@@ -249,9 +246,9 @@ def test_semisupervised_mnist_tiny(tmp_path):
         semisupervised_mnist("cifar10", tmp_path, 20)
 
 
-@pytest.mark.skipif(REAL_MNIST is None, reason="real MNIST not available")
-def test_semisupervised_mnist_real_sizes():
-    data = semisupervised_mnist("mnist", REAL_MNIST.parent, n_labelled=100, seed=0)
+@pytest.mark.real_data("mnist")
+def test_semisupervised_mnist_real_sizes(data_root):
+    data = semisupervised_mnist("mnist", data_root, n_labelled=100, seed=0)
     assert len(data["train"]["x"]) == 50_000 and len(data["valid"]["x"]) == 10_000
     assert len(data["test"]["x"]) == 10_000 and data["train"]["x"].shape[1] == 784
     assert set(data["train"]["x"].unique().tolist()) == {0.0, 1.0}

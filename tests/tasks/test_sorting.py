@@ -10,7 +10,6 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from scipy.stats import kendalltau
 
@@ -24,16 +23,11 @@ from latentstruct.structures.matching import sinkhorn
 from latentstruct.tasks import LatentClassifier, Sorting
 from latentstruct.tasks.sorting import kendall_tau, sorting_loss
 from latentstruct.train import build_model, train
+from tests.helpers import CONFIGS
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 TINY = ["dataset.num_items=5", "dataset.n_valid=40", "dataset.n_test=40", "trainer.progress=false"]
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "sorting").glob("*.yaml"))
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
@@ -191,8 +185,7 @@ def test_protocol_hyper_parameters():
 
 
 def test_sweep_composes_the_paper_grid():
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=["+sweep=direct_sorting"], return_hydra_config=True)
+    cfg = _compose("+sweep=direct_sorting", hydra=True)
     params = cfg.hydra.sweeper.params
     assert params["dataset.num_items"] == "5,10,25,40,60,100"
     assert len(params["+experiment"].split(",")) == 4

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_data import real_dir
 
 from latentstruct.data.conll import (
     CONLL_SIZES,
@@ -336,9 +335,9 @@ def test_conll_dataset_errors(tmp_path):
 
 # --- real data (skipped when absent) -------------------------------------------------------------------------------
 
-@pytest.mark.skipif(real_dir("conll2003") is None, reason="real CoNLL-2003 not available")
-def test_real_conll2003():
-    data = load_conll(real_dir("conll2003"))
+@pytest.mark.real_data("conll2003")
+def test_real_conll2003(data_root):
+    data = load_conll(data_root / "conll2003")
     sizes = {split: (len(s), sum(len(x.tokens) for x in s)) for split, s in data.items()}
     assert sizes == CONLL_SIZES == {"train": (14041, 203621), "valid": (3250, 51362), "test": (3453, 46435)}
     entities = {split: Counter(kind for s in sents for kind, _, _ in spans(s.ner)) for split, sents in data.items()}
@@ -352,7 +351,7 @@ def test_real_conll2003():
         assert span_f1(gold, gold) == (100.0, 100.0, 100.0)
         assert span_f1(bioes, gold) == (100.0, 100.0, 100.0)
 
-    dataset = conll_dataset(real_dir("conll2003").parent, features=True)
+    dataset = conll_dataset(data_root, features=True)
     assert dataset.dims["num_tags"] == 17
     names = dataset.extras["tag_names"]
     for split, sentences in data.items():

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_data import real_dir
 
 import latentstruct.data.text as text
 from latentstruct.data.text import (
@@ -368,9 +367,9 @@ def test_pad_batch():
 
 # --- real data (skipped when absent) -------------------------------------------------------------------------------
 
-@pytest.mark.skipif(real_dir("sst") is None, reason="real SST not available")
-def test_real_sst():
-    data = load_sst(real_dir("sst"))  # enforces 6920 / 872 / 1821
+@pytest.mark.real_data("sst")
+def test_real_sst(data_root):
+    data = load_sst(data_root / "sst")  # enforces 6920 / 872 / 1821
     assert {k: len(v) for k, v in data.items()} == {"train": 6920, "valid": 872, "test": 1821}
     tokens, label = data["train"][0]
     assert label == 1  # root label 3
@@ -378,9 +377,9 @@ def test_real_sst():
     assert Counter(label for _, label in data["valid"]) == {0: 139 + 289, 1: 279 + 165}
 
 
-@pytest.mark.skipif(real_dir("snli") is None, reason="real SNLI not available")
-def test_real_snli():
-    data = load_snli(real_dir("snli"))
+@pytest.mark.real_data("snli")
+def test_real_snli(data_root):
+    data = load_snli(data_root / "snli")
     assert sorted(data) == ["test", "valid"]
     counts = {split: Counter(label for *_, label in pairs) for split, pairs in data.items()}
     assert counts["valid"] == {0: 3329, 1: 3235, 2: 3278} and sum(counts["valid"].values()) == 9842
@@ -393,11 +392,9 @@ def test_real_snli():
 _GLOVE_840B = "glove.840B-top100sample.300d.sst_conll.txt.xz"
 
 
-@pytest.mark.skipif(
-    real_dir("glove") is None or not (real_dir("glove") / _GLOVE_840B).is_file(), reason="real GloVe not available"
-)
-def test_real_glove_840b_sample(tmp_path):
-    path = real_dir("glove") / _GLOVE_840B
+@pytest.mark.real_data(f"glove/{_GLOVE_840B}")
+def test_real_glove_840b_sample(tmp_path, data_root):
+    path = data_root / "glove" / _GLOVE_840B
     with lzma.open(path, "rt", encoding="utf-8") as f:
         words = [line.rstrip("\n").rsplit(" ", 300)[0] for line in f]
     assert len(words) == 98

@@ -9,8 +9,7 @@ import pytest
 import yaml
 
 from latentstruct import figures, tables
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT as REPO
 
 
 def _run(root: Path, name: str, experiment: str, *, k: int = 3, acc: float = 90.0, vm: float = 80.0,

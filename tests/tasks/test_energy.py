@@ -10,10 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from shared_data import real_data
 
 import latentstruct.train as train_module
 from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold
@@ -28,9 +26,9 @@ from latentstruct.models.energy import (
 )
 from latentstruct.tasks.energy import MultiLabelEnergy
 from latentstruct.train import train
+from tests.helpers import ROOT
+from tests.helpers import compose as _compose
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = real_data("bibtex")
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "mlc").glob("*.yaml") if p.stem != "common")
 TINY_TASK = ["task.feature_hidden=[16]", "task.global_hidden=4"]
 
@@ -64,11 +62,6 @@ def write_mlc(root: Path, name: str = "toy", n_train: int = 40, n_test: int = 20
     labels = "".join(f'<label name="label{j}"></label>' for j in range(num_labels))
     (folder / f"{name}.xml").write_text(f'<labels xmlns="http://mulan.sourceforge.net/labels">{labels}</labels>\n')
     return root
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _batch(n: int = 10, features: int = 6, labels: int = 5, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -353,8 +346,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
     for dataset, sizes in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
         cfg = _compose("+experiment=mlc/cd", f"dataset={dataset}")
         assert (list(cfg.task.feature_hidden), cfg.task.global_hidden) == sizes and cfg.dataset.name == dataset
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        sweep = compose("train", overrides=["+sweep=energy_mlc"], return_hydra_config=True)
+    sweep = _compose("+sweep=energy_mlc", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc/{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["trainer.seed"] == "301,302,303"
 
@@ -372,9 +364,9 @@ def test_the_dataset_configs_read_their_files(tmp_path):
         instantiate(_compose("dataset=eurlex", f"paths.data_dir={tmp_path / 'nowhere'}").dataset)
 
 
-@pytest.mark.skipif(REAL_DATA is None, reason="the shared bibtex is not here")
-def test_real_bibtex_smoke_run(tmp_path):
-    record = train(_compose("+experiment=mlc/cd", f"paths.data_dir={REAL_DATA}", f"paths.output_dir={tmp_path}",
+@pytest.mark.real_data("bibtex")
+def test_real_bibtex_smoke_run(tmp_path, data_root):
+    record = train(_compose("+experiment=mlc/cd", f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path}",
                             "trainer.progress=false", "trainer.threads=1", "trainer.phases.0.epochs=2",
                             "trainer.max_steps=286",
                             "task.neumann_terms=2"))

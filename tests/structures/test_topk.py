@@ -11,11 +11,11 @@ import math
 
 import pytest
 import torch
-from reference import capped_simplex_projection
 
 from latentstruct.structures.base import Structure
 from latentstruct.structures.sparsemap import sparsemap
 from latentstruct.structures.topk import TopK
+from tests.structures.reference import capped_simplex_projection
 
 DTYPES = [torch.float32, torch.float64]
 CASES = [(1, 1), (3, 1), (4, 2), (5, 3), (6, 2), (7, 4), (7, 7)]  # (n, k)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 
 from latentstruct.structures import ProjectiveDepTree, Structure
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_structures", ROOT / "bench" / "structures.py")
 bench = sys.modules["bench_structures"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from shared_data import real_dir
 
 from latentstruct.data.listops import (
     LISTOPS_VOCAB,
@@ -95,14 +94,16 @@ def test_read_listops_errors(tmp_path: Path) -> None:
 # --- the official test file ----------------------------------------------------------------------------------------
 
 
-def _official_test_file() -> Path | None:
-    return real_dir("listops/test_d20s.tsv.gz") or real_dir("listops/test_d20s.tsv")
+def _official_test_file(root: Path) -> Path:
+    """``listops/test_d20s.tsv.gz``, or the uncompressed file, under the data root."""
+    found = [p for p in (root / "listops" / "test_d20s.tsv.gz", root / "listops" / "test_d20s.tsv") if p.exists()]
+    assert found, f"no test_d20s.tsv[.gz] in {root / 'listops'}"
+    return found[0]
 
 
-def test_official_test_file() -> None:
-    path = _official_test_file()
-    if path is None:
-        pytest.skip("official ListOps test_d20s.tsv[.gz] not available")
+@pytest.mark.real_data("listops")
+def test_official_test_file(data_root: Path) -> None:
+    path = _official_test_file(data_root)
     examples = read_listops(path)
     assert len(examples) == 10_000
     assert check_labels(examples) == 0

@@ -4,14 +4,9 @@ inside the phases, and a real-MNIST smoke run."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from shared_data import real_data
-from test_images import write_mnist
 
 import latentstruct.train as train_module
 from latentstruct.data.semisupervised import semisupervised_dataset
@@ -20,9 +15,9 @@ from latentstruct.models.vae import direct_encoder_surrogate
 from latentstruct.structures.categorical import Categorical
 from latentstruct.tasks.vae import SemiSupervisedVAE
 from latentstruct.train import train
+from tests.data.test_images import write_mnist
+from tests.helpers import compose
 
-ROOT = Path(__file__).resolve().parent.parent
-REAL_DATA = real_data("mnist")
 SMALL = ["task.gaussian_dim=4", "task.encoder_hidden=[32,16]", "task.head_hidden=8", "task.decoder_hidden=32"]
 
 
@@ -34,12 +29,11 @@ def data_dir(tmp_path):
 
 
 def _cfg(data_dir, out, *overrides, method="direct", small=True):
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=[
-            f"+experiment=vae/{method}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
-            "dataset.n_valid=50", "dataset.n_labelled=20", "trainer.batch_size=16", "trainer.progress=false",
-            "trainer.phases.0.epochs=3", "trainer.phases.1.epochs=2", "trainer.eval_every=null",
-            *(SMALL if small else []), *overrides])
+    return compose(
+        f"+experiment=vae/{method}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
+        "dataset.n_valid=50", "dataset.n_labelled=20", "trainer.batch_size=16", "trainer.progress=false",
+        "trainer.phases.0.epochs=3", "trainer.phases.1.epochs=2", "trainer.eval_every=null",
+        *(SMALL if small else []), *overrides)
 
 
 @pytest.mark.parametrize("method", ["direct", "gsm"])
@@ -161,9 +155,9 @@ def test_direct_surrogate_equals_the_direct_estimator_on_a_categorical():
     torch.testing.assert_close(scores.grad, phi.grad)
 
 
-@pytest.mark.skipif(REAL_DATA is None, reason="the shared MNIST is not here")
-def test_real_mnist_smoke_run_learns_from_the_labels(tmp_path):
-    record = train(_cfg(REAL_DATA, tmp_path / "run", "dataset.n_labelled=100", "dataset.n_valid=10000",
+@pytest.mark.real_data("mnist")
+def test_real_mnist_smoke_run_learns_from_the_labels(tmp_path, data_root):
+    record = train(_cfg(data_root, tmp_path / "run", "dataset.n_labelled=100", "dataset.n_valid=10000",
                         "trainer.batch_size=100", "trainer.phases.0.epochs=30", "trainer.max_steps=30",
                         "trainer.eval_every=30", small=False))
     assert record["steps"] == 30
