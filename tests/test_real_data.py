@@ -24,7 +24,8 @@ def test_reads_nothing():
 
 def _session(pytester: pytest.Pytester, tests: str = TESTS) -> pytest.RunResult:
     pytester.makepyfile(test_inner=tests)
-    return pytester.runpytest("-p", "tests.conftest", "-rs")
+    # In-process; without hypothesis's plugin, which would import hypothesis anew in every session (1 s each).
+    return pytester.runpytest("-p", "tests.conftest", "-p", "no:hypothesispytest", "-p", "no:cacheprovider", "-rs")
 
 
 def _write(root, *files):
