@@ -1,9 +1,10 @@
-"""latentstruct.structures.binary_tree.BinaryTree against brute-force enumeration (DESIGN.md §4 contract, §9).
+"""latentstruct.structures.BinaryTree: what test_contract.py does not check (DESIGN.md §4, §9).
 
-The ground truth is ``enumerate(n)``, itself checked against an independent brute force written here (a different
-characterisation: n - 1 pairwise non-crossing spans of width ≥ 2 that include the full span) and the Catalan numbers.
-CKY, the inside algorithm, the marginals (inside-outside) and the exact top-down sampler are compared with it for every
-small size, with and without lengths.
+``enumerate(n)`` against an independent brute force written here (a different characterisation: n - 1 pairwise
+non-crossing spans of width ≥ 2 that include the full span) and the Catalan numbers; the contract compares CKY, the
+inside algorithm, the marginals (inside-outside) and the exact top-down sampler with it. Here: tie-breaking, non-parts
+and forbidden constituents, junk in the padding, the exact sampler with lengths, the hand-written backward against
+autograd's, longer sentences.
 """
 
 import functools
@@ -104,38 +105,10 @@ def test_enumerate_is_every_bracketing_once(n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
-def test_map_is_the_best_enumerated_tree(n, dtype):
-    struct = BinaryTree()
-    scores = _scores(6, n, dtype, seed=10 * n).requires_grad_(True)
-    z = struct.map(scores)
-    assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
-    vertices, vs = _vertex_scores(scores.detach())
-    torch.testing.assert_close(struct.score(z, scores.detach()), vs.max(-1).values, **_tol(dtype))
-    for zb in z:
-        assert (vertices == zb).all(-1).all(-1).any(), "MAP is not a vertex"
-        _assert_valid_tree(zb)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", SIZES)
-def test_log_partition_is_logsumexp_over_trees(n, dtype):
-    struct = BinaryTree()
-    scores = _scores(6, n, dtype, seed=n)
-    _, vs = _vertex_scores(scores)
-    log_z = struct.log_partition(scores)
-    assert log_z.shape == (6,) and log_z.dtype == dtype
-    torch.testing.assert_close(log_z, torch.logsumexp(vs, -1), **_tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", SIZES)
-def test_marginals_are_the_expected_tree(n, dtype):
+def test_marginals_are_zero_off_the_parts_and_count_n_minus_one_constituents(n, dtype):
     struct = BinaryTree()
     scores = _scores(6, n, dtype, seed=n + 100)
-    vertices, vs = _vertex_scores(scores)
-    expected = torch.einsum("bv,vij->bij", torch.softmax(vs, -1), vertices)
     mu = struct.marginals(scores)
-    torch.testing.assert_close(mu, expected, **_tol(dtype))
     assert torch.all(mu.tril() == 0)
     torch.testing.assert_close(mu.sum((1, 2)), torch.full_like(mu[:, 0, 0], n - 1), **_tol(dtype))
     if n >= 2:
@@ -289,7 +262,7 @@ def _total_variation(sampler, n, length, draws):
     return 0.5 * (_frequencies(z[:, :length, :length], vertices) - exact).abs().sum()
 
 
-@pytest.mark.parametrize(("n", "length"), [(4, 4), (6, 5)])
+@pytest.mark.parametrize(("n", "length"), [(6, 5)])  # without padding: test_contract.py
 def test_exact_sample_matches_the_gibbs_distribution(n, length):
     tv = _total_variation(BinaryTree().exact_sample, n, length, draws=20000)
     assert tv < 0.03, f"total variation {tv:.4f}"
@@ -318,13 +291,8 @@ def test_perturb_and_map_samples_and_sparsemap():
         assert z.shape == scores.shape
         for zb, length in zip(z, lengths.tolist(), strict=True):
             _assert_valid_tree(zb, length)
-    # SparseMAP (the generic active-set solver over our MAP) is the projection onto the polytope: the optimality
-    # condition <s - μ, v - μ> ≤ 0 holds for every vertex v.
-    s = _scores(3, 5, seed=9, scale=0.5)
-    mu = struct.sparsemap(s)
-    vertices, _ = _vertex_scores(s)
-    gap = torch.einsum("bij,vij->bv", s - mu, vertices) - ((s - mu) * mu).sum((1, 2)).unsqueeze(-1)
-    assert torch.all(gap <= 1e-6)
+    # SparseMAP (the projection onto the polytope: test_contract.py) is exactly 0 off the parts.
+    mu = struct.sparsemap(_scores(3, 5, seed=9, scale=0.5))
     assert torch.all(mu.tril() == 0) and torch.all(mu >= -1e-9)
 
 

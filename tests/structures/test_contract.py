@@ -59,7 +59,7 @@ CASES = [
             f"projective_{tag}",
             ProjectiveDepTree(root),
             lambda n: (n + 1, n + 1),
-            (1, 2, 3, 4),
+            (1, 2, 3, 4, 5),
             crop=functools.partial(_square, offset=1),
         )
         for root, tag in ((True, "multiroot"), (False, "single_root"))
@@ -69,14 +69,14 @@ CASES = [
             f"nonprojective_{tag}",
             NonProjectiveDepTree(root),
             lambda n: (n + 1, n + 1),
-            (1, 2, 3, 4),
+            (1, 2, 3, 4, 5),
             crop=functools.partial(_square, offset=1),
         )
         for root, tag in ((True, "multiroot"), (False, "single_root"))
     ),
     Case("sequence", SequenceTagging(3), lambda n: (n, 3, 3), (1, 2, 3), crop=_prefix, sample_size=2),
-    Case("binary_tree", BinaryTree(), lambda n: (n, n), (1, 2, 3, 4, 5), crop=_square, sample_size=4),
-    Case("matching", Matching(), lambda n: (n, n), (1, 2, 3, 4), crop=_square, has_marginals=False),
+    Case("binary_tree", BinaryTree(), lambda n: (n, n), (1, 2, 3, 4, 5, 6), crop=_square, sample_size=4),
+    Case("matching", Matching(), lambda n: (n, n), (1, 2, 3, 4, 5), crop=_square, has_marginals=False),
     Case("topk", TopK(2), lambda n: (n,), (2, 3, 5), crop=_prefix, min_length=2, sample_size=5),
 ]
 SIZED = [pytest.param(c, n, id=f"{c.name}-n{n}") for c in CASES for n in c.sizes]

@@ -1,9 +1,9 @@
-"""latentstruct.structures.ProjectiveDepTree against brute-force enumeration (DESIGN.md §4 contract, §9).
+"""latentstruct.structures.ProjectiveDepTree: what test_contract.py does not check (DESIGN.md §4, §9).
 
-The ground truth is ``enumerate(n)``, itself checked against an independent brute force written here (a different
-characterisation of projectivity: every word between a head and its modifier descends from the head) and against
-the known counts. MAP, the log-partition and the marginals are compared with it for every small size, both root
-constraints, with and without lengths.
+``enumerate(n)`` against an independent brute force written here (a different characterisation of projectivity: every
+word between a head and its modifier descends from the head) and the known counts; the contract compares MAP, the
+log-partition and the marginals with it. Here: Eisner's tie-breaking against a scalar reference, non-parts and
+forbidden arcs, junk in the padding, gradients with lengths, the exact backward, longer sentences, float32.
 """
 
 import functools
@@ -115,20 +115,6 @@ def test_enumerate_is_every_projective_tree_once(n, multiroot):
 # ------------------------------------------------------------------------------------ map, log-partition, marginals
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("multiroot", ROOTS)
-@pytest.mark.parametrize("n", SIZES)
-def test_map_is_the_best_enumerated_tree(n, multiroot, dtype):
-    struct = ProjectiveDepTree(multiroot)
-    scores = _scores(6, n, dtype, seed=10 * n + multiroot).requires_grad_(True)
-    z = struct.map(scores)
-    assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
-    vertices, vs = _vertex_scores(scores.detach(), multiroot)
-    torch.testing.assert_close(struct.score(z, scores.detach()), vs.max(-1).values, **_tol(dtype))
-    for zb in z:
-        assert (vertices == zb).all(-1).all(-1).any(), "MAP is not a vertex"
-
-
 def _eisner_reference(s, length, multiroot):
     """Scalar Eisner over the nested list ``s`` (a tree over words 1..length), ties to the smallest split and the
     smallest root child → the head tuple. Shares no code with the module under test."""
@@ -208,25 +194,10 @@ def test_map_equals_a_scalar_reference_on_random_scores(multiroot):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multiroot", ROOTS)
 @pytest.mark.parametrize("n", SIZES)
-def test_log_partition_is_logsumexp_over_trees(n, multiroot, dtype):
-    struct = ProjectiveDepTree(multiroot)
-    scores = _scores(6, n, dtype, seed=n)
-    _, vs = _vertex_scores(scores, multiroot)
-    log_z = struct.log_partition(scores)
-    assert log_z.shape == (6,) and log_z.dtype == dtype
-    torch.testing.assert_close(log_z, torch.logsumexp(vs, -1), **_tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("multiroot", ROOTS)
-@pytest.mark.parametrize("n", SIZES)
-def test_marginals_are_the_expected_tree(n, multiroot, dtype):
+def test_marginals_are_zero_off_the_parts_and_give_each_word_one_head(n, multiroot, dtype):
     struct = ProjectiveDepTree(multiroot)
     scores = _scores(6, n, dtype, seed=n + 100)
-    vertices, vs = _vertex_scores(scores, multiroot)
-    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
     mu = struct.marginals(scores)
-    torch.testing.assert_close(mu, expected, **_tol(dtype))
     assert torch.all(mu[:, :, 0] == 0) and torch.all(mu.diagonal(dim1=1, dim2=2) == 0)
     # Every word has one head in expectation; the single root has one child.
     torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **_tol(dtype))
@@ -303,11 +274,10 @@ def test_lengths_gradients_stay_off_padding(multiroot):
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
-def test_marginals_gradcheck(multiroot):
+def test_marginals_gradcheck_with_lengths(multiroot):
     struct = ProjectiveDepTree(multiroot)
     scores = _scores(2, 3, seed=11).requires_grad_(True)
     lengths = torch.tensor([3, 2])
-    assert torch.autograd.gradcheck(lambda s: struct.marginals(s), (scores,))
     assert torch.autograd.gradcheck(lambda s: struct.marginals(s, lengths), (scores,))
 
 

@@ -1,10 +1,10 @@
-"""latentstruct.structures.nonprojective.NonProjectiveDepTree against brute force (DESIGN.md §4 contract, §9).
+"""latentstruct.structures.NonProjectiveDepTree: what test_contract.py does not check (DESIGN.md §4, §9).
 
-The ground truth is ``enumerate(n)``, itself checked against an independent brute force written here (a head
-assignment is a tree iff a breadth-first search from the root along its arcs reaches every word) and against
-Cayley's counts. MAP, the log-partition and the marginals are compared with it for every small size, both root
-constraints, both dtypes, with and without lengths, on moderate scores (the slogdet path) and on scores scaled by
-30-1000 (where the determinant cancels and the log-space elimination takes over).
+``enumerate(n)`` against an independent brute force written here (a head assignment is a tree iff a breadth-first
+search from the root along its arcs reaches every word) and Cayley's counts; the contract compares MAP, the
+log-partition and the marginals with it on moderate scores (the slogdet path). Here: the same comparisons on scores
+scaled by 30-1000 (where the determinant cancels and the log-space elimination takes over), ties and nested cycles,
+the batched Chu-Liu-Edmonds against the recursive reference, junk and ±inf in the scores, gradients with lengths.
 """
 
 import functools
@@ -123,20 +123,6 @@ def test_enumerate_is_every_tree_once(n, multiroot):
 # ------------------------------------------------------------------------------------ map, log-partition, marginals
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("multiroot", ROOTS)
-@pytest.mark.parametrize("n", SIZES)
-def test_map_is_the_best_enumerated_tree(n, multiroot, dtype):
-    struct = NonProjectiveDepTree(multiroot)
-    scores = _scores(8, n, dtype, seed=10 * n + multiroot).requires_grad_(True)
-    z = struct.map(scores)
-    assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
-    _, vs = _vertex_scores(scores.detach(), multiroot)
-    torch.testing.assert_close(struct.score(z.double(), scores.detach().double()), vs.max(-1).values, **_tol(dtype))
-    for zb in z:
-        assert _heads(zb) in _independent_trees(n, multiroot), "MAP is not a vertex"
-
-
 @pytest.mark.parametrize("multiroot", ROOTS)
 def test_map_with_ties_and_nested_cycles(multiroot):
     # Many small-integer score matrices: ties everywhere, and cycles inside contracted cycles.
@@ -154,26 +140,10 @@ def test_map_with_ties_and_nested_cycles(multiroot):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("multiroot", ROOTS)
 @pytest.mark.parametrize("n", SIZES)
-def test_log_partition_is_logsumexp_over_trees(n, multiroot, dtype):
-    struct = NonProjectiveDepTree(multiroot)
-    scores = _scores(6, n, dtype, seed=n)
-    _, vs = _vertex_scores(scores, multiroot)
-    log_z = struct.log_partition(scores)
-    assert log_z.shape == (6,) and log_z.dtype == dtype
-    torch.testing.assert_close(log_z, torch.logsumexp(vs, -1).to(dtype), **_tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("multiroot", ROOTS)
-@pytest.mark.parametrize("n", SIZES)
-def test_marginals_are_the_expected_tree(n, multiroot, dtype):
+def test_marginals_are_the_gradient_of_the_log_partition(n, multiroot, dtype):
     struct = NonProjectiveDepTree(multiroot)
     scores = _scores(6, n, dtype, seed=n + 100)
-    vertices, vs = _vertex_scores(scores, multiroot)
-    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices).to(dtype)
     mu = struct.marginals(scores)
-    assert mu.dtype == dtype
-    torch.testing.assert_close(mu, expected, **_tol(dtype))
     assert torch.all(mu[:, :, 0] == 0) and torch.all(mu.diagonal(dim1=1, dim2=2) == 0)
     # The closed form is the gradient of the log-partition (the base class's definition).
     torch.testing.assert_close(mu, super(NonProjectiveDepTree, struct).marginals(scores), **_tol(dtype))
@@ -426,11 +396,10 @@ def test_map_batch_does_not_change_the_trees(multiroot):
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
-def test_marginals_gradcheck(multiroot):
+def test_marginals_gradcheck_with_lengths_and_by_elimination(multiroot):
     struct = NonProjectiveDepTree(multiroot)
     scores = _scores(2, 3, seed=11).requires_grad_(True)
     lengths = torch.tensor([3, 2])
-    assert torch.autograd.gradcheck(lambda s: struct.marginals(s), (scores,))
     assert torch.autograd.gradcheck(lambda s: struct.marginals(s, lengths), (scores,))
     # The elimination path (forced by a two-word cycle that costs ~80 nats to break) is twice differentiable too.
     big = _scores(1, 4, seed=13).repeat(2, 1, 1)
