@@ -21,6 +21,20 @@ def test_reads_nothing():
     pass
 """
 
+OTHER_SKIPS = """
+@pytest.mark.real_data("sst")
+def test_skips_itself(data_root):
+    pytest.skip("no GPU here")
+
+@pytest.mark.real_data("sst")
+@pytest.mark.skipif(True, reason="some condition")
+def test_skipped_by_a_mark(data_root):
+    pass
+
+def test_unmarked(data_root):
+    pass
+"""
+
 
 def _session(pytester: pytest.Pytester, tests: str = TESTS) -> pytest.RunResult:
     pytester.makepyfile(test_inner=tests)
@@ -37,14 +51,20 @@ def _write(root, *files):
 def test_without_the_variable_the_root_is_data_in_the_working_directory(pytester, monkeypatch):
     monkeypatch.delenv("LATENTSTRUCT_DATA", raising=False)
     _write(pytester.path / "data", "sst/train.txt")
-    result = _session(pytester)
-    result.assert_outcomes(passed=2, skipped=1)
+    result = _session(pytester, TESTS + OTHER_SKIPS)
+    # test_skipped_by_a_mark is skipped at its setup, test_unmarked fails there: errors, not failures.
+    result.assert_outcomes(passed=2, skipped=1, failed=1, errors=2)
     result.stdout.fnmatch_lines(
-        ["*1 real-data tests ran: sst 1", "*1 skipped, their data absent: glove/vectors.txt 1, snli 1"]
+        [
+            "*may be skipped only where its data is absent, not for: *some condition*",
+            "*data_root is for tests marked @pytest.mark.real_data*",
+            "*may be skipped only where its data is absent, not for: *no GPU here*",
+            "*2 real-data tests ran: sst 2",  # test_reads_sst, and test_skips_itself (which failed)
+            "*1 skipped, their data absent: glove/vectors.txt 1, snli 1",
+        ]
     )
-    result.stdout.fnmatch_lines(
-        [f"SKIPPED * test_inner.py:*: real data absent: snli, glove/vectors.txt not in {pytester.path / 'data'}"]
-    )
+    root = pytester.path / "data"
+    result.stdout.fnmatch_lines([f"SKIPPED * test_inner.py:*: real data absent: snli, glove/vectors.txt not in {root}"])
 
 
 def test_the_variable_names_the_root(pytester, monkeypatch, tmp_path):
@@ -58,42 +78,13 @@ def test_the_variable_names_the_root(pytester, monkeypatch, tmp_path):
     )
 
 
-def test_a_variable_that_names_no_directory_stops_the_session(pytester, monkeypatch):
+def test_a_variable_that_names_no_directory_or_a_bare_marker_stops_the_session(pytester, monkeypatch):
     for value in (str(pytester.path / "nowhere"), ""):
         monkeypatch.setenv("LATENTSTRUCT_DATA", value)
         result = _session(pytester)
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         result.stderr.fnmatch_lines([f"*LATENTSTRUCT_DATA={value!r} names no directory*"])
-
-
-def test_a_real_data_test_cannot_skip_for_another_reason(pytester, monkeypatch):
-    monkeypatch.delenv("LATENTSTRUCT_DATA", raising=False)
-    _write(pytester.path / "data", "sst/train.txt")
-    tests = """
-import pytest
-
-@pytest.mark.real_data("sst")
-def test_skips_itself(data_root):
-    pytest.skip("no GPU here")
-
-@pytest.mark.real_data("sst")
-@pytest.mark.skipif(True, reason="some condition")
-def test_skipped_by_a_mark(data_root):
-    pass
-"""
-    result = _session(pytester, tests)
-    result.assert_outcomes(failed=1, errors=1)  # the second is skipped at its setup
-    result.stdout.fnmatch_lines(["*may be skipped only where its data is absent, not for: *no GPU here*"])
-
-
-def test_only_marked_tests_get_the_data_root(pytester, monkeypatch):
-    monkeypatch.delenv("LATENTSTRUCT_DATA", raising=False)
-    result = _session(pytester, "def test_unmarked(data_root):\n    pass\n")
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*data_root is for tests marked @pytest.mark.real_data*"])
-
-
-def test_the_marker_must_name_what_it_reads(pytester, monkeypatch):
-    monkeypatch.delenv("LATENTSTRUCT_DATA", raising=False)
+    monkeypatch.delenv("LATENTSTRUCT_DATA")
     result = _session(pytester, "import pytest\n\n@pytest.mark.real_data\ndef test_x(data_root):\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*@pytest.mark.real_data needs the paths it reads"])
