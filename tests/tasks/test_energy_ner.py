@@ -38,15 +38,6 @@ TINY_TASK = ["task.hidden=4", "embedding.dim=6", "task.feature_dim=3", "task.neu
 # ------------------------------------------------------------------------------------------------ helpers
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny LSTMs on a busy machine run several times faster on one thread; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 _WORDS = ["the", "a", "of", "in", "said", "on", "to", "was", "by", "and", "team", "club", "market", "talks", "."]
 _NAMES = {"PER": ["John", "Mary", "Smith"], "LOC": ["Paris", "Bonn", "Kenya"], "ORG": ["EU", "Reuters", "UN"],
           "MISC": ["German", "British"]}
