@@ -26,8 +26,10 @@ REPLACED := INNER_SEEDS SORT_SEEDS KNN_DATASET KNN_ARGS SST_SEEDS SST_ARGS SST_T
 	NER_SEEDS NER_ARGS POS_SEEDS POS_ARGS
 $(foreach v,$(REPLACED),$(if $(filter command line environment,$(origin $(v))),\
 	$(error $(v) is gone: SEEDS=... and ARGS='...' replace it (a dataset: ARGS=dataset=...); see the README)))
-# Real datasets (see README); the shared copy beside the checkout when it exists.
-export LATENTSTRUCT_DATA ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),data)
+# Real datasets (see README); the shared copy beside the checkout when it exists, else the package's default (data/).
+ifneq ($(wildcard ../shared/data),)
+export LATENTSTRUCT_DATA ?= $(abspath ../shared/data)
+endif
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu

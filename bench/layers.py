@@ -6,7 +6,7 @@ Every configuration is trained through the public entry point, ``python -m laten
 a subprocess, and timed by its run record: ``metrics.json``'s ``seconds_per_step`` (training time per step without
 the evaluations, README "Run records"). The configurations:
 
-* SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, default ``../shared/data`` beside the checkout;
+* SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, else ``data``, as ``paths.data_dir``;
   batch 32 as the experiments set it): ``sst/baseline`` (the BiLSTM step every SST row is compared with),
   ``sst/marginals``, and ``sst/sparsemap``, ``sst/spigot``, ``sst/spigot_ce`` each with the experiments' truncated
   SparseMAP (``structure.sparsemap_max_iter=50``) and exact (``structure.sparsemap_max_iter=null``);
@@ -445,7 +445,7 @@ def failures(results: dict[str, dict[str, list]]) -> list[str]:
 
 
 def _default_data_dir() -> Path:
-    return Path(os.environ.get("LATENTSTRUCT_DATA") or ROOT.parent / "shared" / "data").resolve()
+    return Path(os.environ.get("LATENTSTRUCT_DATA") or "data").resolve()  # paths.data_dir's default
 
 
 def main(argv=None) -> int:
@@ -470,7 +470,7 @@ def main(argv=None) -> int:
         "--data-dir",
         type=Path,
         default=_default_data_dir(),
-        help="$LATENTSTRUCT_DATA of the runs (default: it, or ../shared/data beside the checkout)",
+        help="$LATENTSTRUCT_DATA of the runs (default: it, else data, as paths.data_dir)",
     )
     parser.add_argument(
         "--only",

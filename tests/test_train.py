@@ -12,16 +12,9 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from test_energy_ner import write_conll
-from test_energy_task import write_mlc
-from test_images import write_cifar, write_mnist
-from test_listops_task import write_listops
-from test_text_tasks import write_snli, write_sst
-from test_twpos import write_twpos
 
 import latentstruct.train as train_module
 from latentstruct.config import ConfigError, validate
@@ -29,15 +22,16 @@ from latentstruct.data.images import DATASETS
 from latentstruct.records import flatten
 from latentstruct.tasks import Task
 from latentstruct.train import train
+from tests.data.test_images import write_cifar, write_mnist
+from tests.helpers import CONFIGS, ROOT
+from tests.helpers import compose as _compose
+from tests.tasks.test_energy import write_mlc
+from tests.tasks.test_energy_ner import write_conll
+from tests.tasks.test_listops import write_listops
+from tests.tasks.test_text import write_snli, write_sst
+from tests.tasks.test_twpos import write_twpos
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 TINY = ["dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.progress=false"]
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
@@ -222,8 +216,7 @@ def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_slurm"])
 def test_launchers_compose(launcher):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    cfg = _compose(f"hydra/launcher={launcher}", hydra=True)
     assert launcher.split("_")[0] in cfg.hydra.launcher._target_.lower()
 
 

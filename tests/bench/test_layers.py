@@ -1,0 +1,115 @@
+"""bench/layers.py without running it: its configurations compose, its overrides are checked, its arithmetic and its
+table are right on made-up numbers (no timing here: the benchmark itself is `make bench-layers`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.helpers import ROOT, compose
+
+_spec = importlib.util.spec_from_file_location("bench_layers", ROOT / "bench" / "layers.py")
+layers = sys.modules["bench_layers"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
+_spec.loader.exec_module(layers)
+
+
+def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
+    configs = layers.configurations()
+    assert len({c.key for c in configs}) == len(configs) == 11
+    assert set(layers.TASK_BASELINE.values()) <= {c.key for c in configs}
+    for config in configs:
+        overrides = layers.run_overrides(config, steps=7, threads=1, device="cpu", eval_subset=32)
+        cfg = compose(*overrides)
+        assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
+        assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
+        if config.task == "SST" and config.cap != "—":
+            assert cfg.structure.sparsemap_max_iter == (None if config.cap == "exact" else 50)
+        # the run-time check reads the same file a run leaves in .hydra/
+        (tmp_path / ".hydra").mkdir(exist_ok=True)
+        (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        assert layers.unapplied(tmp_path, overrides) == []
+    # and it can fail: a value the config does not hold
+    assert layers.unapplied(tmp_path, ["trainer.max_steps=8", "+experiment=x"]) == ["trainer.max_steps=8 (composed: 7)"]
+
+
+def test_read_metrics_and_steady_state(tmp_path):
+    assert layers.read_metrics(tmp_path)["status"] == "failed"  # no metrics.json
+    (tmp_path / "metrics.json").write_text(
+        json.dumps({"status": "completed", "seconds_per_step": 0.5, "steps": 4, "git_commit": "abc", "metrics": {}})
+    )
+    main = layers.read_metrics(tmp_path)
+    assert main == {"status": "completed", "seconds_per_step": 0.5, "steps": 4, "git_commit": "abc"}
+    warm = {"seconds_per_step": 1.1, "steps": 1}  # the first step: 1.1 s, the next three: 0.3 s each
+    assert layers.steady_seconds(warm, main) == pytest.approx(0.3)
+    assert layers.steady_seconds(None, main) == 0.5
+
+
+def _fake_results():
+    def done(*values):
+        return [{"status": "completed", "seconds_per_step": v, "cpu_per_step": v / 2} for v in values]
+
+    return {
+        "before": {
+            "sst/baseline": done(0.1, 0.3, 0.2),
+            "sst/sparsemap@exact": [{"status": "timeout"}],
+            "sst/marginals": done(0.8),
+        },
+        "now": {
+            "sst/baseline": done(0.2),
+            "sst/sparsemap@exact": done(1.0),
+            "sst/marginals": [{"status": "failed", "error": "boom"}, *done(0.4)],
+        },
+    }
+
+
+def test_summary_and_markdown_on_fake_numbers():
+    configs = [c for c in layers.configurations() if c.key in ("sst/baseline", "sst/sparsemap@exact", "sst/marginals")]
+    rows = {r["key"]: r for r in layers.summarize(_fake_results(), configs)}
+    base, exact, marg = rows["sst/baseline"], rows["sst/sparsemap@exact"], rows["sst/marginals"]
+    assert base["before"] == 0.2 and base["before_ratio"] == base["now_ratio"] == 1.0  # median of 3 repeats
+    assert marg["speedup"] == pytest.approx(2.0) and marg["now_ratio"] == pytest.approx(2.0)
+    assert marg["now_failures"] == 1 and marg["now_status"] is None
+    assert exact["before"] is None and exact["before_status"] == "timeout" and "speedup" not in exact
+    meta = {
+        "git_commit": "abc",
+        "git_dirty": True,
+        "baseline": {"rev": "r", "commit": "0123456789abcdef", "subject": "s"},
+        "hardware": "cpu",
+        "cpu": "X",
+        "cores": 2,
+        "device": "cpu",
+        "threads": 1,
+        "torch": "2",
+        "python": "3",
+        "steps": 30,
+        "baseline_steps": 100,
+        "exact_steps": 3,
+        "warmup": 1,
+        "repeats": 3,
+        "timeout": 60,
+        "date": "today",
+        "total_seconds": 90,
+        "make": "make bench-layers",
+        "command": "python bench/layers.py",
+        "notes": ["a note"],
+    }
+    meta["failures"] = layers.failures(_fake_results())
+    assert meta["failures"] == [
+        "before `sst/sparsemap@exact` repeat 1: timeout",
+        "now `sst/marginals` repeat 1: failed: boom",
+    ]
+    text = layers.markdown(list(rows.values()), meta)
+    assert "- git commit: abc (dirty)" in text and "0123456789ab (r: s)" in text and "- a note" in text
+    assert "| SST | BiLSTM (baseline) | — | 0.200 | 0.200 | 1.00× | 1.0 | 1.0 |" in text
+    assert "| SST | SparseMAP | exact | timeout | 1.000 | — | — | 5.0 |" in text
+    assert "| SST | Marginals | — | 0.800 | 0.400 (1 failed) | 2.00× | 4.0 | 2.0 |" in text
+    assert "- now `sst/marginals` repeat 1: failed: boom" in text
+    assert "| SST | Marginals | — | 0.400 | 0.200 | 2.00× |" in text.split("## Cross-check")[1]
+    # without a baseline commit: the "now" columns only
+    now_only = layers.summarize({"now": _fake_results()["now"]}, configs)
+    text = layers.markdown(now_only, {**meta, "baseline": None})
+    assert "before" not in text.split("## Notes")[0].split("|", 1)[1] and "| SST | Marginals | — | 0.400" in text

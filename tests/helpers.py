@@ -1,0 +1,30 @@
+"""Plain helpers shared by the tests, importable at module level (``from tests.helpers import compose``).
+
+Fixtures and hooks built on them (the data root, the ``real_data`` marker) live in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from omegaconf import DictConfig
+
+import latentstruct.config  # noqa: F401  (registers the config schemas)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def compose(*overrides: str, hydra: bool = False) -> DictConfig:
+    """``configs/train.yaml`` composed with ``overrides``, as ``python -m latentstruct.train`` would (without running
+    it); ``hydra=True`` keeps the ``hydra`` node (sweeps, launchers)."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
+
+
+def data_root() -> Path:
+    """The root of the real datasets, resolved by the config itself (``paths.data_dir``: ``$LATENTSTRUCT_DATA``, else
+    ``data`` relative to the working directory), so that the tests look where the package looks."""
+    return Path(compose().paths.data_dir).resolve()
