@@ -14,6 +14,10 @@ wrong type fails at composition, naming the key. A task's schema comes from its 
 data (sizes) are listed in the class attribute ``FROM_DATA`` and are not settings. Every schema that a file under
 ``configs/`` names is registered when this module is imported.
 
+:func:`validate`, the first thing ``train()`` does, refuses what composition lets through: a ``+key`` that no schema
+declares and a value outside a ``Literal``'s choices, naming the key and the closest valid names.
+``python -m latentstruct.config`` writes the option reference, ``docs/configs.md`` (:func:`reference`).
+
 The run-level settings (``trainer``, ``paths``, ``embedding``, the optimizers) configure no class of ours and stay
 dataclasses here.
 """
@@ -22,9 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import re
+import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hydra.core.config_store import ConfigStore
+from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
@@ -60,17 +65,11 @@ def _help(text: str, default: Any = MISSING, **kw) -> Any:
 
 # ------------------------------------------------------------------------------------- schemas from signatures
 def locate(target: str) -> Any:
-    """The object a ``_target_`` names (``package.module.Name`` or ``package.module.Class.attribute``)."""
-    parts = target.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for name in parts[cut:]:
-            obj = getattr(obj, name)
-        return obj
-    raise ConfigError(f"cannot import {target!r}")
+    """The object a ``_target_`` names (``package.module.Name``), as Hydra's ``instantiate`` finds it."""
+    try:
+        return get_object(target)
+    except ImportError as err:
+        raise ConfigError(f"cannot import {target!r}: {err}") from err
 
 
 def _function(obj: Any) -> Any:
@@ -138,7 +137,7 @@ def _field_type(annotation: Any) -> Any:
         return annotation
     if origin is Literal:
         return str if all(isinstance(a, str) for a in args) else Any
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(None) in args:
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
         inner = _field_type(rest[0]) if len(rest) == 1 else Any
         return Any if inner is Any else typing.Optional[inner]  # noqa: UP045  (OmegaConf reads typing.Optional)
@@ -148,10 +147,11 @@ def _field_type(annotation: Any) -> Any:
 
 
 def _choices(annotation: Any) -> tuple | None:
+    """The values a ``Literal`` annotation (possibly optional) allows; None for any other annotation."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is Literal:
         return args
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         for a in args:
             if typing.get_origin(a) is Literal:
                 return (*typing.get_args(a), *([None] if type(None) in args else []))
@@ -159,6 +159,7 @@ def _choices(annotation: Any) -> tuple | None:
 
 
 def _hints(obj: Any) -> dict[str, Any]:
+    """The evaluated annotations of what ``obj``'s config node is passed to."""
     try:
         return typing.get_type_hints(_function(obj))
     except Exception:  # an annotation that does not evaluate here (a name imported under TYPE_CHECKING): Any
