@@ -79,7 +79,7 @@ class Task(nn.Module):
             )
         takes = inspect.signature(cls.build).parameters
         if "latent" not in takes and cfg.get("latent", "predicted") != SHARED["latent"]:
-            raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={cfg.latent}")
+            raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={_plain(cfg.latent)}")
         parts = {g: None if cfg.get(g) is None else instantiate(cfg[g]) for g in cls.PARTS}
         shared = {k: _plain(cfg[k]) for k in SHARED if k in takes}
         settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}
