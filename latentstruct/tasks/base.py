@@ -69,7 +69,7 @@ class Task(nn.Module):
         what else comes with the data (``TensorSplits.extras``: a vocabulary, pretrained embeddings).
 
         Refuses a part group that is set (not null) but not in ``PARTS``: ``decoder=linear`` on a task without a
-        decoder is an error, not a no-op."""
+        decoder is an error, not a no-op; and a part group that holds settings but no option."""
         unread = [g for g in PART_GROUPS if g not in cls.PARTS and cfg.get(g) is not None]
         if unread:
             raise ValueError(
@@ -80,6 +80,10 @@ class Task(nn.Module):
         takes = inspect.signature(cls.build).parameters
         if "latent" not in takes and cfg.get("latent", "predicted") != SHARED["latent"]:
             raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={_plain(cfg.latent)}")
+        for g in cls.PARTS:  # a node left with settings but no option: ``~energy`` over an experiment's ``energy.*``
+            if cfg.get(g) is not None and "_target_" not in cfg[g]:
+                raise ValueError(f"{g} holds settings ({', '.join(map(str, cfg[g]))}) but no option: choose one "
+                                 f"({g}=<option>)")
         parts = {g: None if cfg.get(g) is None else instantiate(cfg[g]) for g in cls.PARTS}
         shared = {k: _plain(cfg[k]) for k in SHARED if k in takes}
         settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}

@@ -134,16 +134,6 @@ class EnergyOutput:
     aux: torch.Tensor | None = None  # detached: L_aux after the inner steps (implicit, explicit)
 
 
-def part_options(**groups: Any) -> list[Any]:
-    """The instantiated part groups (partials, classes or None), in order; refuses a group left with settings but no
-    option (``~energy`` over an experiment that sets ``energy.*``: a node without ``_target_``)."""
-    for group, part in groups.items():
-        if part is not None and not callable(part):
-            raise ValueError(f"{group} holds settings ({', '.join(map(str, part))}) but no option: choose one "
-                             f"({group}=<option>)")
-    return list(groups.values())
-
-
 def _with_gradient(value: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """A scalar equal to ``value`` whose gradient w.r.t. ``params`` is ``grads`` (and nothing else)."""
     dot = sum((p * g.detach()).sum() for p, g in zip(params, grads, strict=True))
@@ -477,8 +467,7 @@ class MultiLabelEnergy(BilevelEnergyTask):
         if "input_dim" not in dims or "num_labels" not in dims:
             raise ValueError("task=mlc_energy needs a multi-label dataset (dataset=bibtex, delicious, ...)")
         sizes = {"input_dim": dims["input_dim"], "num_labels": dims["num_labels"]}
-        options = part_options(energy=energy, infnet=infnet, cost_net=cost_net)
-        nets = [None if part is None else part(**sizes) for part in options]
+        nets = [None if part is None else part(**sizes) for part in (energy, infnet, cost_net)]
         return cls(
             *nets, method=method, primary=primary, lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer,
             inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,

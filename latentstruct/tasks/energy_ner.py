@@ -93,7 +93,6 @@ from latentstruct.tasks.energy import (
     InnerOptimizer,
     Method,
     Primary,
-    part_options,
 )
 
 __all__ = ["EXTRA_FEATURES", "METRICS", "SEQUENCE_METHODS", "SequenceEnergyNet", "SequenceLabelEnergy"]
@@ -192,8 +191,6 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         from the data (``dataset=conll2003|twpos``)."""
         if "vocab_size" not in dims or "num_tags" not in dims:
             raise ValueError("task=ner_energy needs a tagging dataset (dataset=conll2003 or dataset=twpos)")
-        energy, infnet, cost_net, encoder = part_options(energy=energy, infnet=infnet, cost_net=cost_net,
-                                                         encoder=encoder)
         if encoder is None:
             raise ValueError("task=ner_energy builds its networks' features from encoder (encoder=bilstm_features)")
         pretrained = extras.get("embeddings")
