@@ -42,6 +42,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
+           "option_schemas",
            "CONFIG_DIR"]
 
 #: the configs of the entry point (``python -m latentstruct.train``)
@@ -197,12 +198,14 @@ def schema(target: str) -> type:
     return dataclasses.make_dataclass(target.rsplit(".", 1)[-1] + "Conf", fields)
 
 
+def option_schemas(path: Path) -> list[str]:
+    """The schemas a config file names: its ``/<dotted target>@<package>`` defaults entries."""
+    return re.findall(r"/((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)@", path.read_text())
+
+
 def _schema_names(config_dir: Path) -> set[str]:
-    """The schemas the config files name: ``/<dotted target>@<package>`` entries of their defaults lists."""
-    names = set()
-    for path in config_dir.rglob("*.yaml"):
-        names.update(re.findall(r"/((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)@", path.read_text()))
-    return names
+    """The schemas the config files name (:func:`option_schemas` of each)."""
+    return {name for path in config_dir.rglob("*.yaml") for name in option_schemas(path)}
 
 
 # ------------------------------------------------------------------------------------------------- validation
@@ -412,7 +415,7 @@ def reference(config_dir: Path = CONFIG_DIR) -> str:
         out += ["", f"## `{group}`", ""]
         for path in sorted((config_dir / group).glob("*.yaml")):
             raw = yaml.safe_load(path.read_text()) or {}
-            names = [d.split("@")[0][1:] for d in raw.get("defaults", []) if isinstance(d, str) and "." in d]
+            names = option_schemas(path)
             if not names:
                 continue
             values = raw.get("task", {}) if group == "task" else raw

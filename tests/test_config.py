@@ -31,11 +31,6 @@ def _options() -> list[tuple[str, str, Path]]:
     )
 
 
-def _schema_names(path: Path) -> list[str]:
-    defaults = (yaml.safe_load(path.read_text()) or {}).get("defaults", [])
-    return [d.split("@")[0][1:] for d in defaults if isinstance(d, str) and d.startswith("/") and "." in d]
-
-
 def _compose(*overrides: str):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=list(overrides))
@@ -43,7 +38,7 @@ def _compose(*overrides: str):
 
 @pytest.mark.parametrize(("group", "name", "path"), _options(), ids=lambda x: str(x) if isinstance(x, str) else "")
 def test_every_option_names_its_schema_and_only_its_settings(group, name, path):
-    names = _schema_names(path)
+    names = config.option_schemas(path)
     if group in TYPED:
         assert not names
         return
