@@ -42,8 +42,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
-           "option_schemas",
-           "CONFIG_DIR"]
+           "option_schemas", "CONFIG_DIR"]
 
 #: the configs of the entry point (``python -m latentstruct.train``)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
