@@ -306,7 +306,11 @@ class TrainerConf:
     resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
     force: bool = _help("re-run even if metrics.json says completed", False)
     threads: int | None = _help("torch CPU threads; null = torch's default", None)
-    progress: bool = _help("show a progress bar", True)
+    progress: bool = _help("show a progress bar when stderr is a terminal; false, or output that is not a terminal: "
+                           "log lines instead (trainer.log_seconds)", True)
+    log_seconds: int | None = _help(
+        "without the bar, log a progress line (step, epoch, loss, last valid/acc, s/100 steps, elapsed, ETA) at most "
+        "every this many seconds, besides the line of every evaluation; null = at evaluations only", 60)
     log_every: int = _help("send the training loss to the logger every this many steps", 100)
 
 

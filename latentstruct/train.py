@@ -2,6 +2,10 @@
 
 ``train(cfg) -> metrics`` reads top to bottom: build → loop → evaluate under no_grad → write. ``main`` is the
 ``@hydra.main`` wrapper that also records a crashed run as ``status: failed``.
+
+What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
+directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
+lines (:mod:`latentstruct.progress`: a bar instead on a terminal), resume and skip notices, the metrics table.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +24,11 @@ import numpy as np
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
-from tqdm.auto import tqdm
 
 import latentstruct.optim
 from latentstruct.config import option_name, validate  # importing latentstruct.config registers the schemas
 from latentstruct.data.base import iterate_batches, num_batches
+from latentstruct.progress import Progress
 from latentstruct.records import (
     RESUMABLE,
     environment,
@@ -108,6 +113,64 @@ def _plan(tc: DictConfig, sizes: dict[str, int]) -> tuple[list[_Phase], int]:
     return phases, start if tc.max_steps is None else min(start, tc.max_steps)
 
 
+def _evaluates(step: int, phase: _Phase, eval_every: int | None, max_steps: int) -> bool:
+    """Whether the loop evaluates (and checkpoints) after global step ``step``, taken in ``phase``: every
+    ``eval_every`` steps, else at the end of each epoch of the phase; and after the last step."""
+    in_phase = step - phase.start
+    return (step % eval_every == 0 if eval_every else in_phase % phase.per_epoch == 0) or step == max_steps
+
+
+def _evaluation_steps(phases: list[_Phase], eval_every: int | None, max_steps: int) -> list[int]:
+    """The steps after which the run evaluates (:func:`_evaluates`), all of them."""
+    return [s for p in phases for s in range(p.start + 1, min(p.start + p.steps, max_steps) + 1)
+            if _evaluates(s, p, eval_every, max_steps)]
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def _describe_plan(tc: DictConfig, phases: list[_Phase], max_steps: int, step: int = 0) -> str:
+    """The run's expected length, said before it starts: steps = epochs × batches on a split (per phase),
+    when it evaluates and how often, and where a resumed run starts."""
+    parts = []
+    for p in phases:
+        if parts and p.start >= max_steps:
+            break  # trainer.max_steps stops the run before this phase
+        batches = (f"{p.per_epoch:,} batches of {tc.batch_size}{' (drop_last)' if tc.drop_last else ''}"
+                   if tc.batch_size else f"1 batch (all of {p.split})")
+        epochs = min(p.steps, max_steps - p.start) / p.per_epoch
+        parts.append(f"{_count(epochs)} epoch{'s' * (epochs != 1)} × {batches} on {p.split}")
+    planned = phases[-1].start + phases[-1].steps
+    if len(phases) == 1:
+        text = f"training {max_steps:,} steps = {parts[0]}"
+    elif max_steps < planned:
+        text = f"training {max_steps:,} of the {planned:,} steps of {len(phases)} phases (trainer.max_steps): "
+        text += ", then ".join(parts)
+    else:
+        text = f"training {max_steps:,} steps in {len(phases)} phases: " + ", then ".join(parts)
+    evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
+    every = f"every {_plural(tc.eval_every, 'step')}" if tc.eval_every else "every epoch"
+    text += f"; evaluating {every} ({_plural(len(evaluations), 'evaluation')})"
+    if step:
+        left = _plural(sum(s > step for s in evaluations), "evaluation")
+        text += f"; resuming at step {step:,} ({_plural(max_steps - step, 'step')} and {left} to go)"
+    return text
+
+
+def _position(phases: list[_Phase], step: int) -> str:
+    """Where the run is after ``step`` steps: ``epoch 1.4/2``, or with phases ``phase 2/2 (train) epoch 0.5/5``
+    (epochs done in the phase of the last step, of that phase's epochs)."""
+    index, p = next(((i, p) for i, p in reversed(list(enumerate(phases))) if p.start < step), (0, phases[0]))
+    done = (step - p.start) / p.per_epoch
+    epoch = f"epoch {done:,.{int(p.per_epoch > 1)}f}/{_count(p.steps / p.per_epoch)}"  # full batch: whole epochs
+    return epoch if len(phases) == 1 else f"phase {index + 1}/{len(phases)} ({p.split}) {epoch}"
+
+
 def _check_same_run(saved: dict, current: dict, where: Path) -> None:
     """Refuse to resume a checkpoint written under a different configuration."""
     old, new = {**_ADDED, **flatten(saved)}, flatten(current)
@@ -125,11 +188,13 @@ def build_model(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | 
     return get_class(cfg.task._target_).from_config(cfg, dims, extras or {})
 
 
-def _print_metrics(metrics: dict[str, float], header: str) -> None:
+def _log_metrics(metrics: dict[str, float], header: str) -> None:
+    """The run's metrics as a table, a log line per row (each row keeps its columns behind the log's prefix)."""
     width = max(map(len, metrics), default=0)
     lines = [header, f"{'metric':<{width}}  value", f"{'-' * width}  -------"]
     lines += [f"{k:<{width}}  {v:7.2f}" for k, v in metrics.items()]
-    print("\n".join(lines), flush=True)
+    for line in lines:
+        log.info(line)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -170,63 +235,73 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         log.info("resumed %s at step %d", out, step)
 
     # ---- loop
+    evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
+    log.info("%s: %s", out, _describe_plan(tc, phases, max_steps, step))
     start = time.perf_counter() - elapsed
     loss_sum, loss_count = 0.0, 0  # summed on the device: no host sync per step
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
     phase_seconds, phase_steps, tick_step = [0.0] * len(phases), [0] * len(phases), step  # the same, per phase
+
+    def mean_loss() -> float | None:  # since the last evaluation; for the progress lines (a host sync)
+        return float(loss_sum) / loss_count if loss_count else None
+
     model.train()
-    bar = tqdm(total=max_steps, initial=step, disable=not tc.progress, desc=out.name, dynamic_ncols=True)
+    progress = Progress(max_steps, step, partial(_position, phases), evaluations, elapsed=elapsed, desc=out.name,
+                        bar=tc.progress and sys.stderr.isatty(), log_seconds=tc.log_seconds)
     tick = time.perf_counter()
-    while step < max_steps:
-        index, phase = next((i, p) for i, p in reversed(list(enumerate(phases))) if p.start <= step)
-        epoch, offset = divmod(step - phase.start, phase.per_epoch)
-        shuffle = None if tc.batch_size is None else tc.seed * 100_003 + phase.epochs_before + epoch
-        batches = iterate_batches(splits[phase.split], tc.batch_size, shuffle, start=offset, drop_last=tc.drop_last)
-        for batch in batches:
-            model.begin_step(index, step - phase.start)
-            loss = model(batch).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            loss_sum, loss_count = loss_sum + loss.detach(), loss_count + 1
-            bar.update(1)
-            if step % tc.log_every == 0:
-                logger.log(step, {"train/loss": loss.item()})
-            in_phase = step - phase.start
-            if (step % tc.eval_every == 0 if tc.eval_every else in_phase % phase.per_epoch == 0) or step == max_steps:
-                # ---- evaluate
-                # float() waits for the device, so the clock then includes every queued training step.
-                row = {"step": step, "epoch": phase.epochs_before + in_phase / phase.per_epoch,
-                       "train/loss": float(loss_sum) / loss_count}
-                seconds = time.perf_counter() - tick
-                train_seconds += seconds
-                phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless eval_every
-                phase_steps[index] += step - tick_step  # straddles a phase boundary)
-                evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
-                row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
-                row["wall_seconds"] = time.perf_counter() - start
-                history.append(row)
-                loss_sum, loss_count = 0.0, 0
-                logger.log(step, row)
-                bar.set_postfix({"loss": f"{row['train/loss']:.3f}", "valid/acc": f"{row['valid/acc']:.2f}"})
-                write_history(out / "history.csv", history)
-                save_checkpoint(
-                    ckpt_path,
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "step": step,
-                        "history": history,
-                        "wall_seconds": row["wall_seconds"],
-                        "rng": _rng_state(),
-                        "config": config,
-                    },
-                )
-                tick, tick_step = time.perf_counter(), step
-            if step >= max_steps or step == phase.start + phase.steps:
-                break
-    bar.close()
+    with progress:
+        while step < max_steps:
+            index, phase = next((i, p) for i, p in reversed(list(enumerate(phases))) if p.start <= step)
+            epoch, offset = divmod(step - phase.start, phase.per_epoch)
+            shuffle = None if tc.batch_size is None else tc.seed * 100_003 + phase.epochs_before + epoch
+            batches = iterate_batches(splits[phase.split], tc.batch_size, shuffle, start=offset,
+                                      drop_last=tc.drop_last)
+            for batch in batches:
+                model.begin_step(index, step - phase.start)
+                loss = model(batch).loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                step += 1
+                loss_sum, loss_count = loss_sum + loss.detach(), loss_count + 1
+                progress.step(step, mean_loss)
+                if step % tc.log_every == 0:
+                    logger.log(step, {"train/loss": loss.item()})
+                in_phase = step - phase.start
+                if _evaluates(step, phase, tc.eval_every, max_steps):
+                    # ---- evaluate
+                    # float() waits for the device, so the clock then includes every queued training step.
+                    row = {"step": step, "epoch": phase.epochs_before + in_phase / phase.per_epoch,
+                           "train/loss": float(loss_sum) / loss_count}
+                    seconds = time.perf_counter() - tick
+                    progress.pause()
+                    train_seconds += seconds
+                    phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless
+                    phase_steps[index] += step - tick_step  # eval_every straddles a phase boundary)
+                    evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
+                                                      tc.batch_size)
+                    row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
+                    row["wall_seconds"] = time.perf_counter() - start
+                    history.append(row)
+                    loss_sum, loss_count = 0.0, 0
+                    logger.log(step, row)
+                    write_history(out / "history.csv", history)
+                    save_checkpoint(
+                        ckpt_path,
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "step": step,
+                            "history": history,
+                            "wall_seconds": row["wall_seconds"],
+                            "rng": _rng_state(),
+                            "config": config,
+                        },
+                    )
+                    tick, tick_step = time.perf_counter(), step
+                    progress.evaluated(row)
+                if step >= max_steps or step == phase.start + phase.steps:
+                    break
     logger.finish()
 
     # ---- write
@@ -250,7 +325,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "selection": select,
     }
     write_json(out / "metrics.json", record)
-    _print_metrics(metrics, f"{out}  ({select} evaluation, step {chosen['step']})")
+    _log_metrics(metrics, f"{out}  ({select} evaluation, step {chosen['step']})")
     return record
 
 

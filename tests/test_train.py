@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,10 @@ import pandas as pd
 import pytest
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import latentstruct.train as train_module
-from latentstruct.config import ConfigError, validate
+from latentstruct.config import ConfigError, TrainerConf, validate
 from latentstruct.data.images import DATASETS
 from latentstruct.records import flatten
 from latentstruct.tasks import Task
@@ -206,12 +207,98 @@ def test_cli_single_run_and_failed_record(tmp_path):
     assert record["status"] == "failed" and "CUDA" in record["error"]
 
 
+def _trainer(**settings) -> DictConfig:
+    return OmegaConf.merge(OmegaConf.structured(TrainerConf), settings)
+
+
+def test_the_plan_line_says_steps_epochs_phases_and_evaluations():
+    def plan(sizes, step=0, **settings):
+        tc = _trainer(**settings)
+        phases, max_steps = train_module._plan(tc, sizes)
+        return train_module._describe_plan(tc, phases, max_steps, step)
+
+    sst = {"train": 6_920, "valid": 872, "test": 1_821}
+    assert plan(sst, batch_size=32, max_epochs=2) == (
+        "training 434 steps = 2 epochs × 217 batches of 32 on train; evaluating every epoch (2 evaluations)")
+    assert plan({"train": 200}, batch_size=32, max_steps=300, eval_every=100) == (
+        "training 300 steps = 42.9 epochs × 7 batches of 32 on train; evaluating every 100 steps (3 evaluations)")
+    assert plan({"train": 200}, batch_size=32, max_steps=300, eval_every=100, step=100).endswith(
+        "(3 evaluations); resuming at step 100 (200 steps and 2 evaluations to go)")
+    assert plan({"train": 200}, max_steps=10_000, eval_every=500) == (
+        "training 10,000 steps = 10,000 epochs × 1 batch (all of train) on train; evaluating every 500 steps "
+        "(20 evaluations)")
+    assert plan({"train": 70}, batch_size=32, drop_last=True, max_epochs=1, eval_every=1) == (
+        "training 2 steps = 1 epoch × 2 batches of 32 (drop_last) on train; evaluating every 1 step (2 evaluations)")
+    phases = [{"split": "labelled", "epochs": 2}, {"split": "train", "epochs": 3}]
+    vae = {"labelled": 50, "train": 100, "valid": 10}
+    assert plan(vae, batch_size=16, phases=phases) == (
+        "training 29 steps in 2 phases: 2 epochs × 4 batches of 16 on labelled, then 3 epochs × 7 batches of 16 on "
+        "train; evaluating every epoch (5 evaluations)")
+    assert plan(vae, batch_size=16, phases=phases, max_steps=10) == (
+        "training 10 of the 29 steps of 2 phases (trainer.max_steps): 2 epochs × 4 batches of 16 on labelled, then "
+        "0.3 epochs × 7 batches of 16 on train; evaluating every epoch (3 evaluations)")
+
+
+def test_the_position_is_the_epoch_of_the_phase():
+    tc = _trainer(batch_size=10, max_steps=20)
+    single, _ = train_module._plan(tc, {"train": 100})
+    assert [train_module._position(single, s) for s in (0, 14, 20)] == ["epoch 0.0/2", "epoch 1.4/2", "epoch 2.0/2"]
+    full, _ = train_module._plan(_trainer(max_steps=500), {"train": 100})
+    assert train_module._position(full, 42) == "epoch 42/500"
+    tc = _trainer(batch_size=10, phases=[{"split": "labelled", "epochs": 2}, {"split": "train", "epochs": 3}])
+    phases, _ = train_module._plan(tc, {"labelled": 40, "train": 100})
+    assert [train_module._position(phases, s) for s in (0, 8, 13)] == [
+        "phase 1/2 (labelled) epoch 0.0/2", "phase 1/2 (labelled) epoch 2.0/2", "phase 2/2 (train) epoch 0.5/3"]
+
+
+def test_the_planned_evaluations_are_those_the_loop_makes(tmp_path):
+    """The plan's count of evaluations (and the progress's ETA) and the loop use one rule: the history has a row at
+    each planned step, here across a phase boundary and a trainer.max_steps that stops the last phase early."""
+    overrides = ["trainer.batch_size=64", "trainer.max_epochs=null", "trainer.eval_every=null", "trainer.max_steps=10",
+                 "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]"]
+    _run(tmp_path, *overrides)
+    cfg = _compose(*TINY, *overrides)
+    phases, max_steps = train_module._plan(cfg.trainer, {"train": 200})
+    planned = train_module._evaluation_steps(phases, cfg.trainer.eval_every, max_steps)
+    assert list(pd.read_csv(tmp_path / "run" / "history.csv")["step"]) == planned == [4, 8, 10]
+
+
+def test_cli_run_logs_to_the_console_and_train_log_without_bar_frames(tmp_path):
+    """Output that is not a terminal gets no bar, even with trainer.progress (the default), but log lines: the
+    expected length, a progress line at most every trainer.log_seconds (0: every step), every evaluation and the
+    metrics table; the run directory's train.log holds the same lines as the console, each once."""
+    data = [o for o in TINY if not o.startswith("trainer.progress")]
+    run = _cli(*data, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.log_seconds=0",
+               f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "\r" not in run.stdout + run.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert run.stdout == log
+    messages = [line.split("] ", 1)[1] for line in log.splitlines()]
+    assert messages[0] == (f"{tmp_path / 'run'}: training 20 steps = 20 epochs × 1 batch (all of train) on train; "
+                           "evaluating every 10 steps (2 evaluations)")
+    steps = [m.split(" · ")[0] for m in messages if m.startswith(("step ", "evaluation "))]
+    assert steps == [*(f"step {s}/20" for s in range(1, 11)), "evaluation 1/2 at step 10/20",
+                     *(f"step {s}/20" for s in range(11, 21)), "evaluation 2/2 at step 20/20"]
+    line = next(m for m in messages if m.startswith("step 15/20"))
+    assert re.fullmatch(r"step 15/20 · epoch 15/20 · loss [\d.]+ · valid/acc [\d.]+ \(step 10\) · "
+                        r"[\d.]+ s/100 steps · elapsed \d\d:\d\d · ETA \d\d:\d\d", line), line
+    assert re.search(r"evaluation 2/2 at step 20/20 · epoch 20/20 · train/loss [\d.]+ · valid/loss [\d.]+ · "
+                     r"valid/acc [\d.]+ .* test/acc", log)
+    assert messages[-9:-6] == [f"{tmp_path / 'run'}  (last evaluation, step 20)", "metric           value",
+                               "---------------  -------"]
+    assert messages[-2].startswith("test/acc")
+
+
 def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
     args = (*TINY, "trainer.max_steps=4", "estimator=ste_i,spigot", f"paths.multirun_dir={tmp_path}")
     result = _cli("-m", *args, "hydra.sweep.dir=" + str(tmp_path / "sweep"), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
     assert len(runs) == 2 and all("estimator=" in r for r in runs)
+    for run in runs:  # each job's train.log holds that job's lines
+        log = (tmp_path / "sweep" / run / "train.log").read_text()
+        assert f"{run}: training 4 steps" in log and "test/acc" in log and log.count("training") == 1
 
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_slurm"])
