@@ -6,7 +6,8 @@ Otherwise (output redirected to a file, a sweep's jobs, SLURM, or ``trainer.prog
 no bar frames end up in a log: a line goes to the ``latentstruct`` logger at most every ``trainer.log_seconds``. Every
 evaluation is a line in both cases. Under ``python -m latentstruct.train`` Hydra's logging sends these lines to the
 console and to the run directory's ``train.log``; a program that calls ``train()`` itself configures logging as it
-likes (nothing shows without it).
+likes (nothing shows without it). Quieter: ``trainer.log_seconds=null`` logs the evaluations only, and
+``hydra/job_logging=disabled`` nothing at all (nor a ``train.log``).
 
 The speed is seconds per 100 training steps over the last :data:`WINDOW_SECONDS` of training (evaluations excluded),
 so a run that slows down shows it; the ETA of a line is the remaining steps at that speed plus the remaining
