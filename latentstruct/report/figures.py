@@ -345,7 +345,7 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
         series.append(_series(row.get("label", row["name"]), color, x, cells["ours"], err=cells["ours_err"]))
         if cells["paper"].notna().any():
             series.append(_series(None, color, x, cells["paper"], dashed=True))
-    panel = {"title": _runs_per_line(df["n_runs"]), "ylabel": f"{names[metric]} "
+    panel = {"title": _runs_per_line(df["n_runs"]), "ylabel": f"{_axis_label(spec, metric)} "
              f"({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", "xticks": list(range(len(order))),
              "xticklabels": order, "series": series}
     return _write({"figure": "curves", "panels": [panel], "title": spec.get("title", ""), "panel_width": 7.5,
@@ -353,11 +353,16 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
 
 
 def _axis_label(spec: dict, metric: str) -> str:
-    """``metric`` (``<split>/<name>``, a history.csv column) as the spec labels that name on any split, e.g.
-    ``valid/acc`` with the spec's ``{name: test/acc, label: example F1 (%)}`` -> ``valid example F1 (%)``."""
+    """``metric`` (``<split>/<name>``) as the spec labels it — its own label, else the label of that name on another
+    split — with the split in front unless the label says it, e.g. ``valid/acc`` with the spec's ``{name: test/acc,
+    label: example F1 (%)}`` -> ``valid example F1 (%)``."""
     split, _, name = metric.rpartition("/")
-    labels = [m["label"] for m in spec["metrics"] if m["name"].rpartition("/")[2] == name and m.get("label")]
-    return f"{split} {labels[0]}".strip() if labels else metric
+    labels = [m.get("label") for m in spec["metrics"] if m["name"] == metric] or [
+        m.get("label") for m in spec["metrics"] if m["name"].rpartition("/")[2] == name]
+    label = next((text for text in labels if text), None)
+    if label is None:
+        return metric
+    return label if split.lower() in label.lower() else f"{split} {label}".strip()
 
 
 def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from latentstruct.report import figures, tables
 from latentstruct.report.drawing import draw_tree, tree_figure
 from latentstruct.report.listops import trees_figure
+from tests.helpers import ROOT as REPO
 from tests.report.test_tables import _four_runs, _run, _spec
 
 
@@ -73,7 +74,7 @@ def test_every_figure_has_its_legend_outside_the_axes_and_names_its_metric(tmp_p
         labels[name] = [ax.get_ylabel() for ax in fig.axes]
         assert all(ax.get_xlabel() for ax in fig.axes) or name == "setting"
     assert labels["learning"] == labels["inner"] == ["test accuracy (%)", "test V-measure (%)"]
-    assert labels["setting"] == ["Accuracy (median ± s.e.)"]  # the spec's label of test/acc
+    assert labels["setting"] == ["test Accuracy (median ± s.e.)"]  # the split and the spec's label of test/acc
     assert labels["rows"] == ["valid Accuracy"]  # valid/acc, named by the spec's label of acc
     rows = json.loads((tmp_path / "fig" / "rows.data.json").read_text())
     assert rows["panels"][0]["xlabel"] == "training step"  # the fake histories have no epoch column
@@ -163,3 +164,15 @@ def test_listops_tree_leaves_do_not_overlap():
     FigureCanvasAgg(fig).draw()
     for ax in fig.axes:
         _no_overlap([t.get_window_extent() for t in ax.texts if t.get_gid() == "leaf"])
+
+
+@pytest.mark.parametrize("spec, metric, label", [
+    ("energy/mlc", "valid/acc", "valid example F1 (%)"),  # MLC's acc is the example F1 x 100
+    ("energy/ner", "valid/acc", "valid span F1 (%)"),
+    ("energy/pos", "valid/acc", "valid token accuracy (%)"),
+    ("direct/sorting", "test/acc", "% sorted (test sequences sorted perfectly)"),  # the label says the split
+    ("direct/vae", "test/acc", "test accuracy"),
+    ("direct/vae", "valid/nope", "valid/nope"),  # no label: the metric itself
+])
+def test_axis_labels_name_the_metric_of_the_papers_specs(spec, metric, label):
+    assert figures._axis_label(tables.load_spec(REPO / "experiments" / f"{spec}.yaml"), metric) == label
