@@ -152,7 +152,12 @@ def _legend_columns(labels: list[str], width: float) -> int:
 
 def render(data: dict) -> Figure:
     """Draw a figure description (the ``.data.json`` written beside each PNG): a panel per entry of ``panels``, each
-    with its ``series``, axis labels, x ticks and phase marks; one legend below the panels, never over the data."""
+    with its ``series``, axis labels, x ticks and phase marks; one legend below the panels, never over the data.
+
+    ``data``: ``figure: curves``, ``title``, optional ``panel_width`` / ``height`` (inches) and ``paper_dashed`` (a
+    legend entry for the paper's dashed lines); a panel: ``title``, ``xlabel``, ``ylabel``, optional ``xticks`` and
+    ``xticklabels``, ``phases`` (``[{x, label}]``) and ``series`` (:func:`_series`: ``label``, ``color`` (the index
+    of a matplotlib cycle colour), ``x``, ``y``, optional ``low`` / ``high``, ``err``, ``notes``, ``dashed``)."""
     if data.get("figure") != "curves":
         raise ValueError(f"not a curves figure description: figure={data.get('figure')!r}")
     panels = data["panels"]
@@ -203,7 +208,7 @@ def _write(data: dict, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(render(data)).print_png(str(out))
-    out.with_suffix(".data.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    out.with_suffix(".data.json").write_text(json.dumps(data, ensure_ascii=False) + "\n")
     return out
 
 
