@@ -23,9 +23,15 @@ def _with_phases(run, phases, epochs_per_step: float = 0.02) -> None:
     config["trainer"] = {"phases": [{"split": s, "epochs": e} for s, e in phases]}
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     steps = list(range(50, 50 * (sum(e for _, e in phases) + 1), 50))
-    pd.DataFrame({"step": steps, "epoch": [s * epochs_per_step for s in steps], "valid/acc": range(len(steps)),
-                  "test/acc": range(len(steps)), "test/v_measure": range(len(steps))}).to_csv(
-        run / "history.csv", index=False)
+    pd.DataFrame(
+        {
+            "step": steps,
+            "epoch": [s * epochs_per_step for s in steps],
+            "valid/acc": range(len(steps)),
+            "test/acc": range(len(steps)),
+            "test/v_measure": range(len(steps)),
+        }
+    ).to_csv(run / "history.csv", index=False)
 
 
 def _drawn(png):
@@ -49,8 +55,16 @@ def _curve_runs(root):
             _run(root / "curves", f"{exp}_{seed}", exp, k=10, acc=80 + seed, seed=seed, history=True)
     for exp in ("synthetic_ste_i", "synthetic_spigot"):
         for steps, eta, seed in itertools.product((1, 5), (0.1, 1.0), (1, 2)):
-            _run(root / "sweep", f"{exp}_{steps}_{eta}_{seed}", exp, k=10, steps=steps, eta=eta, acc=70 + steps,
-                 seed=seed)
+            _run(
+                root / "sweep",
+                f"{exp}_{steps}_{eta}_{seed}",
+                exp,
+                k=10,
+                steps=steps,
+                eta=eta,
+                acc=70 + steps,
+                seed=seed,
+            )
 
 
 def test_every_figure_has_its_legend_outside_the_axes_and_names_its_metric(tmp_path):
@@ -82,10 +96,29 @@ def test_every_figure_has_its_legend_outside_the_axes_and_names_its_metric(tmp_p
 
 def test_a_long_legend_goes_below_many_panels(tmp_path):
     """Seven long row labels over two panels (the MLC figure): one legend, below, clear of both axes."""
-    data = {"figure": "curves", "title": "t", "panel_width": 6.5, "panels": [
-        {"title": p, "xlabel": "epoch", "ylabel": "valid example F1 (%)",
-         "series": [figures._series(f"method {i} with a long descriptive label (n=3)", i, [1, 2, 3], [i, i + 1, 0],
-                                    band=([i - 1] * 3, [i + 1] * 3)) for i in range(7)]} for p in ("a", "b")]}
+    data = {
+        "figure": "curves",
+        "title": "t",
+        "panel_width": 6.5,
+        "panels": [
+            {
+                "title": p,
+                "xlabel": "epoch",
+                "ylabel": "valid example F1 (%)",
+                "series": [
+                    figures._series(
+                        f"method {i} with a long descriptive label (n=3)",
+                        i,
+                        [1, 2, 3],
+                        [i, i + 1, 0],
+                        band=([i - 1] * 3, [i + 1] * 3),
+                    )
+                    for i in range(7)
+                ],
+            }
+            for p in ("a", "b")
+        ],
+    }
     fig = figures.render(data)
     FigureCanvasAgg(fig).draw()
     _legend_clear_of_the_data(fig)
@@ -138,8 +171,13 @@ def _no_overlap(boxes) -> None:
         assert not a.overlaps(b), "two words overlap"
 
 
-@pytest.mark.parametrize("tokens", [["A", "taut", ",", "intelligent", "psychological", "drama", "."],
-                                    ["extraordinarily", "incomprehensible", "i", "counterrevolutionaries", "."]])
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        ["A", "taut", ",", "intelligent", "psychological", "drama", "."],
+        ["extraordinarily", "incomprehensible", "i", "counterrevolutionaries", "."],
+    ],
+)
 def test_tree_words_do_not_overlap(tokens):
     fig = tree_figure(tokens, [0] + [1] * (len(tokens) - 1), "SPIGOT-CE — seed 301")
     FigureCanvasAgg(fig).draw()
@@ -157,22 +195,31 @@ def test_listops_tree_leaves_do_not_overlap():
     for i in range(n - 1):  # a right-branching tree
         z[i, n - 1] = 1
     spans = [[int(i), int(j)] for i, j in z.nonzero().tolist()]
-    data = {"figure": "listops-trees", "title": "t", "columns": 2,
-            "panels": [{"title": f"chart: SPIGOT-CE  (F1 {k}, label 2)", "tokens": tokens, "spans": spans,
-                        "color": "C0"} for k in range(2)]}
+    data = {
+        "figure": "listops-trees",
+        "title": "t",
+        "columns": 2,
+        "panels": [
+            {"title": f"chart: SPIGOT-CE  (F1 {k}, label 2)", "tokens": tokens, "spans": spans, "color": "C0"}
+            for k in range(2)
+        ],
+    }
     fig = trees_figure(data)
     FigureCanvasAgg(fig).draw()
     for ax in fig.axes:
         _no_overlap([t.get_window_extent() for t in ax.texts if t.get_gid() == "leaf"])
 
 
-@pytest.mark.parametrize("spec, metric, label", [
-    ("energy/mlc", "valid/acc", "valid example F1 (%)"),  # MLC's acc is the example F1 x 100
-    ("energy/ner", "valid/acc", "valid span F1 (%)"),
-    ("energy/pos", "valid/acc", "valid token accuracy (%)"),
-    ("direct/sorting", "test/acc", "% sorted (test sequences sorted perfectly)"),  # the label says the split
-    ("direct/vae", "test/acc", "test accuracy"),
-    ("direct/vae", "valid/nope", "valid/nope"),  # no label: the metric itself
-])
+@pytest.mark.parametrize(
+    "spec, metric, label",
+    [
+        ("energy/mlc", "valid/acc", "valid example F1 (%)"),  # MLC's acc is the example F1 x 100
+        ("energy/ner", "valid/acc", "valid span F1 (%)"),
+        ("energy/pos", "valid/acc", "valid token accuracy (%)"),
+        ("direct/sorting", "test/acc", "% sorted (test sequences sorted perfectly)"),  # the label says the split
+        ("direct/vae", "test/acc", "test accuracy"),
+        ("direct/vae", "valid/nope", "valid/nope"),  # no label: the metric itself
+    ],
+)
 def test_axis_labels_name_the_metric_of_the_papers_specs(spec, metric, label):
     assert figures._axis_label(tables.load_spec(REPO / "experiments" / f"{spec}.yaml"), metric) == label
