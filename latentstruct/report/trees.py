@@ -76,7 +76,7 @@ def parse_sentence(model, vocab, sentence: str, lowercase: bool = False) -> tupl
 
 
 def run_title(run_dir: str | Path) -> str:
-    """A run's name for a picture: its experiment and seed from its records, e.g. ``sst/spigot_ce — seed 301``."""
+    """A run's name for a picture: its experiment and seed from its records, e.g. ``sst_spigot_ce — seed 301``."""
     runs = load_runs(run_dir)
     run = runs[runs["run_dir"] == str(run_dir)] if len(runs) else runs
     if run.empty:
