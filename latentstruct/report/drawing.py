@@ -14,14 +14,17 @@ drawing them (its Figures 4-6).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Arc
+from matplotlib.textpath import TextPath
 
-__all__ = ["heads_from_arcs", "depth", "format_tree", "draw_tree"]
+__all__ = ["heads_from_arcs", "depth", "format_tree", "tree_figure", "draw_tree"]
 
 
 def heads_from_arcs(z: torch.Tensor, length: int | None = None) -> list[int]:
@@ -83,33 +86,57 @@ def format_tree(tokens: list[str], heads: list[int]) -> str:
     return "\n".join(lines)
 
 
-def draw_tree(tokens: list[str], heads: list[int], out: str | Path, title: str = "") -> Path:
-    """Draw the tree as arcs above the sentence (head → dependent, an arrowhead at the dependent, the root arcs
-    from a ROOT mark at the left) into a PNG."""
+def _text_width(text: str, size: float, **font) -> float:
+    """The rendered width of ``text`` in points at font size ``size`` (from its glyph outlines: no canvas needed)."""
+    return TextPath((0, 0), text, size=size, prop=FontProperties(**font)).get_extents().width if text.strip() else 0.0
+
+
+def tree_figure(tokens: list[str], heads: list[int], title: str = "") -> Figure:
+    """The tree as arcs above the sentence (head → dependent, an arrowhead at the dependent, the root arcs from a
+    ROOT mark at the left), on axes laid out in points: each word is placed by its rendered width, so no two words
+    overlap however long they are; an arc's height grows with the number of words it spans (scaled down for long
+    sentences). The words are the texts with ``gid`` ``token-<i>`` (0 = ROOT)."""
     if len(tokens) != len(heads):
         raise ValueError(f"{len(tokens)} tokens but {len(heads)} heads")
     depth(heads)  # validates
-    n = len(tokens)
-    fig = Figure(figsize=(max(4.0, 0.9 * (n + 1)), 3.2))
-    ax = fig.subplots()
-    ax.text(0, 0, "ROOT", ha="center", va="top", fontsize=9, style="italic")
-    for i, tok in enumerate(tokens, start=1):
-        ax.text(i, 0, tok, ha="center", va="top", fontsize=10)
-    top = 0.5
+    size, gap = 10.0, 12.0
+    words = ["ROOT", *tokens]
+    widths = [_text_width("ROOT", size - 1, style="italic"), *(_text_width(t, size) for t in tokens)]
+    centres = [widths[0] / 2]
+    for left, right in zip(widths, widths[1:], strict=False):
+        centres.append(centres[-1] + max(left / 2 + gap + right / 2, 24.0))  # 24 pt: room for an arrowhead
+    span = max((abs(m - h) for m, h in enumerate(heads, start=1)), default=1)
+    rise = min(16.0, 220.0 / span)  # points of height per word spanned
+    base, top = 4.0, 20.0 + rise * span
+    margin, below, title_room = 18.0, 20.0, 24.0 if title else 6.0
+    x0, x1 = -margin, centres[-1] + widths[-1] / 2 + margin
+    pad = max(0.0, 216.0 - (x1 - x0)) / 2  # at least 3 inches wide, the sentence centred
+    fig = Figure(figsize=((x1 - x0 + 2 * pad) / 72, (top + below + title_room) / 72), dpi=150)
+    ax = fig.add_axes((0, 0, 1, 1))  # 1 data unit = 1 point on both axes
+    ax.set_xlim(x0 - pad, x1 + pad)
+    ax.set_ylim(-below, top + title_room)
+    for i, (word, x) in enumerate(zip(words, centres, strict=True)):
+        style = {"style": "italic", "fontsize": size - 1} if i == 0 else {"fontsize": size}
+        ax.text(x, 0, word, ha="center", va="top", gid=f"token-{i}", **style)
     for m, h in enumerate(heads, start=1):
-        width = abs(m - h)
-        height = 0.6 + 0.35 * width
-        top = max(top, height / 2)
-        ax.add_patch(Arc(((m + h) / 2, 0.15), width, height, theta1=0, theta2=180, linewidth=1.2,
+        a = centres[h] + (5.0 if m > h else -5.0)  # arcs leave a head on the side of their dependent
+        b, peak = centres[m], 14.0 + rise * abs(m - h)
+        ax.add_patch(Arc(((a + b) / 2, base), abs(b - a), 2 * peak, theta1=0, theta2=180, linewidth=1.2,
                          color="tab:blue"))
-        ax.annotate("", xy=(m, 0.15), xytext=(m, 0.35), arrowprops={"arrowstyle": "->", "color": "tab:blue"})
-    ax.set_xlim(-0.7, n + 0.7)
-    ax.set_ylim(-0.6, top + 0.4)
+        ax.annotate("", xy=(b, base), xytext=(b, base + 8), arrowprops={"arrowstyle": "-|>", "color": "tab:blue",
+                                                                       "shrinkA": 0, "shrinkB": 0})
     ax.axis("off")
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.text((x0 + x1) / 2, top + title_room - 4, title, ha="center", va="top", fontsize=9)
+    return fig
+
+
+def draw_tree(tokens: list[str], heads: list[int], out: str | Path, title: str = "") -> Path:
+    """Draw :func:`tree_figure` into the PNG ``out``, and the tokens, heads and title beside it as
+    ``<name>.data.json`` (``python -m latentstruct.report.figures redraw`` draws it again)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    FigureCanvasAgg(fig).print_png(str(out))
+    FigureCanvasAgg(tree_figure(tokens, heads, title)).print_png(str(out))
+    data = {"figure": "dependency-tree", "title": title, "tokens": list(tokens), "heads": list(heads)}
+    out.with_suffix(".data.json").write_text(json.dumps(data, ensure_ascii=False) + "\n")
     return out

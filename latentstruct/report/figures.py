@@ -9,20 +9,30 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
         --runs multirun/direct_sorting --out results/direct/sorting.png
     python -m latentstruct.report.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
         --runs multirun/energy_mlc --out results/energy/mlc_curves.png
+    python -m latentstruct.report.figures redraw results/energy/mlc_curves.data.json
 
-(``python -m latentstruct.figures`` is the same command.)
+(``python -m latentstruct.figures`` is the same command.) Every figure is first described as data — its panels, each
+a list of series (the points drawn, with their band or error bars), its axis labels and the phase boundaries of its
+runs — then drawn from that description by :func:`render`; the description is written beside the PNG as
+``<name>.data.json``, so ``redraw`` redraws a committed figure without its run records. Legends go below the axes
+(one for all panels), never over the data. Where the runs have ``trainer.phases``, a dotted line marks each phase
+boundary (e.g. ``pretraining | method``), read from the runs' configurations.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from latentstruct.report.tables import (
     CENTRE_LABELS,
@@ -34,7 +44,8 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["SPEC_FIGURES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "main"]
+__all__ = ["SPEC_FIGURES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render", "redraw",
+           "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
 SPEC_FIGURES = ("setting-curves", "row-curves")
@@ -48,8 +59,15 @@ _LABELS = {
     "synthetic_spigot_ce": "SPIGOT-CE",
     "synthetic_spigot_eg": "SPIGOT-EG",
 }
-_PANELS = (("test/acc", "Test accuracy"), ("test/v_measure", "Test V-measure"))
+_PANELS = (("test/acc", "test accuracy (%)"), ("test/v_measure", "test V-measure (%)"))
+_X_LABELS = {"step": "training step", "epoch": "epoch"}
 _INNER = ("synthetic_ste_i", "synthetic_spigot", "synthetic_spigot_ce", "synthetic_spigot_eg")
+
+
+def _color(experiment: str, experiments) -> int:
+    """A synthetic method's colour index, the same in every figure (others: after them, in the figure's order)."""
+    known = list(_LABELS)
+    return known.index(experiment) if experiment in known else len(known) + list(experiments).index(experiment)
 
 
 def _completed(runs_root, num_clusters: int, where: dict | None) -> pd.DataFrame:
@@ -59,12 +77,161 @@ def _completed(runs_root, num_clusters: int, where: dict | None) -> pd.DataFrame
     return filter_runs(runs[runs["completed"]], {"dataset.num_clusters": num_clusters, **(where or {})})
 
 
-def _save(fig: Figure, out: str | Path) -> Path:
+# ----------------------------------------------------------------------------------------------- the drawn data
+
+
+def _numbers(values) -> list[float | None]:
+    """Plain floats for JSON, ``None`` for a missing value."""
+    return [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in values]
+
+
+def _series(label: str | None, color: int, x, y, *, band=None, err=None, notes=None, dashed: bool = False) -> dict:
+    """One drawn line: ``band`` = (low, high) is shaded, ``err`` drawn as error bars, ``notes`` written beside the
+    points; a series without a label is left out of the legend (e.g. the paper's dashed line of a row)."""
+    series = {"label": label, "color": color, "x": _numbers(x), "y": _numbers(y)}
+    if band is not None:
+        series["low"], series["high"] = _numbers(band[0]), _numbers(band[1])
+    if err is not None:
+        series["err"] = _numbers(err)
+    if notes is not None:
+        series["notes"] = list(notes)
+    if dashed:
+        series["dashed"] = True
+    return series
+
+
+def _runs_per_line(counts) -> str:
+    low, high = min(counts), max(counts)
+    return f"n = {low}{f'-{high}' if high > low else ''} run{'s' * (high > 1)} per line"
+
+
+def _phase_label(before: dict, after: dict) -> str:
+    """``pretraining | method`` for two phases over the same split (the energy tasks: phase 0 pretrains), else the
+    splits the phases train on (the VAE: ``labelled | train``)."""
+    return "pretraining | method" if before["split"] == after["split"] else f"{before['split']} | {after['split']}"
+
+
+def _phase_marks(runs: pd.DataFrame, histories: list[pd.DataFrame], x: str) -> list[dict]:
+    """The phase boundaries of ``runs`` (their ``trainer.phases``) on the x axis ``x``: in epochs, the phases' summed
+    epochs; in steps, the step of that epoch in the run's ``history.csv``. One mark per distinct boundary."""
+    marks = {}
+    for phases, history in zip(runs.get("trainer.phases", [None] * len(runs)), histories, strict=True):
+        if not isinstance(phases, list) or len(phases) < 2:
+            continue
+        for i, epoch in enumerate(np.cumsum([p["epochs"] for p in phases])[:-1]):
+            if x == "epoch":
+                at = float(epoch)
+            elif "epoch" in history and "step" in history:
+                at = float(np.interp(epoch, history["epoch"], history["step"]))
+            else:
+                continue
+            marks.setdefault(round(at, 6), _phase_label(phases[i], phases[i + 1]))
+    return [{"x": at, "label": label} for at, label in sorted(marks.items())]
+
+
+def _histories(runs: pd.DataFrame, metric: str) -> list[tuple[pd.Series, pd.DataFrame]]:
+    """(run, its ``history.csv``) for each of ``runs`` whose history has the column ``metric``."""
+    found = [(run, pd.read_csv(Path(run["run_dir"]) / "history.csv")) for _, run in runs.iterrows()
+             if (Path(run["run_dir"]) / "history.csv").is_file()]
+    return [(run, history) for run, history in found if metric in history]
+
+
+def _curve(found: list[tuple[pd.Series, pd.DataFrame]], metric: str, x: str) -> tuple[pd.DataFrame, list[dict]]:
+    """The median, min and max of ``metric`` per ``x`` (``step`` or ``epoch``) over the histories ``found``, and the
+    marks of their runs' phase boundaries."""
+    history = pd.concat([h for _, h in found])
+    stats = history.dropna(subset=[metric]).groupby(x)[metric].agg(["median", "min", "max"])
+    return stats, _phase_marks(pd.DataFrame([run for run, _ in found]), [h for _, h in found], x)
+
+
+def _legend_columns(labels: list[str], width: float) -> int:
+    """As many legend columns as fit the figure's width (inches) at font size 8 (~0.065 in per character)."""
+    column = 0.065 * max(map(len, labels)) + 0.6
+    return max(1, min(len(labels), int(width // column)))
+
+
+def render(data: dict) -> Figure:
+    """Draw a figure description (the ``.data.json`` written beside each PNG): a panel per entry of ``panels``, each
+    with its ``series``, axis labels, x ticks and phase marks; one legend below the panels, never over the data.
+
+    ``data``: ``figure: curves``, ``title``, optional ``panel_width`` / ``height`` (inches) and ``paper_dashed`` (a
+    legend entry for the paper's dashed lines); a panel: ``title``, ``xlabel``, ``ylabel``, optional ``xticks`` and
+    ``xticklabels``, ``phases`` (``[{x, label}]``) and ``series`` (:func:`_series`: ``label``, ``color`` (the index
+    of a matplotlib cycle colour), ``x``, ``y``, optional ``low`` / ``high``, ``err``, ``notes``, ``dashed``)."""
+    if data.get("figure") != "curves":
+        raise ValueError(f"not a curves figure description: figure={data.get('figure')!r}")
+    panels = data["panels"]
+    fig = Figure(figsize=(data.get("panel_width", 5.2) * len(panels), data.get("height", 4.6)), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    handles: dict[str, object] = {}
+    for ax, panel in zip(axes, panels, strict=True):
+        for s in panel["series"]:
+            x, y, color = np.array(s["x"], dtype=float), np.array(s["y"], dtype=float), f"C{s['color']}"
+            style = {"color": color, "linestyle": "--" if s.get("dashed") else "-",
+                     "marker": ("x" if s.get("dashed") else "o") if "err" in s or s.get("dashed") else None}
+            if "err" in s:
+                artist = ax.errorbar(x, y, yerr=np.array(s["err"], dtype=float), capsize=3, **style)
+            else:
+                (artist,) = ax.plot(x, y, **style)
+            if "low" in s:
+                ax.fill_between(x, np.array(s["low"], dtype=float), np.array(s["high"], dtype=float), color=color,
+                                alpha=0.15, linewidth=0)
+            for xi, yi, note in zip(x, y, s.get("notes", []), strict=False):
+                ax.annotate(note, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+                ax.margins(x=0.08, y=0.08)  # room for the notes inside the axes
+            if s.get("label"):
+                handles.setdefault(s["label"], artist)
+        for mark in panel.get("phases", []):
+            ax.axvline(mark["x"], color="0.35", linestyle=":", linewidth=1.2)
+            ax.annotate(mark["label"], (mark["x"], 1), xycoords=("data", "axes fraction"), xytext=(0, 2),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=7, color="0.25")
+        if "xticks" in panel:
+            ax.set_xticks(panel["xticks"], panel.get("xticklabels"), rotation=30 if len(panel["xticks"]) > 6 else 0)
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and epochs: whole numbers
+        ax.set_xlabel(panel.get("xlabel", ""))
+        ax.set_ylabel(panel.get("ylabel", ""))
+        ax.set_title(panel.get("title", ""), fontsize=9, pad=14 if panel.get("phases") else 6)
+        ax.grid(alpha=0.3)
+    if data.get("paper_dashed"):
+        (handles["paper (dashed)"],) = axes[0].plot([], [], linestyle="--", marker="x", color="grey")
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=8, frameon=False,
+                   ncol=_legend_columns(list(handles), fig.get_figwidth()))
+    if data.get("title"):
+        fig.suptitle("\n".join(textwrap.wrap(data["title"], int(13 * fig.get_figwidth()))), fontsize=9)
+    return fig
+
+
+def _write(data: dict, out: str | Path) -> Path:
+    """Draw ``data`` into the PNG ``out`` and write it beside as ``<name>.data.json`` (what :func:`redraw` reads)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    FigureCanvasAgg(fig).print_png(str(out))
+    FigureCanvasAgg(render(data)).print_png(str(out))
+    out.with_suffix(".data.json").write_text(json.dumps(data, ensure_ascii=False) + "\n")
     return out
+
+
+def redraw(data_file: str | Path, out: str | Path | None = None) -> Path:
+    """Redraw a figure from its ``.data.json`` into ``out`` (default: the PNG beside it): the curves of this module,
+    a dependency tree of :func:`latentstruct.report.drawing.draw_tree` or the ListOps trees figure."""
+    data_file = Path(data_file)
+    data = json.loads(data_file.read_text())
+    out = Path(out) if out else data_file.with_name(data_file.name.removesuffix(".data.json") + ".png")
+    if data.get("figure") == "dependency-tree":
+        from latentstruct.report.drawing import draw_tree
+
+        return draw_tree(data["tokens"], data["heads"], out, data.get("title", ""))
+    if data.get("figure") == "listops-trees":
+        from latentstruct.report.listops import draw_figure
+
+        return draw_figure(data, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(render(data)).print_png(str(out))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- figures
 
 
 def learning_curves(runs_root, out, experiments=("synthetic_marginals", "synthetic_ste_i", "synthetic_spigot",
@@ -77,28 +244,24 @@ def learning_curves(runs_root, out, experiments=("synthetic_marginals", "synthet
     an extra flat-key match (e.g. ``{"estimator.steps": 1}``) when other sweeps share the directory.
     """
     runs = _completed(runs_root, num_clusters, where)
-    fig = Figure(figsize=(10, 4))
-    axes = fig.subplots(1, 2)
-    drawn = 0
+    panels = [{"title": f"{title} (K={num_clusters})", "xlabel": _X_LABELS["step"], "ylabel": title, "series": [],
+               "phases": []} for _, title in _PANELS]
+    counts = []
     for exp in experiments:
-        paths = [Path(d) / "history.csv" for d in filter_runs(runs, {"choices.experiment": exp})["run_dir"]]
-        frames = [pd.read_csv(p) for p in paths if p.is_file()]
-        if not frames:
-            continue
-        drawn += 1
-        history = pd.concat(frames)
-        for ax, (metric, _) in zip(axes, _PANELS, strict=True):
-            stats = history.dropna(subset=[metric]).groupby("step")[metric].agg(["median", "min", "max"])
-            label = f"{_LABELS.get(exp, exp)} (n={len(frames)})"
-            (line,) = ax.plot(stats.index, stats["median"], label=label)
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.2)
-    if not drawn:
+        for panel, (metric, _) in zip(panels, _PANELS, strict=True):
+            found = _histories(filter_runs(runs, {"choices.experiment": exp}), metric)
+            if not found:
+                continue
+            (stats, marks), n = _curve(found, metric, "step"), len(found)
+            label, color = _LABELS.get(exp, exp), _color(exp, experiments)
+            band = (stats["min"], stats["max"])
+            panel["series"].append(_series(label, color, stats.index, stats["median"], band=band))
+            panel["phases"] = [*panel["phases"], *(m for m in marks if m not in panel["phases"])]
+            counts.append(n)
+    if not counts:
         raise ValueError(f"no completed run with a history.csv for {list(experiments)} and K={num_clusters}")
-    for ax, (_, title) in zip(axes, _PANELS, strict=True):
-        ax.set(xlabel="training step", ylabel=title, title=f"{title} (K={num_clusters})")
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    return _save(fig, out)
+    return _write({"figure": "curves", "panels": panels,
+                   "title": f"Median over seeds, shaded min-max ({_runs_per_line(counts)})"}, out)
 
 
 def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
@@ -140,22 +303,18 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
         raise ValueError(f"no completed run of {list(experiments)} with estimator.steps and estimator.eta "
                          f"for K={num_clusters}")
     table = pd.DataFrame(picked)
-    fig = Figure(figsize=(10, 4))
-    axes = fig.subplots(1, 2)
-    panels = (("acc", "Test accuracy"), ("v_measure", "Test V-measure"))
-    for ax, (column, title) in zip(axes, panels, strict=True):
-        for method, lines in table.groupby("method", sort=False):
-            ax.errorbar(lines["k"], lines[column], yerr=lines[f"{column}_err"], marker="o", capsize=3,
-                        label=method)
-            for _, p in lines.iterrows():
-                ax.annotate(f"η={p.eta:g}", (p.k, p[column]), textcoords="offset points", xytext=(4, 4),
-                            fontsize=7)
-        ax.set(xlabel="pull-back steps k", ylabel=title,
-               title=f"{title} (K={num_clusters}, best η per k, {n_seeds} seed{'s' * (n_seeds > 1)})")
-        ax.set_xticks(sorted(table["k"].unique()))
-        ax.grid(alpha=0.3)
-    axes[0].legend()
-    out = _save(fig, out)
+    colors = {_LABELS.get(exp, exp): _color(exp, experiments) for exp in experiments}
+    panels = []
+    for column, (_, title) in zip(("acc", "v_measure"), _PANELS, strict=True):
+        series = [_series(method, colors[method], lines["k"], lines[column], err=lines[f"{column}_err"],
+                          notes=[f"η={eta:g}" for eta in lines["eta"]])
+                  for method, lines in table.groupby("method", sort=False)]
+        ks = sorted(table["k"].unique())
+        panels.append({"title": f"{title} (K={num_clusters})", "xlabel": "pull-back steps k", "ylabel": title,
+                       "xticks": _numbers(ks), "xticklabels": [f"{k:g}" for k in ks], "series": series})
+    out = _write({"figure": "curves", "panels": panels,
+                  "title": f"Median ± s.e. over {n_seeds} seed{'s' * (n_seeds > 1)} at the η chosen per k by "
+                           "median valid accuracy"}, out)
     rows = [f"| {p.method} | {p.k} | {p.eta:g} | {p.acc:.2f} ± {p.acc_err:.2f} | "
             f"{p.v_measure:.2f} ± {p.v_measure_err:.2f} | {p.n_runs} |" for p in table.itertuples()]
     used = pd.concat([filter_runs(runs, {"choices.experiment": e}) for e in experiments])
@@ -182,82 +341,83 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     if df.empty:
         raise ValueError(f"no completed run for {metric} in any cell of {spec['table']}")
     order = [s["name"] for s in spec["settings"] if s["name"] in set(df["setting"])]  # settings with runs only
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
-    for row in spec["rows"]:
+    series = []
+    for color, row in enumerate(spec["rows"]):
         cells = df[df["row"] == row["name"]]
         if cells.empty:
             continue
         x = [order.index(s) for s in cells["setting"]]
-        n = f"n={cells['n_runs'].min()}" + (f"-{cells['n_runs'].max()}" if cells["n_runs"].nunique() > 1 else "")
-        line = ax.errorbar(x, cells["ours"], yerr=cells["ours_err"], marker="o", capsize=3,
-                           label=f"{row.get('label', row['name'])} ({n})")
+        series.append(_series(row.get("label", row["name"]), color, x, cells["ours"], err=cells["ours_err"]))
         if cells["paper"].notna().any():
-            ax.plot(x, cells["paper"], linestyle="--", marker="x", color=line.lines[0].get_color())
-    ax.set_xticks(range(len(order)), order, rotation=30 if len(order) > 6 else 0)
-    if df["paper"].notna().any():
-        ax.plot([], [], linestyle="--", marker="x", color="grey", label="paper (dashed)")
-    ax.set(ylabel=f"{names[metric]} ({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})",
-           title="\n".join(textwrap.wrap(spec.get("title", ""), 90)))
-    ax.title.set_fontsize(9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, out)
+            series.append(_series(None, color, x, cells["paper"], dashed=True))
+    panel = {"title": _runs_per_line(df["n_runs"]), "ylabel": f"{_axis_label(spec, metric)} "
+             f"({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", "xticks": list(range(len(order))),
+             "xticklabels": order, "series": series}
+    return _write({"figure": "curves", "panels": [panel], "title": spec.get("title", ""), "panel_width": 7.5,
+                   "paper_dashed": bool(df["paper"].notna().any())}, out)
+
+
+def _axis_label(spec: dict, metric: str) -> str:
+    """``metric`` (``<split>/<name>``) as the spec labels it — its own label, else the label of that name on another
+    split — with the split in front unless the label says it, e.g. ``valid/acc`` with the spec's ``{name: test/acc,
+    label: example F1 (%)}`` -> ``valid example F1 (%)``."""
+    split, _, name = metric.rpartition("/")
+    labels = [m.get("label") for m in spec["metrics"] if m["name"] == metric] or [
+        m.get("label") for m in spec["metrics"] if m["name"].rpartition("/")[2] == name]
+    label = next((text for text in labels if text), None)
+    if label is None:
+        return metric
+    return label if split.lower() in label.lower() else f"{split} {label}".strip()
 
 
 def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
     """Training curves of a table spec's runs: a panel per setting (those with completed runs), a line per row —
     ``metric`` (a column of the runs' ``history.csv``, e.g. ``valid/acc``) against the epoch, the median over the
     cell's runs with a shaded min–max band. Shows what a table's single number hides: where a method peaks,
-    overfits or collapses, and where a pretraining phase ends. Returns the drawn curves (``setting``, ``row``,
-    ``n_runs``, the epoch or step, ``median``, ``min``, ``max``)."""
+    overfits or collapses, and where a pretraining phase ends (a dotted line where the runs have
+    ``trainer.phases``). The y axis names the metric by the spec's label. Returns the drawn curves (``setting``,
+    ``row``, ``n_runs``, the epoch or step, ``median``, ``min``, ``max``)."""
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
     runs = runs[runs["completed"]] if "completed" in runs else runs
-    panels = []
+    cells = [(setting, color, row, _histories(filter_runs(filter_runs(runs, row.get("match")), setting.get("match")),
+                                              metric))
+             for setting in spec["settings"] for color, row in enumerate(spec["rows"])]
+    cells = [cell for cell in cells if cell[3]]
+    x = "epoch" if all("epoch" in h for *_, found in cells for _, h in found) else "step"  # one axis for all panels
+    panels, curves = [], []
     for setting in spec["settings"]:
-        lines = []
-        for row in spec["rows"]:
-            cell = filter_runs(filter_runs(runs, row.get("match")), setting.get("match"))
-            frames = [pd.read_csv(p) for p in (Path(d) / "history.csv" for d in cell.get("run_dir", []))
-                      if p.is_file()]
-            frames = [f for f in frames if metric in f]
-            if frames:
-                history = pd.concat(frames)
-                x = "epoch" if "epoch" in history else "step"
-                stats = history.dropna(subset=[metric]).groupby(x)[metric].agg(["median", "min", "max"])
-                lines.append((row, len(frames), x, stats))
-        if lines:
-            panels.append((setting["name"], lines))
+        series, marks, counts = [], [], []
+        for _, color, row, found in (cell for cell in cells if cell[0] is setting):
+            stats, row_marks = _curve(found, metric, x)
+            series.append(_series(row.get("label", row["name"]), color, stats.index, stats["median"],
+                                  band=(stats["min"], stats["max"])))
+            marks += [m for m in row_marks if m not in marks]
+            counts.append(len(found))
+            curves.append(stats.reset_index().assign(setting=setting["name"], row=row["name"], n_runs=len(found)))
+        if series:
+            panels.append({"title": f"{setting['name']} ({_runs_per_line(counts)})", "xlabel": _X_LABELS[x],
+                           "ylabel": _axis_label(spec, metric), "series": series, "phases": marks})
     if not panels:
         raise ValueError(f"no completed run with {metric} in its history.csv in any cell of {spec['table']}")
-    fig = Figure(figsize=(6.5 * len(panels), 4.8))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (name, lines) in zip(axes, panels, strict=True):
-        for row, n, _, stats in lines:
-            (line,) = ax.plot(stats.index, stats["median"], label=f"{row.get('label', row['name'])} (n={n})")
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.15)
-        ax.set(xlabel=lines[0][2], ylabel=metric, title=name)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("\n".join(textwrap.wrap(f"{metric} by epoch, the runs of: {spec.get('title', spec['table'])}", 110)),
-                 fontsize=9)
-    _save(fig, out)
-    return pd.concat([stats.reset_index().assign(setting=name, row=row["name"], n_runs=n)
-                      for name, lines in panels for row, n, _, stats in lines], ignore_index=True)
+    title = f"{_axis_label(spec, metric)} by {_X_LABELS[x]}, median and min-max over the runs of: " \
+            f"{spec.get('title', spec['table'])}"
+    _write({"figure": "curves", "panels": panels, "title": title, "panel_width": 6.5}, out)
+    return pd.concat(curves, ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: draw one figure from the run records under ``--runs``."""
+    """CLI: draw one figure from the run records under ``--runs``, or redraw one from its ``.data.json``."""
     parser = argparse.ArgumentParser(prog="python -m latentstruct.report.figures",
                                      description="Draw a paper figure (PNG) from run records.")
-    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves"],
+    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves", "redraw"],
                         help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table); "
                              "setting-curves: a table spec's --metric against its settings, a line per row; "
                              "row-curves: a spec's runs' --metric (a history.csv column) against the epoch, a panel "
-                             "per setting, a line per row")
-    parser.add_argument("--runs", required=True, help="directory searched recursively for run records")
-    parser.add_argument("--out", required=True, help="PNG file to write")
+                             "per setting, a line per row; redraw: a figure from the DATA_FILE written beside it")
+    parser.add_argument("data_file", nargs="?", help="redraw: a figure's <name>.data.json")
+    parser.add_argument("--runs", help="directory searched recursively for run records")
+    parser.add_argument("--out", help="PNG file to write (redraw: default the PNG beside DATA_FILE)")
     parser.add_argument("--num-clusters", type=int, default=10,
                         help="dataset.num_clusters of the runs to draw (default 10)")
     parser.add_argument("--spec", help="setting-curves, row-curves: the table spec (e.g. "
@@ -265,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc); row-curves: a "
                                          "history.csv column (e.g. valid/acc)")
     args = parser.parse_args(argv)
+    if args.figure == "redraw":
+        if not args.data_file:
+            parser.error("redraw needs DATA_FILE (a <name>.data.json)")
+        print(f"wrote {redraw(args.data_file, args.out)}")
+        return 0
+    if not (args.runs and args.out):
+        parser.error(f"{args.figure} needs --runs and --out")
     if args.figure in SPEC_FIGURES and not (args.spec and args.metric):
         parser.error(f"{args.figure} needs --spec and --metric")
     try:
@@ -277,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
             draw(args.runs, args.out, num_clusters=args.num_clusters)
     except ValueError as exc:
         sys.exit(f"error: {exc}")
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.data.json')}")
     return 0
 
 

@@ -21,7 +21,8 @@
   for their self-F1), each scored like the models (F1 against the true / left- / right-branching trees, depth),
   next to the numbers Nangia & Bowman (2018) report for their test set.
 * ``figure`` — a few test expressions: the true tree above the tree of each method's run (one seed), drawn as
-  brackets over the tokens.
+  brackets over the tokens and titled with the method (its row label with ``--spec``); the drawn trees are written
+  beside the PNG as ``<name>.data.json`` (``python -m latentstruct.report.figures redraw`` draws them again).
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ from omegaconf import OmegaConf
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
 from latentstruct.records import RESUMABLE, flatten, load_checkpoint
-from latentstruct.report.tables import load_runs
+from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.listops import ListOps, tree_scores
 from latentstruct.train import build_model
 
-__all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_trees", "draw_trees", "main"]
+__all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_trees", "draw_trees", "trees_figure",
+           "draw_figure", "main"]
 
 # The flat config keys that do not make two runs different configurations for the self-F1.
 _NOT_IDENTITY = (*RESUMABLE, "trainer.seed")
@@ -255,31 +257,85 @@ def _children(spans: set[tuple[int, int]], i: int, j: int) -> tuple[tuple[int, i
     raise ValueError(f"({i}, {j}) has no split into constituents: not a binary tree")
 
 
-def draw_trees(ax, tokens: list[str], z: torch.Tensor, title: str = "", color: str = "C0") -> None:
-    """Draw the binary tree ``z`` ``[n, n]`` over ``tokens`` on matplotlib axes: leaves on a line, each
-    constituent a node above the middle of its span, at a height one more than its taller child."""
+def _spans(z: torch.Tensor, n: int) -> list[list[int]]:
+    return sorted([int(i), int(j)] for i, j in torch.triu(z[:n, :n] != 0, diagonal=1).nonzero().tolist())
+
+
+def _draw_spans(ax, tokens: list[str], spans, title: str, color: str, step: float) -> None:
+    """Draw the constituents ``spans`` over ``tokens``, the leaves ``step`` x units apart (from their widths)."""
+    spans = {tuple(s) for s in spans}
     n = len(tokens)
-    spans = {(int(i), int(j)) for i, j in torch.triu(z[:n, :n] != 0, diagonal=1).nonzero().tolist()}
     height: dict[tuple[int, int], int] = {(i, i): 0 for i in range(n)}
     for i, j in sorted(spans, key=lambda s: s[1] - s[0]):
         left, right = _children(spans, i, j)
         height[(i, j)] = 1 + max(height[left], height[right])
         for child in (left, right):
-            ax.plot([(i + j) / 2, (child[0] + child[1]) / 2], [height[(i, j)], height[child]], color=color, lw=1)
+            ax.plot([step * (i + j) / 2, step * (child[0] + child[1]) / 2], [height[(i, j)], height[child]],
+                    color=color, lw=1)
     for i, token in enumerate(tokens):
-        ax.text(i, -0.3, token, ha="center", va="top", fontsize=7, rotation=90 if len(token) > 2 else 0)
-    ax.set_xlim(-0.7, n - 0.3)
-    ax.set_ylim(-2.2, max(height.values()) + 0.6)
+        ax.text(step * i, -0.25, token, ha="center", va="top", fontsize=_LEAF_SIZE, gid="leaf")
+    ax.set_xlim(-0.7 * step, step * (n - 0.3))
+    ax.set_ylim(-1.6, max(height.values()) + 0.4)
     ax.axis("off")
     ax.set_title(title, fontsize=8, loc="left")
 
 
-def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str | None, log=print) -> Path:
-    import matplotlib
+def draw_trees(ax, tokens: list[str], z: torch.Tensor, title: str = "", color: str = "C0") -> None:
+    """Draw the binary tree ``z`` ``[n, n]`` over ``tokens`` on matplotlib axes: leaves on a line, each
+    constituent a node above the middle of its span, at a height one more than its taller child."""
+    _draw_spans(ax, tokens, _spans(z, len(tokens)), title, color, step=1.0)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+# Leaf labels: this font size, and at least this many points between two leaves' centres beyond the widest label.
+_LEAF_SIZE, _LEAF_GAP = 7.0, 5.0
+
+
+def trees_figure(data: dict):
+    """The figure description ``data`` (``figure: listops-trees``: ``title``, ``columns`` and ``panels``, each a
+    ``title``, ``tokens``, ``spans`` and ``color``) drawn, a panel per entry; leaves are spaced by the rendered width
+    of the widest token, so no two overlap."""
+    from matplotlib.figure import Figure
+
+    from latentstruct.report.drawing import _text_width
+
+    panels, columns = data["panels"], data["columns"]
+    rows = -(-len(panels) // columns)
+    widest = max(_text_width(t, _LEAF_SIZE) for p in panels for t in p["tokens"])
+    longest = max(len(p["tokens"]) for p in panels)
+    step = widest + _LEAF_GAP  # points between leaves
+    fig = Figure(figsize=(max(3.6, (longest + 0.6) * step / 72 + 0.3) * columns, 1.6 * rows), dpi=110,
+                 layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        _draw_spans(ax, panel["tokens"], panel["spans"], panel["title"], panel["color"], step)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(data["title"], fontsize=9)
+    return fig
+
+
+def draw_figure(data: dict, out: str | Path) -> Path:
+    """Draw :func:`trees_figure` into the PNG ``out`` (also the ``redraw`` of ``python -m
+    latentstruct.report.figures``)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(trees_figure(data)).print_png(str(out))
+    return out
+
+
+def _row_labels(spec: dict | None, runs_root: Path) -> dict[str, str]:
+    """``{run directory: the label of the spec row it matches}`` (empty without a spec)."""
+    if spec is None:
+        return {}
+    runs = load_runs(runs_root)
+    return {run: row.get("label", row["name"]) for row in reversed(spec["rows"])
+            for run in filter_runs(runs, row.get("match"))["run_dir"]} if len(runs) else {}
+
+
+def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str | None, log=print,
+            spec: str | Path | None = None) -> Path:
     chosen: dict[str, Path] = {}
     for run, experiment in _completed_tree_runs(runs_root).items():
         cfg = OmegaConf.to_container(_run_config(run, data_dir)[0])
@@ -288,6 +344,7 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
     if not chosen:
         raise FileNotFoundError(f"no completed ListOps tree run with trainer.seed={seed} under {runs_root}")
     order = sorted(chosen, key=lambda name: (name.startswith("chart"), name))
+    labels = _row_labels(load_spec(spec) if spec else None, runs_root)
     _, data, _ = load_run(chosen[order[0]], data_dir)
     test, itos = data.splits["test"], data.extras["itos"]
     pool = [int(i) for i in torch.nonzero((test["lengths"] >= 8) & (test["lengths"] <= 14)).flatten()]
@@ -299,21 +356,21 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
     rows = [("true tree", gold, "k")]
     for name in order:
         model, _, _ = load_run(chosen[name], data_dir)
-        rows.append((name, model.trees(batch).float(), "C0"))
-    fig, axes = plt.subplots(len(rows), len(picks), figsize=(3.6 * len(picks), 1.5 * len(rows)), squeeze=False)
-    for c, _ in enumerate(picks):
-        length = int(batch["lengths"][c])
-        tokens = [itos[t] for t in batch["x"][c, :length].tolist()]
-        for r, (name, trees, color) in enumerate(rows):
+        rows.append((labels.get(str(chosen[name]), name), model.trees(batch).float(), "C0"))
+    panels = []
+    for name, trees, color in rows:
+        for c, _ in enumerate(picks):
+            length = int(batch["lengths"][c])
             f1 = float(tree_scores(trees[c : c + 1], gold[c : c + 1], batch["lengths"][c : c + 1])["tree_f1"])
-            draw_trees(axes[r][c], tokens, trees[c], f"{name}  (F1 {f1:.0f}, label {int(batch['y'][c])})"
-                       if r else f"{name}  (label {int(batch['y'][c])})", color)
-    fig.suptitle(f"ListOps test expressions: true trees (black) and each method's tree (seed {seed})", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    log(f"wrote {out}")
+            score = f"F1 {f1:.0f}, " if color != "k" else ""
+            panels.append({"title": f"{name}  ({score}label {int(batch['y'][c])})", "color": color,
+                           "tokens": [itos[t] for t in batch["x"][c, :length].tolist()],
+                           "spans": _spans(trees[c], length)})
+    figure = {"figure": "listops-trees", "columns": len(picks), "panels": panels,
+              "title": f"ListOps test expressions: true trees (black) and each method's tree (seed {seed})"}
+    out = draw_figure(figure, out)
+    out.with_suffix(".data.json").write_text(json.dumps(figure, ensure_ascii=False) + "\n")
+    log(f"wrote {out} and {out.with_suffix('.data.json')}")
     return out
 
 
@@ -334,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--examples", type=int, default=3)
     p.add_argument("--seed", type=int, default=301, help="draw the runs of this trainer.seed")
+    p.add_argument("--spec", help="title each method's trees with the label of the row of this table spec it matches "
+                                  "(default: its experiment)")
     for p in sub.choices.values():
         p.add_argument("--data-dir", help="override the runs' paths.data_dir")
     args = parser.parse_args(argv)
@@ -352,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(_reference_markdown(stats, source, data.size("test"), args.seed))
         print(f"wrote {args.out}")
     else:
-        _figure(args.runs, args.out, args.examples, args.seed, args.data_dir)
+        _figure(args.runs, args.out, args.examples, args.seed, args.data_dir, spec=args.spec)
     return 0
 
 

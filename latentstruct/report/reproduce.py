@@ -120,7 +120,8 @@ def _step(step: dict, spec: Path, runs: str, results: str) -> list[str]:
         by_spec = ["--spec", str(spec), "--metric", step["metric"]] if step["figure"] in SPEC_FIGURES else []
         return ["latentstruct.report.figures", step["figure"], *by_spec, "--runs", runs, *out]
     if "listops" in step:
-        return ["latentstruct.report.listops", step["listops"], "--runs", runs, *out]
+        by_spec = ["--spec", str(spec)] if step["listops"] == "figure" else []  # its rows' labels title the trees
+        return ["latentstruct.report.listops", step["listops"], *by_spec, "--runs", runs, *out]
     if "trees" in step:
         rows = ["--seed", str(step["seed"]), "--rows", ",".join(step["rows"])]
         where = ["--out-dir", _results(step["out"], results)]

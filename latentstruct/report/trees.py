@@ -7,7 +7,8 @@
 (``python -m latentstruct.show_trees`` is the same command.) The second form draws the sentence with one run per row
 of a table spec: the row's first completed run with ``trainer.seed`` = ``--seed``, chosen from the run records
 (:func:`latentstruct.report.tables.load_runs`), never from directory names; it writes ``<row>.png`` and ``<row>.txt``
-(the run and the printout) into ``--out-dir``.
+(the run and the printout) into ``--out-dir``, each picture titled with the row's label and the seed (e.g.
+``SPIGOT-CE — seed 301``).
 
 ``RUN_DIR`` is a run directory of ``python -m latentstruct.train`` with a latent-tree task (``task=sst`` or
 ``task=nli``; not the baseline). The model is rebuilt from the configuration and the weights in its ``checkpoint.pt``
@@ -38,7 +39,7 @@ from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.text import _TreeTask
 from latentstruct.train import build_model
 
-__all__ = ["load_tree_model", "parse_sentence", "tree_lines", "seed_runs", "main"]
+__all__ = ["load_tree_model", "parse_sentence", "run_title", "tree_lines", "seed_runs", "main"]
 
 
 def load_tree_model(run_dir: str | Path, data_dir: str | None = None):
@@ -74,10 +75,22 @@ def parse_sentence(model, vocab, sentence: str, lowercase: bool = False) -> tupl
     return tokens, heads_from_arcs(z), unknown
 
 
-def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None, data_dir: str | None = None):
+def run_title(run_dir: str | Path) -> str:
+    """A run's name for a picture: its experiment and seed from its records, e.g. ``sst_spigot_ce — seed 301``."""
+    runs = load_runs(run_dir)
+    run = runs[runs["run_dir"] == str(run_dir)] if len(runs) else runs
+    if run.empty:
+        return Path(run_dir).name
+    experiment, seed = run.iloc[0].get("choices.experiment"), run.iloc[0].get("trainer.seed")
+    name = experiment if isinstance(experiment, str) else Path(run_dir).name
+    return name if pd.isna(seed) else f"{name} — seed {int(seed)}"
+
+
+def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None, data_dir: str | None = None,
+               title: str | None = None):
     """Parse ``sentence`` with the model of ``run_dir`` and draw its tree into ``out`` (default
-    ``RUN_DIR/trees/<first words>.png``); return the printout: the indented tree, its depth and heads, the words
-    outside the vocabulary, and the PNG written."""
+    ``RUN_DIR/trees/<first words>.png``), titled ``title`` (default :func:`run_title`) and its depth; return the
+    printout: the indented tree, its depth and heads, the words outside the vocabulary, and the PNG written."""
     model, vocab, lowercase = load_tree_model(run_dir, data_dir)
     tokens, heads, unknown = parse_sentence(model, vocab, sentence, lowercase)
     lines = [format_tree(tokens, heads), f"depth {depth(heads)}; heads {heads}"]
@@ -86,7 +99,8 @@ def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None
     slug = re.sub(r"[^A-Za-z0-9]+", "_", " ".join(tokens[:6])).strip("_") or "tree"
     out = Path(out) if out else Path(run_dir) / "trees" / f"{slug}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines.append(f"wrote {draw_tree(tokens, heads, out, title=f'{Path(run_dir).name}: depth {depth(heads)}')}")
+    title = f"{title or run_title(run_dir)}: depth {depth(heads)}"
+    lines.append(f"wrote {draw_tree(tokens, heads, out, title=title)}")
     return lines
 
 
@@ -136,13 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.spec and args.out_dir):
         parser.error("--runs needs --spec and --out-dir")
     wanted = args.rows.split(",") if args.rows else None
-    chosen = seed_runs(args.spec, args.runs, args.seed, wanted)
+    spec = load_spec(args.spec)
+    labels = {row["name"]: row.get("label", row["name"]) for row in spec["rows"]}
+    chosen = seed_runs(spec, args.runs, args.seed, wanted)
     for name in wanted or chosen:
         if name not in chosen:
             print(f"{name}: no completed run with trainer.seed={args.seed} under {args.runs}; skipped")
             continue
         out = Path(args.out_dir) / f"{name}.png"
-        text = "\n".join([f"run: {chosen[name]}", *tree_lines(chosen[name], args.sentence, out, args.data_dir)])
+        title = f"{labels[name]} — seed {args.seed}"  # the method as the table names it
+        text = "\n".join([f"run: {chosen[name]}", *tree_lines(chosen[name], args.sentence, out, args.data_dir, title)])
         out.with_suffix(".txt").write_text(text + "\n")
         print(text)
     return 0

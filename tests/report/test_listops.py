@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from latentstruct.data.listops import listops_dataset, right_branching, tree_f1
+from latentstruct.report import figures, tables
 from latentstruct.report import listops as listops_report
-from latentstruct.report import tables
 from latentstruct.tasks.listops import tree_scores
 from tests.tasks.test_listops import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
 
@@ -85,6 +85,17 @@ def test_self_f1_is_written_for_runs_with_other_seeds_and_read_by_the_tables(tmp
 
     out = listops_report._figure(root, tmp_path / "trees.png", examples=2, seed=1, data_dir=None, log=lambda *_: None)
     assert out.stat().st_size > 1000
+    drawn = json.loads(out.with_suffix(".data.json").read_text())  # the trees drawn, redrawn without the runs
+    columns = drawn["columns"]  # the examples drawn: as many as the test split has of 8-14 leaves, at most 2
+    assert 1 <= columns <= 2
+    assert [p["title"].split("  ")[0] for p in drawn["panels"]] == ["true tree"] * columns + ["gumbel_1"] * columns
+    again = figures.redraw(out.with_suffix(".data.json"), tmp_path / "again.png")
+    assert again.read_bytes() == out.read_bytes()
+    spec = tmp_path / "spec.yaml"  # with a spec, a method's trees are titled with its row's label
+    spec.write_text(json.dumps({"rows": [{"name": "g", "label": "Gumbel (ST)", "match": {"seed": 1}}]}))
+    out = listops_report._figure(root, tmp_path / "t2.png", 2, 1, None, log=lambda *_: None, spec=spec)
+    titles = [p["title"] for p in json.loads(out.with_suffix(".data.json").read_text())["panels"]]
+    assert titles[-1].startswith("Gumbel (ST)  (F1 ")
 
 
 def test_cli_and_derived_metrics_in_the_tables(tmp_path):
