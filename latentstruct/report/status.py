@@ -220,11 +220,16 @@ def status_line(result: dict, verdict: bool = True) -> str:
     return f"**Status: {_WORDS[result['status']]}** — {what}{unknown}. {cells}."
 
 
+def _unsaid(proto: dict) -> bool:
+    """Whether the protocol's steps are not already in its ``length`` (``10,000 full-batch steps``)."""
+    return bool(proto.get("steps")) and f"{proto['steps']:,}" not in proto.get("length", "")
+
+
 def annotate(lines: list[str], proto: dict) -> list[str]:
     """Provenance bullet lines with the paper's figure beside ours (steps, seeds, hardware, data keys)."""
     beside = {
         "- training steps per run:": proto.get("length")
-        and (proto["length"] + (f" ≈ {proto['steps']:,} steps" if proto.get("steps") else "")),
+        and (proto["length"] + (f" ≈ {proto['steps']:,} steps" if _unsaid(proto) else "")),
         "- seeds:": proto.get("runs") and f"{proto['runs']} run(s) per number",
         "- hardware:": proto.get("hardware"),
     }

@@ -138,3 +138,14 @@ def test_committed_tables_open_with_their_status_and_have_a_sidecar(md, spec):
 
 def test_results_readme_is_current():
     assert (REPO / "results" / "README.md").read_text() == report.render(REPO / "results")
+
+
+def test_the_papers_figure_goes_beside_ours_once():
+    proto = {"length": "10,000 steps", "steps": 10000, "runs": 4}
+    lines = status.annotate(["- seeds: 1", "- training steps per run: 5", "- torch: 2"], proto)
+    assert lines == [
+        "- seeds: 1 (paper: 4 run(s) per number)",
+        "- training steps per run: 5 (paper: 10,000 steps)",
+        "- torch: 2",
+    ]
+    assert status.annotate(lines, proto) == lines
