@@ -11,6 +11,7 @@ RUNS := multirun
 # steps; latentstruct/report/reproduce.py). SEEDS: trainer.seed of its sweeps (default: the spec's). ARGS: more Hydra
 # overrides; one written <sweep>:<override> sets that sweep only (ListOps: ARGS='listops_chart:trainer.seed=301').
 # RESULTS: where the tables and figures go instead of results/ (a trial run). `make -n table T=...` prints the commands.
+# A table ends by refreshing <RESULTS>/README.md from the tables' JSON sidecars, as `make report` does.
 # The aliases (table-spigot-sst, ...) take the same SEEDS / ARGS; table-spigot-synthetic and table-direct-sorting pass
 # them to both their parts.
 T ?=
@@ -67,6 +68,7 @@ lint: install ## ruff on the package and the tests
 table: install ## any table from its spec: make table T=spigot/table3_sst SEEDS=301 ARGS='trainer.max_epochs=2'
 	+$(BIN)/python -m latentstruct.report.reproduce $(T) --seeds "$$SEEDS" --args "$$ARGS" --runs $(RUNS) \
 		--results $(RESULTS) --jobs $(JOBS) $(DRY)
+	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
 
 table-spigot-synthetic: spigot-table2 spigot-inner-steps ## seed 001 Table 2 + Figures 2-3 into results/spigot/
 
