@@ -11,6 +11,7 @@ RUNS := multirun
 # steps; latentstruct/report/reproduce.py). SEEDS: trainer.seed of its sweeps (default: the spec's). ARGS: more Hydra
 # overrides; one written <sweep>:<override> sets that sweep only (ListOps: ARGS='listops_chart:trainer.seed=301').
 # RESULTS: where the tables and figures go instead of results/ (a trial run). `make -n table T=...` prints the commands.
+# A table ends by refreshing <RESULTS>/README.md from the tables' JSON sidecars, as `make report` does.
 # The aliases (table-spigot-sst, ...) take the same SEEDS / ARGS; table-spigot-synthetic and table-direct-sorting pass
 # them to both their parts.
 T ?=
@@ -41,7 +42,7 @@ BENCH_LAYERS_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner \
-	table-energy-pos table-spigot-sst table-spigot-snli bench-structures bench-layers clean
+	table-energy-pos table-spigot-sst table-spigot-snli report bench-structures bench-layers clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -67,6 +68,7 @@ lint: install ## ruff on the package and the tests
 table: install ## any table from its spec: make table T=spigot/table3_sst SEEDS=301 ARGS='trainer.max_epochs=2'
 	+$(BIN)/python -m latentstruct.report.reproduce $(T) --seeds "$$SEEDS" --args "$$ARGS" --runs $(RUNS) \
 		--results $(RESULTS) --jobs $(JOBS) $(DRY)
+	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
 
 table-spigot-synthetic: spigot-table2 spigot-inner-steps ## seed 001 Table 2 + Figures 2-3 into results/spigot/
 
@@ -107,6 +109,9 @@ table-energy-ner: ## seed 004 Table 3: 9 methods x NER / NER+ x 3 seeds on CoNLL
 
 table-energy-pos: ## seed 004 Table 9: 9 methods x 3 seeds on Twitter POS -> results/energy/pos.md, pos_curves.png
 	@$(MAKE) --no-print-directory table T=energy/pos
+
+report: install ## results/README.md: a line per table (status vs the paper's protocol, cells within tolerance, headline) from the JSON beside each table
+	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

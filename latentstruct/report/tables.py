@@ -8,7 +8,9 @@ them, the tolerance, and where the paper's numbers are (``reference.csv``).
     python -m latentstruct.report.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
 
 (``python -m latentstruct.tables`` is the same command.) ``make table T=<paper>/<table>`` runs a spec's sweeps and
-then this module (:mod:`latentstruct.report.reproduce`).
+then this module (:mod:`latentstruct.report.reproduce`). Beside each table goes a JSON sidecar (``table2.json``): its
+status against the paper's protocol (the spec's ``paper_protocol``), cell counts and headline
+(:mod:`latentstruct.report.status`), from which ``make report`` writes results/README.md.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import pandas as pd
 import yaml
 
 from latentstruct.records import flatten
+from latentstruct.report import status
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
-           "build_table", "write_markdown", "main"]
+           "build_table", "legend", "notes", "groups", "write_markdown", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
                   "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
@@ -71,9 +74,11 @@ def load_runs(root: str | Path) -> pd.DataFrame:
 
 
 def load_spec(path: str | Path) -> dict:
-    """Read a table spec; its ``reference`` is resolved relative to the spec file into ``reference_path``."""
+    """Read a table spec; its ``reference`` is resolved relative to the spec file into ``reference_path``, and the
+    file itself is ``spec_path``."""
     path = Path(path)
     spec = yaml.safe_load(path.read_text())
+    spec["spec_path"] = str(path)
     if spec.get("reference"):
         spec["reference_path"] = str(path.parent / spec["reference"])
     return spec
@@ -202,14 +207,15 @@ def _used(spec: dict, runs: pd.DataFrame) -> pd.DataFrame:
 
 def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
     """:func:`provenance` of the ``used`` runs, plus a line per ``provenance_keys`` entry (``{flat config key:
-    label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one."""
+    label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one; the paper's
+    figures beside ours (its ``paper_protocol``, :func:`latentstruct.report.status.annotate`)."""
     lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
     done = used[used["completed"]] if len(used) else used
     for key, label in (spec.get("provenance_keys") or {}).items():
         column = done[key] if key in done else pd.Series(dtype=object)
         found = sorted({"null" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in column})
         lines.insert(-2, f"- {label} (`{key}`): {', '.join(found) or '—'}")
-    return lines
+    return status.annotate(lines, status.protocol(spec))
 
 
 def provenance(used: pd.DataFrame, command: str) -> list[str]:
@@ -231,21 +237,47 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
             f"- regenerate with: `{command}`"]
 
 
+def legend(spec: dict) -> str:
+    """The line under the provenance that says how to read a cell."""
+    centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
+    if not spec.get("reference"):
+        return f"Each cell: **ours** {centre} (runs); no paper column (the notes say why)."
+    return (f"Each cell: **ours** {centre} (runs) · paper (where it has a number) · Δ = ours − paper · "
+            + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes)."))
+
+
+def notes(spec: dict) -> list[str]:
+    """The Notes section that ends a table (its spec's ``notes``), none without notes."""
+    return ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]] if spec.get("notes") else []
+
+
+def groups(spec: dict) -> list[tuple[str, list[tuple[str, dict]]]]:
+    """The Markdown tables of a spec in order: (heading, its columns as (setting name, metric)); "" = no heading."""
+    if spec.get("sections"):
+        several = len(spec["metrics"]) > 1
+        return [(f"## {sec['title']}" + (f": {m.get('label', m['name'])}" if several else ""),
+                 [(s, m) for s in sec["settings"]]) for sec in spec["sections"] for m in spec["metrics"]]
+    if spec.get("layout", "wide") == "per_metric":
+        return [(f"## {m.get('label', m['name'])}", [(s["name"], m) for s in spec["settings"]])
+                for m in spec["metrics"]]
+    return [("", [(s["name"], m) for s in spec["settings"] for m in spec["metrics"]])]
+
+
 def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.DataFrame) -> Path:
-    """Write title, provenance, the table, cells outside tolerance and notes to ``out_path``.
+    """Write title, status line, provenance, the table, cells outside tolerance and notes to ``out_path``, and
+    beside it the JSON sidecar that results/README.md is made from (:mod:`latentstruct.report.status`).
 
     ``layout: wide`` (default): one table, a line per row and a column per (setting, metric); ``per_metric``: one
     table per metric, a column per setting; ``sections`` (a list of ``{title, settings: [setting names]}``) splits
     the settings into titled tables (per metric). A metric's ``digits`` (default 2) sets the decimals of its cells,
     and its ``aggregate`` (e.g. ``max``: the best run, printed without ±) overrides the spec's for that metric.
     """
-    centre = CENTRE_LABELS[spec.get("aggregate", "median_se")]
     paper = bool(spec.get("reference"))
-    legend = (f"Each cell: **ours** {centre} (runs) · paper (where it has a number) · Δ = ours − paper · "
-              + ("✓ within tolerance." if spec.get("verdict", True) else "no verdict (see the notes).")
-              if paper else f"Each cell: **ours** {centre} (runs); the paper's numbers are not available.")
     used = _used(spec, runs)
-    lines = [f"# {spec.get('title', spec['table'])}", "", *_provenance(spec, used), "", legend]
+    found = status.facts(used, spec.get("provenance_keys"))
+    data = status.sidecar(spec, out_path, found, df.to_dict("records"))
+    lines = [f"# {spec.get('title', spec['table'])}", "", data["status_line"], "", *_provenance(spec, used), "",
+             legend(spec)]
     cell = df.set_index(["row", "setting", "metric"])
 
     def text(row: dict, setting: str, metric: dict) -> str:
@@ -260,16 +292,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         theirs = _fmt(c.paper, digits) + ("" if math.isnan(c.paper_err) else f" ± {_fmt(c.paper_err, digits)}")
         return f"{ours} · {theirs} · {_fmt(c['diff'], digits)}{verdict}"
 
-    if spec.get("sections"):
-        several = len(spec["metrics"]) > 1
-        groups = [(f"## {sec['title']}" + (f": {m.get('label', m['name'])}" if several else ""),
-                   [(s, m) for s in sec["settings"]]) for sec in spec["sections"] for m in spec["metrics"]]
-    elif spec.get("layout", "wide") == "per_metric":
-        groups = [(f"## {m.get('label', m['name'])}", [(s["name"], m) for s in spec["settings"]])
-                  for m in spec["metrics"]]
-    else:
-        groups = [("", [(s["name"], m) for s in spec["settings"] for m in spec["metrics"]])]
-    for heading, cols in groups:
+    for heading, cols in groups(spec):
         one = len(spec["settings"]) == 1  # a single setting: the metric names the column
         header = ["Model"] + [s if heading else m.get("label", m["name"]) if one else f"{s} {m.get('label', m['name'])}"
                               for s, m in cols]
@@ -299,11 +322,11 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
         lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
         lines += [f"- {count} × {' '.join(error.split())[:400]}" for error, count in errors.items()]
-    if spec.get("notes"):
-        lines += ["", "## Notes", "", *[f"- {note}" for note in spec["notes"]]]
+    lines += notes(spec)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text("\n".join(lines) + "\n")
+    status.write_sidecar(out_path, data)
     return out_path
 
 

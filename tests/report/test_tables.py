@@ -280,7 +280,7 @@ def test_record_fields_as_metrics_without_reference_or_verdict(tmp_path):
     ours_only = {k: v for k, v in spec.items() if k not in ("reference", "reference_path")}
     df = tables.build_table(ours_only, tmp_path / "runs")
     md = tables.write_markdown(df, ours_only, tmp_path / "c.md", tables.load_runs(tmp_path / "runs")).read_text()
-    assert "not available" in md and "**92.00** ± 1.00 (3)" in md and " · " not in md.split("| SPIGOT")[1]
+    assert "no paper column" in md and "**92.00** ± 1.00 (3)" in md and " · " not in md.split("| SPIGOT")[1]
 
 
 def test_setting_curves_and_the_direct_specs(tmp_path):
