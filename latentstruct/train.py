@@ -1,7 +1,8 @@
 """The single entry point: ``python -m latentstruct.train [overrides]``.
 
 ``train(cfg) -> metrics`` reads top to bottom: build → loop → evaluate under no_grad → write. ``main`` is the
-``@hydra.main`` wrapper that also records a crashed run as ``status: failed``.
+``@hydra.main`` wrapper that also records a crashed run as ``status: failed``; the command line is checked before it
+(:func:`latentstruct.config.check_command_line`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import latentstruct.optim
-from latentstruct.config import option_name, validate  # importing latentstruct.config registers the schemas
+from latentstruct.config import (  # importing latentstruct.config registers the schemas
+    ConfigError,
+    check_command_line,
+    option_name,
+    validate,
+)
 from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.records import (
     RESUMABLE,
@@ -271,4 +277,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    try:  # before Hydra: nested experiment names, unknown experiments and keys (latentstruct.config)
+        sys.argv[1:] = check_command_line(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())
