@@ -7,12 +7,12 @@ a subprocess, and timed by its run record: ``metrics.json``'s ``seconds_per_step
 the evaluations, README "Run records"). The configurations:
 
 * SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, else ``data``, as ``paths.data_dir``;
-  batch 32 as the experiments set it): ``sst/baseline`` (the BiLSTM step every SST row is compared with),
-  ``sst/marginals``, and ``sst/sparsemap``, ``sst/spigot``, ``sst/spigot_ce`` each with the experiments' truncated
+  batch 32 as the experiments set it): ``sst_baseline`` (the BiLSTM step every SST row is compared with),
+  ``sst_marginals``, and ``sst_sparsemap``, ``sst_spigot``, ``sst_spigot_ce`` each with the experiments' truncated
   SparseMAP (``structure.sparsemap_max_iter=50``) and exact (``structure.sparsemap_max_iter=null``);
 * ListOps (issue #7) with ``+preset=listops_cpu`` (batch 64, sizes 64, training expressions of <= 20 leaves; at the
   full sizes, batch 128 up to 130 leaves, two chart × SPIGOT-CE steps did not finish in 400 s on 2 CPU cores):
-  ``listops/lstm`` (the baseline), ``listops/chart_marginals`` and ``listops/chart_spigot_ce`` (BinaryTree's SparseMAP
+  ``listops_lstm`` (the baseline), ``listops_chart_marginals`` and ``listops_chart_spigot_ce`` (BinaryTree's SparseMAP
   is always exact).
 
 **Steady-state seconds per step.** ``seconds_per_step`` averages over every step of a run, the first one included,
@@ -94,15 +94,17 @@ class Config:
 
 
 def configurations() -> list[Config]:
+    # The experiments by their nested names (sst/baseline), the names an older tree (--baseline) knows too; this tree
+    # reads them as its flat ones (sst_baseline: latentstruct.config.check_command_line).
     sst = [
-        Config("sst/baseline", "SST", "BiLSTM (baseline)", "—", ("+experiment=sst/baseline",)),
-        Config("sst/marginals", "SST", "Marginals", "—", ("+experiment=sst/marginals",)),
+        Config("sst_baseline", "SST", "BiLSTM (baseline)", "—", ("+experiment=sst/baseline",)),
+        Config("sst_marginals", "SST", "Marginals", "—", ("+experiment=sst/marginals",)),
     ]
     for name, method in (("sparsemap", "SparseMAP"), ("spigot", "SPIGOT"), ("spigot_ce", "SPIGOT-CE")):
         for cap, value in (("50", "50"), ("exact", "null")):
             sst.append(
                 Config(
-                    f"sst/{name}@{cap}",
+                    f"sst_{name}@{cap}",
                     "SST",
                     method,
                     cap,
@@ -111,7 +113,7 @@ def configurations() -> list[Config]:
                 )
             )
     listops = [
-        Config(f"listops/{name}", "ListOps", method, cap, (f"+experiment=listops/{name}", "+preset=listops_cpu"))
+        Config(f"listops_{name}", "ListOps", method, cap, (f"+experiment=listops/{name}", "+preset=listops_cpu"))
         for name, method, cap in (
             ("lstm", "LSTM (baseline)", "—"),
             ("chart_marginals", "chart × Marginals", "—"),
@@ -121,7 +123,7 @@ def configurations() -> list[Config]:
     return sst + listops
 
 
-TASK_BASELINE = {"SST": "sst/baseline", "ListOps": "listops/lstm"}
+TASK_BASELINE = {"SST": "sst_baseline", "ListOps": "listops_lstm"}
 # Per task: evaluations kept small (see the module docstring).
 TASK_OVERRIDES = {
     "SST": ("dataset.eval_subset={eval_subset}",),
@@ -412,7 +414,7 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
 def protocol_notes(args) -> list[str]:
     return [
         "× baseline step: the row's seconds per step over its task's baseline step in the same tree (SST: the BiLSTM "
-        "of `sst/baseline`; ListOps: `listops/lstm`); the baseline rows read 1.0.",
+        "of `sst_baseline`; ListOps: `listops_lstm`); the baseline rows read 1.0.",
         f"Steady state: each configuration runs W = {args.warmup} and W + N steps with the same seed; seconds per step "
         "= (T(W + N) − T(W)) / N with T = `seconds_per_step` × `steps` of the run's metrics.json (the first step "
         "costs several later ones; `--warmup 0` reports `seconds_per_step` as is).",
@@ -475,7 +477,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="configuration key prefixes, e.g. sst/baseline listops (default: all; a task's baseline is always added)",
+        help="configuration key prefixes, e.g. sst_baseline listops (default: all; a task's baseline is always added)",
     )
     args = parser.parse_args(argv)
     args.data_dir = args.data_dir.resolve()

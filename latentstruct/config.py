@@ -16,6 +16,8 @@ data (sizes) are listed in the class attribute ``FROM_DATA`` and are not setting
 
 :func:`validate`, the first thing ``train()`` does, refuses what composition lets through: a ``+key`` that no schema
 declares and a value outside a ``Literal``'s choices, naming the key and the closest valid names.
+:func:`check_command_line` runs it on the command line of ``python -m latentstruct.train`` before Hydra does anything
+(an unknown key, ``+`` or not; an unknown experiment, listing them all; the experiments' old nested names).
 ``python -m latentstruct.config`` writes the option reference, ``docs/configs.md`` (:func:`reference`).
 
 The run-level settings (``trainer``, ``paths``, ``embedding``, the optimizers) configure no class of ours and stay
@@ -24,13 +26,16 @@ dataclasses here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
+import io
 import re
+import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
@@ -42,7 +47,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 __all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
-           "option_schemas", "CONFIG_DIR"]
+           "option_schemas", "experiments", "check_command_line", "CONFIG_DIR"]
 
 #: the configs of the entry point (``python -m latentstruct.train``)
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -208,9 +213,10 @@ def _schema_names(config_dir: Path) -> set[str]:
 
 
 # ------------------------------------------------------------------------------------------------- validation
-def _close(name: str, options) -> str:
+def _close(name: str, options, prefix: str = "") -> str:
+    """``; did you mean <prefix><option>?`` for the options closest to ``name`` (none: empty)."""
     near = difflib.get_close_matches(name, list(options), n=3, cutoff=0.6)
-    return f"; did you mean {' or '.join(near)}?" if near else ""
+    return f"; did you mean {' or '.join(prefix + n for n in near)}?" if near else ""
 
 
 def validate(cfg: DictConfig, where: str = "") -> None:
@@ -239,7 +245,7 @@ def validate(cfg: DictConfig, where: str = "") -> None:
         if known is not None and key not in known:
             options = sorted(k for k in known if not k.startswith("_"))
             owner = where[:-1] or "the config"
-            raise ConfigError(f"unknown setting {where}{key}{_close(str(key), options)} (the settings of {owner}: "
+            raise ConfigError(f"unknown key '{where}{key}'{_close(str(key), options, where)} (the keys of {owner}: "
                               f"{', '.join(options)})")
         node = cfg._get_node(key)
         if node._is_none() or node._is_missing() or node._is_interpolation():
@@ -375,6 +381,103 @@ def register_configs(config_dir: Path = CONFIG_DIR) -> None:
 register_configs()
 
 
+# ----------------------------------------------------------------------------------------------- command line
+def experiments(config_dir: Path = CONFIG_DIR) -> dict[str, list[str]]:
+    """The experiments (``+experiment=<name>``, ``configs/experiment/<name>.yaml``) by family, the first word of
+    their names (``sst_spigot``: ``sst``)."""
+    families: dict[str, list[str]] = {}
+    for path in sorted((config_dir / "experiment").glob("*.yaml")):
+        families.setdefault(path.stem.split("_")[0], []).append(path.stem)
+    return families
+
+
+def _unknown_experiment(name: str, config_dir: Path) -> str:
+    families = experiments(config_dir)
+    known = [e for names in families.values() for e in names]
+    width = max(map(len, families))
+    lines = [f"unknown experiment '{name}'{_close(name, known)}", "the experiments (+experiment=<name>), by family:"]
+    lines += [f"  {family:<{width}}  {', '.join(names)}" for family, names in families.items()]
+    lines.append("Each one's file, configs/experiment/<name>.yaml, says what it runs; every option: "
+                 "python -m latentstruct.train --help, docs/configs.md.")
+    return "\n".join(lines)
+
+
+def _flat_names(args: list[str], known: set[str], log) -> list[str]:
+    """``experiment=sst/spigot`` (any prefix, any sweep of names) as ``experiment=sst_spigot``, logged."""
+    from latentstruct.records import flat_experiment
+
+    def flat(match: re.Match) -> str:
+        return flat_experiment(match[0]) if flat_experiment(match[0]) in known else match[0]
+
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") == "experiment" and (new := re.sub(r"\w+/\w+", flat, value)) != value:
+            log(f"{arg}: the experiments have flat names now, read as {key}={new}")
+            arg = f"{key}={new}"
+        out.append(arg)
+    return out
+
+
+def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
+                       log: Callable[[str], Any] | None = None) -> list[str]:
+    """The arguments of ``python -m latentstruct.train``, checked before Hydra reads them.
+
+    Returns them with the experiments' nested names (``experiment=sst/spigot``, the names before the flat
+    ``<task>_<method>`` ones, in older records and notes) replaced by the flat ones, each replacement logged. Raises
+    :class:`ConfigError` for an unknown experiment, listing every experiment, and for whatever :func:`validate`
+    refuses in the configuration composed once from the overrides (a sweep's first values): an unknown key —
+    ``trainer.max_step=10`` as much as ``+trainer.max_step=10``, where Hydra suggests the ``+`` for the first and
+    lets the second through — or a value outside its choices. Anything else (an unknown option of a group, a value of
+    the wrong type, a malformed override or flag) is left to Hydra, which reports it as it always does. ``log``:
+    where the replacements are told (default: stderr).
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.utils import get_args_parser  # Hydra's own reading of its command line
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType, ValueType
+    from hydra.errors import HydraException
+
+    known = {e for names in experiments(config_dir).values() for e in names}
+    args = _flat_names(list(args), known, log or (lambda line: print(line, file=sys.stderr)))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            flags = get_args_parser().parse_args(args)
+        overrides = OverridesParser.create().parse_overrides(flags.overrides)
+    except (SystemExit, HydraException):  # --version, or a malformed command line: Hydra answers it
+        return args
+    if flags.help or flags.hydra_help or flags.info or flags.shell_completion or flags.experimental_rerun or (
+            flags.config_path or flags.config_name or flags.config_dir):
+        return args
+    first = []  # the overrides of the first job, every key override as ++key (added if unknown, for validate)
+    for o in overrides:
+        if o.is_sweep_override() and o.value_type not in (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP,
+                                                          ValueType.RANGE_SWEEP):
+            return args  # glob, interval: the sweeper's to enumerate
+        values = o.sweep_string_iterator() if o.is_sweep_override() else iter([o.get_value_element_as_str()])
+        if o.key_or_group == "experiment" and o.type is not OverrideType.DEL:
+            values = list(values)
+            for name in values:
+                if name not in known and name != "null":
+                    raise ConfigError(_unknown_experiment(name, config_dir))
+            values = iter(values)
+        if o.type is OverrideType.DEL:
+            first.append(o.input_line)
+            continue
+        group = o.package is not None or "/" in o.key_or_group or (config_dir / o.key_or_group).is_dir()
+        key = o.get_key_element()
+        if o.type is OverrideType.CHANGE and not group and not o.key_or_group.startswith("hydra"):
+            key = f"++{key}"
+        first.append(f"{key}={next(values)}")
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+            cfg = compose("train", overrides=first)
+    except Exception:  # noqa: BLE001  (Hydra composes it again and reports it)
+        return args
+    validate(cfg)
+    return args
+
+
 # -------------------------------------------------------------------------------------------------- reference
 def _cell(value: Any) -> str:
     text = "required" if value is MISSING else "null" if value is None else str(value).lower() if isinstance(
@@ -395,14 +498,18 @@ def _rows(fields, values: dict) -> list[str]:
 
 
 def reference(config_dir: Path = CONFIG_DIR) -> str:
-    """The option reference (``docs/configs.md``): every option of every group, what it builds and each of its
-    settings with its value in that option and its help text, all read from the schemas."""
+    """The option reference (``docs/configs.md``): the experiments, then every option of every group, what it builds
+    and each of its settings with its value in that option and its help text, all read from the schemas."""
     import yaml  # only the reference reads the option files directly
 
     out = ["# Config reference", "",
            "Generated from the schemas (the `Args:` sections of the signatures the options build) by "
            "`python -m latentstruct.config > docs/configs.md`; `tests/test_config.py` checks that it is current. "
            "A value shown is the option's own where it sets one, else the signature's default.", ""]
+    out += ["## Experiments", "", "`+experiment=<name>`, by family; the header of `configs/experiment/<name>.yaml` "
+            "says what each one runs.", ""]
+    families = experiments(config_dir)
+    out += [f"- **{family}**: {', '.join(f'`{e}`' for e in names)}" for family, names in families.items()] + [""]
     run = [("trainer", TrainerConf), ("paths", PathsConf), ("embedding", EmbeddingConf), ("optim_groups.<name>",
            OptimConf)]
     out += ["## Run settings", "", "| setting | default | help |", "| --- | --- | --- |"]

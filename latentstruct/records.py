@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["RESUMABLE", "flatten", "write_json", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
-           "environment"]
+__all__ = ["RESUMABLE", "flatten", "flat_experiment", "write_json", "read_record", "write_history", "save_checkpoint",
+           "load_checkpoint", "environment"]
 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
 # computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
@@ -32,6 +32,12 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         name = f"{prefix}{key}"
         flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
     return flat
+
+
+def flat_experiment(name: str) -> str:
+    """An experiment's name as ``+experiment=`` takes it: ``sst_spigot`` for the nested ``sst/spigot`` of the records
+    (and notes) written before the experiments got flat ``<task>_<method>`` names; a flat name is kept."""
+    return name.replace("/", "_")
 
 
 def _atomic(path: Path, write) -> None:

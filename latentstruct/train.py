@@ -1,7 +1,8 @@
 """The single entry point: ``python -m latentstruct.train [overrides]``.
 
 ``train(cfg) -> metrics`` reads top to bottom: build → loop → evaluate under no_grad → write. ``main`` is the
-``@hydra.main`` wrapper that also records a crashed run as ``status: failed``.
+``@hydra.main`` wrapper that also records a crashed run as ``status: failed``; the command line is checked before it
+(:func:`latentstruct.config.check_command_line`).
 
 What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
 directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
@@ -26,7 +27,12 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import latentstruct.optim
-from latentstruct.config import option_name, validate  # importing latentstruct.config registers the schemas
+from latentstruct.config import (  # importing latentstruct.config registers the schemas
+    ConfigError,
+    check_command_line,
+    option_name,
+    validate,
+)
 from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.progress import Progress
 from latentstruct.records import (
@@ -346,4 +352,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    try:  # before Hydra: nested experiment names, unknown experiments and keys (latentstruct.config)
+        sys.argv[1:] = check_command_line(sys.argv[1:])
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     sys.exit(main())

@@ -24,6 +24,11 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
+def methods(task: str) -> list[str]:
+    """The methods of a task's experiments (``configs/experiment/<task>_<method>.yaml``), e.g. ``methods("sst")``."""
+    return [name.removeprefix(f"{task}_") for name in latentstruct.config.experiments().get(task, [])]
+
+
 def data_root() -> Path:
     """The root of the real datasets, resolved by the config itself (``paths.data_dir``: ``$LATENTSTRUCT_DATA``, else
     ``data`` relative to the working directory), so that the tests look where the package looks."""

@@ -93,13 +93,73 @@ def test_option_lists_hold_no_internal_names():
 
 
 def test_unknown_keys_and_choices_are_refused_naming_the_key():
-    with pytest.raises(config.ConfigError, match=r"unknown setting trainer.max_step; did you mean max_steps"):
+    with pytest.raises(config.ConfigError, match=r"unknown key 'trainer.max_step'; did you mean trainer.max_steps"):
         config.validate(_compose("+trainer.max_step=10"))
-    with pytest.raises(config.ConfigError, match=r"unknown setting scorer.bais; did you mean bias"):
+    with pytest.raises(config.ConfigError, match=r"unknown key 'scorer.bais'; did you mean scorer.bias"):
         config.validate(_compose("+scorer.bais=false"))
     with pytest.raises(config.ConfigError, match=r"logger.mode='sometimes' is not one of"):
         config.validate(_compose("logger=wandb", "logger.mode=sometimes"))
     config.validate(_compose())  # the default experiment is valid
+
+
+def _paper_experiments() -> list[str]:
+    """The experiments the table specs' rows name (``match: {choices.experiment: ...}``)."""
+    specs = (CONFIGS.parent / "experiments").glob("*/*.yaml")
+    rows = [row for spec in specs for row in yaml.safe_load(spec.read_text()).get("rows", [])]
+    return sorted({row["match"]["choices.experiment"] for row in rows if "choices.experiment" in row.get("match", {})})
+
+
+def test_every_paper_row_composes_under_its_flat_name():
+    names = _paper_experiments()
+    assert len(names) > 50 and all("/" not in name for name in names)
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        for name in names:
+            config.validate(compose("train", overrides=[f"+experiment={name}"]))
+    assert set(names) <= {e for family in config.experiments().values() for e in family}
+
+
+def test_the_nested_experiment_names_are_aliases_of_the_flat_ones():
+    notices = []
+    args = config.check_command_line(["-m", "+experiment=sst/spigot,snli/spigot", "trainer.seed=1"], log=notices.append)
+    assert args == ["-m", "+experiment=sst_spigot,snli_spigot", "trainer.seed=1"]
+    assert len(notices) == 1 and "+experiment=sst_spigot,snli_spigot" in notices[0]
+    assert config.check_command_line(["+experiment=sst_spigot"], log=notices.append) == ["+experiment=sst_spigot"]
+    assert len(notices) == 1  # the flat name: no notice
+    alias = config.check_command_line(["+experiment=listops/chart_spigot", "+preset=listops_cpu"], log=notices.append)
+    assert _compose(*alias) == _compose("+experiment=listops_chart_spigot", "+preset=listops_cpu")
+
+
+def test_an_unknown_experiment_lists_every_experiment_by_family():
+    with pytest.raises(config.ConfigError) as err:
+        config.check_command_line(["+experiment=nope"])
+    lines = str(err.value).splitlines()
+    assert lines[0] == "unknown experiment 'nope'"  # nothing close
+    for family, names in config.experiments().items():
+        assert sum(line.split() == [family, *(n + "," for n in names[:-1]), names[-1]] for line in lines) == 1
+    assert "--help" in lines[-1] and "docs/configs.md" in lines[-1]
+    with pytest.raises(config.ConfigError, match=r"^unknown experiment 'sst/spigt'; did you mean sst_spigot"):
+        config.check_command_line(["+experiment=sst/spigt"])
+    with pytest.raises(config.ConfigError, match=r"^unknown experiment 'nope'"):  # every value of a sweep
+        config.check_command_line(["-m", "+experiment=sst_spigot,nope"])
+
+
+@pytest.mark.parametrize("args", [["trainer.max_step=10"], ["+trainer.max_step=10"], ["-m", "trainer.max_step=1,2"],
+                                  ["+experiment=sst_spigot", "trainer.max_step=10", "--cfg", "job"]])
+def test_an_unknown_key_is_refused_at_composition_with_or_without_plus(args):
+    with pytest.raises(config.ConfigError, match=r"unknown key 'trainer.max_step'; did you mean trainer.max_steps"):
+        config.check_command_line(args)
+
+
+def test_the_command_line_check_lets_through_what_hydra_accepts():
+    """A sweep (its first values are composed), --cfg, --help, a launcher, a deleted group, an added option, a sweep
+    config, resumption into a given directory; and what Hydra refuses itself (an unknown option) is left to it."""
+    for args in (["-m", "+experiment=sst_spigot,sst_marginals", "trainer.seed=range(301,303)"],
+                 ["+experiment=sst_spigot", "--cfg", "job"], ["--help"], ["--hydra-help"],
+                 ["-m", "hydra/launcher=joblib", "estimator=ste_i,spigot", "trainer.threads=1"],
+                 ["~scorer", "latent=none", "decoder=linear"], ["+experiment=listops_lstm", "+preset=listops_cpu"],
+                 ["+sweep=direct_sorting", "trainer.threads=1"], ["trainer.resume=true", "hydra.run.dir=somewhere"],
+                 ["+tuned.k3.lr=0.1"], ["dataset=nope"], ["estimator.eta=fast"]):
+        assert config.check_command_line(args) == args
 
 
 class _OnlyStructure(Task):

@@ -124,13 +124,13 @@ def _identity(config: dict) -> str:
 def _completed_tree_runs(root: Path) -> dict[Path, str]:
     """The completed runs under ``root`` that kept a checkpoint, from their records
     (:func:`latentstruct.report.tables.load_runs`), each with its experiment: ``choices.experiment`` without its
-    folder (e.g. ``chart_spigot``), or the directory's name for a run without ``.hydra/``."""
+    task (e.g. ``chart_spigot``), or the directory's name for a run without ``.hydra/``."""
     runs = load_runs(root)
     found = {}
     for _, run in (runs[runs["completed"]] if len(runs) else runs).iterrows():
         run_dir, experiment = Path(run["run_dir"]), run.get("choices.experiment")
         if (run_dir / "checkpoint.pt").is_file():
-            found[run_dir] = str(experiment if isinstance(experiment, str) else run_dir.name).split("/")[-1]
+            found[run_dir] = str(experiment if isinstance(experiment, str) else run_dir.name).removeprefix("listops_")
     return found
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from latentstruct.records import flatten
+from latentstruct.records import flat_experiment, flatten
 from latentstruct.report import status
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
@@ -46,7 +46,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
 
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``, as
     :func:`latentstruct.records.flatten` gives them: an empty dict gives none), ``choices.<group>`` from
-    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
+    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``; ``choices.experiment`` by its flat name, also in records
+    written under the nested one), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
     record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
     seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
     Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
@@ -62,6 +63,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         row = flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
+        if isinstance(row.get("choices.experiment"), str):  # a record of before the flat names: sst/spigot
+            row["choices.experiment"] = flat_experiment(row["choices.experiment"])
         row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
         derived = run_dir / "derived.json"
         if derived.is_file():

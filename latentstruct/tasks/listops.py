@@ -3,7 +3,7 @@ tree over its tokens, with the learned trees scored against the true ones (seed 
 
 The input is the sequence of leaves of :func:`latentstruct.data.listops.leaves` (operators, digits and ``]``), each
 batch trimmed to its longest example. The model is chosen by its parts, config groups like every task's
-(``scorer``, ``structure``, ``estimator``, ``composer``; ``configs/experiment/listops/`` names each combination);
+(``scorer``, ``structure``, ``estimator``, ``composer``; ``configs/experiment/listops_*`` names each combination);
 the sizes are the task's settings (``task.word_dim``, ``task.hidden``, ...; the ListOps experiments use 128 for words
 and states, as Havrylov et al. 2019). Every model embeds the words, composes them into one vector and classifies it
 with an MLP (``task.mlp_hidden``, ``task.dropout``).

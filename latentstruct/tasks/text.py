@@ -105,7 +105,7 @@ def _has_tree(task: str, dataset: str, latent: str, scorer, structure, estimator
         given = {name: _name(part) for name, part in tree.items() if part is not None}
         raise ValueError(f"{task} with latent=none (the baseline) has no tree, but "
                          f"{', '.join(f'{k}={v}' for k, v in given.items())} {'is' if len(given) == 1 else 'are'} "
-                         f"set; the baseline is +experiment={dataset.lower()}/baseline, without them")
+                         f"set; the baseline is +experiment={dataset.lower()}_baseline, without them")
     if latent != "none" and any(part is None for part in tree.values()):
         missing = ", ".join(name for name, part in tree.items() if part is None)
         raise ValueError(f"{task} with latent={latent} goes through a tree and needs a {missing}; latent=none is the "

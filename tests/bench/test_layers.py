@@ -10,6 +10,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from latentstruct.config import check_command_line
 from tests.helpers import ROOT, compose
 
 _spec = importlib.util.spec_from_file_location("bench_layers", ROOT / "bench" / "layers.py")
@@ -23,7 +24,7 @@ def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
     assert set(layers.TASK_BASELINE.values()) <= {c.key for c in configs}
     for config in configs:
         overrides = layers.run_overrides(config, steps=7, threads=1, device="cpu", eval_subset=32)
-        cfg = compose(*overrides)
+        cfg = compose(*check_command_line(overrides, log=lambda line: None))  # as python -m latentstruct.train reads
         assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
         assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
         if config.task == "SST" and config.cap != "—":
@@ -54,22 +55,22 @@ def _fake_results():
 
     return {
         "before": {
-            "sst/baseline": done(0.1, 0.3, 0.2),
-            "sst/sparsemap@exact": [{"status": "timeout"}],
-            "sst/marginals": done(0.8),
+            "sst_baseline": done(0.1, 0.3, 0.2),
+            "sst_sparsemap@exact": [{"status": "timeout"}],
+            "sst_marginals": done(0.8),
         },
         "now": {
-            "sst/baseline": done(0.2),
-            "sst/sparsemap@exact": done(1.0),
-            "sst/marginals": [{"status": "failed", "error": "boom"}, *done(0.4)],
+            "sst_baseline": done(0.2),
+            "sst_sparsemap@exact": done(1.0),
+            "sst_marginals": [{"status": "failed", "error": "boom"}, *done(0.4)],
         },
     }
 
 
 def test_summary_and_markdown_on_fake_numbers():
-    configs = [c for c in layers.configurations() if c.key in ("sst/baseline", "sst/sparsemap@exact", "sst/marginals")]
+    configs = [c for c in layers.configurations() if c.key in ("sst_baseline", "sst_sparsemap@exact", "sst_marginals")]
     rows = {r["key"]: r for r in layers.summarize(_fake_results(), configs)}
-    base, exact, marg = rows["sst/baseline"], rows["sst/sparsemap@exact"], rows["sst/marginals"]
+    base, exact, marg = rows["sst_baseline"], rows["sst_sparsemap@exact"], rows["sst_marginals"]
     assert base["before"] == 0.2 and base["before_ratio"] == base["now_ratio"] == 1.0  # median of 3 repeats
     assert marg["speedup"] == pytest.approx(2.0) and marg["now_ratio"] == pytest.approx(2.0)
     assert marg["now_failures"] == 1 and marg["now_status"] is None
@@ -99,15 +100,15 @@ def test_summary_and_markdown_on_fake_numbers():
     }
     meta["failures"] = layers.failures(_fake_results())
     assert meta["failures"] == [
-        "before `sst/sparsemap@exact` repeat 1: timeout",
-        "now `sst/marginals` repeat 1: failed: boom",
+        "before `sst_sparsemap@exact` repeat 1: timeout",
+        "now `sst_marginals` repeat 1: failed: boom",
     ]
     text = layers.markdown(list(rows.values()), meta)
     assert "- git commit: abc (dirty)" in text and "0123456789ab (r: s)" in text and "- a note" in text
     assert "| SST | BiLSTM (baseline) | — | 0.200 | 0.200 | 1.00× | 1.0 | 1.0 |" in text
     assert "| SST | SparseMAP | exact | timeout | 1.000 | — | — | 5.0 |" in text
     assert "| SST | Marginals | — | 0.800 | 0.400 (1 failed) | 2.00× | 4.0 | 2.0 |" in text
-    assert "- now `sst/marginals` repeat 1: failed: boom" in text
+    assert "- now `sst_marginals` repeat 1: failed: boom" in text
     assert "| SST | Marginals | — | 0.400 | 0.200 | 2.00× |" in text.split("## Cross-check")[1]
     # without a baseline commit: the "now" columns only
     now_only = layers.summarize({"now": _fake_results()["now"]}, configs)

@@ -14,6 +14,7 @@ import yaml
 
 from latentstruct.report import figures, reproduce, tables, trees
 from tests.helpers import ROOT as REPO
+from tests.helpers import methods
 
 SPECS = sorted(p.relative_to(REPO / "experiments").with_suffix("").as_posix()
                for p in (REPO / "experiments").glob("*/*.yaml"))
@@ -375,9 +376,9 @@ def test_derived_metrics_and_a_per_metric_max(tmp_path):
 def test_listops_spec_covers_the_reference_and_every_experiment():
     """Issue #7: every ListOps experiment is a row; every paper number lands in a cell (incl. ``test/acc:max``)."""
     spec = tables.load_spec(REPO / "experiments" / "listops" / "table.yaml")
-    experiments = {p.stem for p in (REPO / "configs" / "experiment" / "listops").glob("*.yaml")} - {
+    experiments = set(methods("listops")) - {
         "common", "chart_common"}  # (root-level configs since issue #18; kept out in any case)
-    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"listops/{e}" for e in experiments}
+    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"listops_{e}" for e in experiments}
     ref = pd.read_csv(spec["reference_path"], dtype=str)
     cells = {(r["name"], s["name"], tables.metric_id(m))
              for r in spec["rows"] for s in spec["settings"] for m in spec["metrics"]}
@@ -392,8 +393,8 @@ def test_energy_specs_cover_the_reference_and_every_experiment(name):
     5, 3 and 9 lands in a cell."""
     spec = tables.load_spec(REPO / "experiments" / "energy" / f"{name}.yaml")
     group = "mlc" if name.startswith("mlc") else "ner"
-    experiments = {p.stem for p in (REPO / "configs" / "experiment" / group).glob("*.yaml")} - {"common"}
-    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"{group}/{e}" for e in experiments}
+    experiments = set(methods(group)) - {"common"}
+    assert {r["match"]["choices.experiment"] for r in spec["rows"]} == {f"{group}_{e}" for e in experiments}
     ref = pd.read_csv(spec["reference_path"], dtype=str)
     ref = ref[ref["table"] == name]
     cells = {(r["name"], s["name"], tables.metric_id(m))
@@ -512,18 +513,30 @@ def _sst_run(root: Path, name: str, experiment: str, seed: int, status: str = "c
     return run
 
 
+def test_records_under_the_nested_experiment_names_count_for_their_flat_rows(tmp_path):
+    """Records written before the experiments' flat names (``choices.experiment: sst/spigot``) fill the row of
+    ``sst_spigot``, beside those written under the flat name."""
+    _run(tmp_path, "before", "sst/spigot", acc=81.0)
+    _run(tmp_path, "after", "sst_spigot", acc=83.0, seed=2)
+    runs = tables.load_runs(tmp_path)
+    assert list(runs["choices.experiment"]) == ["sst_spigot", "sst_spigot"]
+    spec = tables.load_spec(REPO / "experiments" / "spigot" / "table3_sst.yaml")
+    row = next(r for r in spec["rows"] if r["name"] == "spigot")
+    assert len(tables.filter_runs(runs, row["match"])) == 2
+
+
 def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_path):
     """The seed-301 run of each row: the first completed run whose config and choices match, whatever its
     directory is called (the Makefile used to glob `<method>,*trainer.seed=301`)."""
     root = tmp_path / "runs"
-    _sst_run(root, "+experiment=sst/marginals,trainer.seed=301", "sst/spigot", 301)  # a name that lies
-    _sst_run(root, "a", "sst/marginals", 301, status="failed")
-    _sst_run(root, "b", "sst/marginals", 302)
-    _sst_run(root, "c", "sst/marginals", 301)
-    _sst_run(root, "d", "sst/marginals", 301)
+    _sst_run(root, "+experiment=sst_marginals,trainer.seed=301", "sst_spigot", 301)  # a name that lies
+    _sst_run(root, "a", "sst_marginals", 301, status="failed")
+    _sst_run(root, "b", "sst_marginals", 302)
+    _sst_run(root, "c", "sst_marginals", 301)
+    _sst_run(root, "d", "sst_marginals", 301)
     spec = tables.load_spec(REPO / "experiments" / "spigot" / "table3_sst.yaml")
     chosen = trees.seed_runs(spec, root, 301, ["marginals", "spigot", "sparsemap"])
-    assert chosen == {"marginals": str(root / "c"), "spigot": str(root / "+experiment=sst/marginals,trainer.seed=301")}
+    assert chosen == {"marginals": str(root / "c"), "spigot": str(root / "+experiment=sst_marginals,trainer.seed=301")}
     assert list(trees.seed_runs(spec, root, 302)) == ["marginals"]
     assert trees.seed_runs(spec, tmp_path / "none", 301) == {}
     with pytest.raises(ValueError, match="not rows of table3_sst"):

@@ -34,10 +34,10 @@ from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.tasks.energy import MultiLabelEnergy
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import build_model, train
-from tests.helpers import ROOT
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "mlc").glob("*.yaml"))
+EXPERIMENTS = methods("mlc")
 TINY_TASK = ["+tuned.toy={feature_hidden:[16],global_hidden:4}"]  # the sizes of dataset.name=toy
 
 
@@ -294,7 +294,7 @@ def test_the_threshold_is_chosen_on_valid_and_applied_to_test(monkeypatch):
 
 
 def _toy_cfg(data_dir, out, experiment="cd", *overrides):
-    return _compose(f"+experiment=mlc/{experiment}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
+    return _compose(f"+experiment=mlc_{experiment}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
                     "dataset.name=toy", "dataset.sizes=[30,15,15]", "trainer.batch_size=8", "trainer.progress=false",
                     *TINY_TASK, *overrides)
 
@@ -358,11 +358,11 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
         assert (history["valid/acc"].tail(1) == history["valid/f1"].tail(1)).all()
     # the per-dataset sizes of the experiments: the energy's F, A and F shaped alike
     for dataset, (hidden, global_hidden) in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
-        cfg = _compose("+experiment=mlc/infnet", f"dataset={dataset}")
+        cfg = _compose("+experiment=mlc_infnet", f"dataset={dataset}")
         assert (list(cfg.energy.feature_hidden), cfg.energy.global_hidden) == (hidden, global_hidden)
         assert list(cfg.infnet.hidden) == list(cfg.cost_net.hidden) == hidden and cfg.dataset.name == dataset
     sweep = _compose("+sweep=energy_mlc", hydra=True)
-    assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc/{e}" for e in EXPERIMENTS]
+    assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["trainer.seed"] == "301,302,303"
 
 
@@ -373,7 +373,7 @@ TOY_DIMS = {"input_dim": 6, "num_labels": 5}
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_the_config_shows_the_networks_its_method_builds(experiment):
-    cfg = _compose(f"+experiment=mlc/{experiment}")
+    cfg = _compose(f"+experiment=mlc_{experiment}")
     targets = {"energy": MLCEnergy, "infnet": MLCInferenceNet, "cost_net": MLCInferenceNet}
     needs = dict(zip(targets, MultiLabelEnergy.NETWORKS[cfg.task.method], strict=True))
     for group, cls in targets.items():  # set exactly when the method trains that network, with its target
@@ -387,14 +387,14 @@ def test_the_config_shows_the_networks_its_method_builds(experiment):
 
 
 @pytest.mark.parametrize("overrides,error", [
-    (["+experiment=mlc/mbce", "energy=mlc_energy"], "method=mbce builds no energy"),
-    (["+experiment=mlc/spen", "infnet=mlc_inference_net"], "method=spen builds no infnet"),
-    (["+experiment=mlc/cd", "cost_net=mlc_inference_net"], "method=implicit builds no cost_net"),
-    (["+experiment=mlc/cd", "task.method=infnet"], "method=infnet needs the network cost_net"),
-    (["+experiment=mlc/cd", "+encoder=bilstm_features"], "does not read encoder"),
-    (["+experiment=mlc/cd", "+estimator=spigot"], "does not read estimator"),
-    (["+experiment=mlc/cd", "latent=gold"], "no latent source"),
-    (["+experiment=mlc/cd", "task.phases=3"], "no trainer.phases, or two"),
+    (["+experiment=mlc_mbce", "energy=mlc_energy"], "method=mbce builds no energy"),
+    (["+experiment=mlc_spen", "infnet=mlc_inference_net"], "method=spen builds no infnet"),
+    (["+experiment=mlc_cd", "cost_net=mlc_inference_net"], "method=implicit builds no cost_net"),
+    (["+experiment=mlc_cd", "task.method=infnet"], "method=infnet needs the network cost_net"),
+    (["+experiment=mlc_cd", "+encoder=bilstm_features"], "does not read encoder"),
+    (["+experiment=mlc_cd", "+estimator=spigot"], "does not read estimator"),
+    (["+experiment=mlc_cd", "latent=gold"], "no latent source"),
+    (["+experiment=mlc_cd", "task.phases=3"], "no trainer.phases, or two"),
     (["+energy=mlc_energy"], "LatentClassifier .* does not read energy"),  # an energy part on another task
 ])
 def test_a_part_the_task_does_not_build_is_refused(overrides, error):
@@ -403,11 +403,11 @@ def test_a_part_the_task_does_not_build_is_refused(overrides, error):
 
 
 def test_the_task_option_counts_the_trainer_phases():
-    assert _compose("+experiment=mlc/cd").task.phases == 2  # resolved from trainer.phases
-    assert _compose("+experiment=mlc/mbce").task.phases == 0
-    assert _compose("+experiment=mlc/cd", "trainer.phases=[]").task.phases == 0
-    assert build_model(_compose("+experiment=mlc/cd"), TOY_DIMS, {}).pretrain
-    assert not build_model(_compose("+experiment=mlc/cd", "trainer.phases=[]"), TOY_DIMS, {}).pretrain
+    assert _compose("+experiment=mlc_cd").task.phases == 2  # resolved from trainer.phases
+    assert _compose("+experiment=mlc_mbce").task.phases == 0
+    assert _compose("+experiment=mlc_cd", "trainer.phases=[]").task.phases == 0
+    assert build_model(_compose("+experiment=mlc_cd"), TOY_DIMS, {}).pretrain
+    assert not build_model(_compose("+experiment=mlc_cd", "trainer.phases=[]"), TOY_DIMS, {}).pretrain
 
 
 def test_the_energy_tasks_share_their_training_settings_and_document_every_setting():
@@ -436,7 +436,7 @@ def test_the_dataset_configs_read_their_files(tmp_path):
 
 @pytest.mark.real_data("bibtex")
 def test_real_bibtex_smoke_run(tmp_path, data_root):
-    record = train(_compose("+experiment=mlc/cd", f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path}",
+    record = train(_compose("+experiment=mlc_cd", f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path}",
                             "trainer.progress=false", "trainer.threads=1", "trainer.phases.0.epochs=2",
                             "trainer.max_steps=286",
                             "task.neumann_terms=2"))

@@ -33,11 +33,11 @@ from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
 from latentstruct.models.masks import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
-from tests.helpers import ROOT
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 from tests.tasks.test_energy import check_resume_in_the_method_phase
 
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml"))
+EXPERIMENTS = methods("ner")
 TINY_TASK = ["encoder.hidden=4", "embedding.dim=6", "encoder.extra_dim=3", "task.neumann_terms=2", "task.spen_steps=2",
              "task.num_samples=2"]
 
@@ -253,7 +253,7 @@ def test_ner_plus_feeds_the_pos_and_chunk_features_to_every_network():
 
 
 def _toy_cfg(data_dir, out, experiment="cd", *overrides):
-    return _compose(f"+experiment=ner/{experiment}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
+    return _compose(f"+experiment=ner_{experiment}", f"paths.data_dir={data_dir}", f"paths.output_dir={out}",
                     "trainer.batch_size=8", "trainer.progress=false", "trainer.threads=1", *TINY_TASK, *overrides)
 
 
@@ -276,12 +276,12 @@ def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
             assert (history["valid/acc"] == history["valid/f1"]).all()
             assert ((0 <= history["test/f1"]) & (history["test/f1"] <= 100)).all()
     # the NER+ switch reaches the model; the experiments' defaults
-    cfg = _compose("+experiment=ner/cd", "dataset.features=true")
+    cfg = _compose("+experiment=ner_cd", "dataset.features=true")
     assert cfg.dataset.features and (cfg.embedding.dim, cfg.encoder.hidden, cfg.trainer.batch_size) == (100, 100, 32)
-    assert _compose("+experiment=ner/infnet_plus").task.infnet_ce > 0
-    assert _compose("+experiment=ner/crf").task.method == "crf"
+    assert _compose("+experiment=ner_infnet_plus").task.infnet_ce > 0
+    assert _compose("+experiment=ner_crf").task.method == "crf"
     sweep = _compose("+sweep=energy_ner", hydra=True)
-    assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"ner/{e}" for e in EXPERIMENTS]
+    assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"ner_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["dataset.features"] == "false,true"
 
 
@@ -290,7 +290,7 @@ TOY_DIMS = {"vocab_size": 12, "num_tags": 4}
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_the_config_shows_the_networks_its_method_builds(experiment):
-    cfg = _compose(f"+experiment=ner/{experiment}", "encoder.hidden=3", "embedding.dim=4")
+    cfg = _compose(f"+experiment=ner_{experiment}", "encoder.hidden=3", "embedding.dim=4")
     targets = {"energy": SequenceEnergyNet, "infnet": SequenceInferenceNet, "cost_net": SequenceInferenceNet}
     needs = dict(zip(targets, SequenceLabelEnergy.NETWORKS[cfg.task.method], strict=True))
     for group, cls in targets.items():  # set exactly when the method trains that network, with its target
@@ -307,13 +307,13 @@ def test_the_config_shows_the_networks_its_method_builds(experiment):
 
 
 @pytest.mark.parametrize("overrides,error", [
-    (["+experiment=ner/crf", "infnet=sequence_inference_net"], "method=crf builds no infnet"),
-    (["+experiment=ner/mbce", "energy=sequence_energy_net"], "method=mbce builds no energy"),
-    (["+experiment=ner/infnet", "~cost_net"], "method=infnet needs the network cost_net"),
-    (["+experiment=ner/cd", "~encoder"], r"encoder holds settings \(hidden\) but no option"),
-    (["+experiment=ner/cd", "~energy"], "method=implicit needs the network energy"),
-    (["+experiment=ner/cd", "+structure=sequence_tagging"], "does not read structure"),
-    (["+experiment=ner/cd", "+decoder=linear"], "does not read decoder"),
+    (["+experiment=ner_crf", "infnet=sequence_inference_net"], "method=crf builds no infnet"),
+    (["+experiment=ner_mbce", "energy=sequence_energy_net"], "method=mbce builds no energy"),
+    (["+experiment=ner_infnet", "~cost_net"], "method=infnet needs the network cost_net"),
+    (["+experiment=ner_cd", "~encoder"], r"encoder holds settings \(hidden\) but no option"),
+    (["+experiment=ner_cd", "~energy"], "method=implicit needs the network energy"),
+    (["+experiment=ner_cd", "+structure=sequence_tagging"], "does not read structure"),
+    (["+experiment=ner_cd", "+decoder=linear"], "does not read decoder"),
 ])
 def test_a_part_the_task_does_not_build_is_refused(overrides, error):
     with pytest.raises(ValueError, match=error):
@@ -347,7 +347,7 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
 @pytest.mark.parametrize("experiment,features", [("cd", "false"), ("mbce", "true")])
 def test_real_conll_smoke_run(tmp_path, data_root, experiment, features):
     phases = ["trainer.phases.0.epochs=1"] if experiment != "mbce" else []  # 3 pretraining steps, then the method
-    record = train(_compose(f"+experiment=ner/{experiment}", f"paths.data_dir={data_root}",
+    record = train(_compose(f"+experiment=ner_{experiment}", f"paths.data_dir={data_root}",
                             f"paths.output_dir={tmp_path}", "trainer.progress=false", "trainer.threads=1",
                             "dataset.subset=96", "dataset.eval_subset=64", f"dataset.features={features}",
                             "trainer.max_steps=5", "trainer.eval_every=5", "task.neumann_terms=2", *phases))
@@ -362,6 +362,6 @@ def test_the_config_choices_are_the_tasks_methods():
     hints = {cls: typing.get_type_hints(cls.build) for cls in (MultiLabelEnergy, SequenceLabelEnergy)}
     assert typing.get_args(hints[MultiLabelEnergy]["method"]) == METHODS
     assert typing.get_args(hints[SequenceLabelEnergy]["method"]) == SEQUENCE_METHODS
-    assert _compose("+experiment=ner/crf").task.method == "crf"
+    assert _compose("+experiment=ner_crf").task.method == "crf"
     with pytest.raises(ConfigError, match="task.method='crf' is not one of 'mbce'"):
-        validate(_compose("+experiment=mlc/mbce", "task.method=crf"))
+        validate(_compose("+experiment=mlc_mbce", "task.method=crf"))

@@ -19,10 +19,10 @@ from latentstruct.tasks import KNN
 from latentstruct.tasks.knn import knn_loss, knn_predict
 from latentstruct.train import build_model, train
 from tests.data.test_images import write_mnist
-from tests.helpers import CONFIGS
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
-EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "knn").glob("*.yaml"))
+EXPERIMENTS = methods("knn")
 
 
 class Flat(nn.Module):
@@ -149,37 +149,37 @@ def test_protocol_hyper_parameters():
     nets = {"mnist": (MnistConvNet, MnistSigmaNet, 900), "fashion_mnist": (ResNet18, MnistSigmaNet, 900),
             "cifar10": (ResNet18, CifarSigmaNet, 700)}
     for name, (encoder, sigma_net, batch) in nets.items():
-        cfg = _compose("+experiment=knn/direct_learned", f"dataset={name}", "task.k=1")
+        cfg = _compose("+experiment=knn_direct_learned", f"dataset={name}", "task.k=1")
         assert (cfg.encoder._target_, cfg.sigma_net._target_) == (_name(encoder), _name(sigma_net))
         assert (cfg.trainer.batch_size, cfg.task.num_queries) == (batch, 100)
         assert cfg.trainer.max_epochs == 220 * (batch // 100)
         assert (cfg.optim._target_, cfg.optim.lr, cfg.optim_groups.sigma._target_) == ("torch.optim.Adam", 1e-3,
                                                                                          "torch.optim.SGD")
-    assert _compose("+experiment=knn/direct_learned", "task.k=1").estimator.samples == 5
-    assert _compose("+experiment=knn/direct_learned", "task.k=9").estimator.samples == 1
-    assert _compose("+experiment=knn/direct_sigma0", "task.k=3").estimator.sigma == 0.0
-    assert _compose("+experiment=knn/direct_sigma1", "task.k=3").estimator.sigma == 1.0
+    assert _compose("+experiment=knn_direct_learned", "task.k=1").estimator.samples == 5
+    assert _compose("+experiment=knn_direct_learned", "task.k=9").estimator.samples == 1
+    assert _compose("+experiment=knn_direct_sigma0", "task.k=3").estimator.sigma == 0.0
+    assert _compose("+experiment=knn_direct_sigma1", "task.k=3").estimator.sigma == 1.0
     for experiment in ("direct_sigma0", "direct_sigma1", "neuralsort", "neuralsort_stochastic"):
-        assert _compose(f"+experiment=knn/{experiment}", "task.k=3").sigma_net is None  # σ is learned by one only
-    stochastic = _compose("+experiment=knn/neuralsort_stochastic", "task.k=3").estimator
+        assert _compose(f"+experiment=knn_{experiment}", "task.k=3").sigma_net is None  # σ is learned by one only
+    stochastic = _compose("+experiment=knn_neuralsort_stochastic", "task.k=3").estimator
     assert (stochastic._target_, stochastic.stochastic, stochastic.tau, stochastic.samples) == (
         "latentstruct.estimators.NeuralSort", True, 16.0, 5)
-    assert not _compose("+experiment=knn/neuralsort", "task.k=3").estimator.stochastic
+    assert not _compose("+experiment=knn_neuralsort", "task.k=3").estimator.stochastic
     # A network chosen on the command line replaces the dataset's: used, not ignored.
-    assert _compose("+experiment=knn/direct_learned", "task.k=1", "encoder=resnet18").encoder._target_ == _name(
+    assert _compose("+experiment=knn_direct_learned", "task.k=1", "encoder=resnet18").encoder._target_ == _name(
         ResNet18)
 
 
 def test_the_tuned_networks_take_only_sizes_from_the_data():
     """encoder=tuned and sigma_net=tuned carry no settings: each network the tuned table names takes only the sizes
     of the data (FROM_DATA), and every k-NN experiment passes the config check."""
-    cfg = _compose("+experiment=knn/direct_learned", "task.k=1")
+    cfg = _compose("+experiment=knn_direct_learned", "task.k=1")
     for name in ("mnist", "fashion_mnist", "cifar10"):
         for group in ("encoder", "sigma_net"):
             assert config.settings(config.locate(cfg.tuned[name][group])) == {}, (name, group)
     for experiment in EXPERIMENTS:
         for dataset in ("mnist", "fashion_mnist", "cifar10"):
-            config.validate(_compose(f"+experiment=knn/{experiment}", "task.k=3", f"dataset={dataset}"))
+            config.validate(_compose(f"+experiment=knn_{experiment}", "task.k=3", f"dataset={dataset}"))
 
 
 def _name(cls: type) -> str:
@@ -196,7 +196,7 @@ def test_sweep_composes_the_paper_grid():
 def test_every_knn_experiment_runs_on_mnist_files(tmp_path, experiment):
     """Two steps of each method on tiny generated MNIST files (real IDX format), with the real conv nets."""
     write_mnist(tmp_path / "data" / "mnist", n_train=60, n_test=10)
-    record = train(_compose(f"+experiment=knn/{experiment}", "task.k=3", "task.num_queries=4",
+    record = train(_compose(f"+experiment=knn_{experiment}", "task.k=3", "task.num_queries=4",
                             "trainer.batch_size=20", "trainer.max_steps=2", "trainer.eval_every=2",
                             "dataset.n_valid=10", "trainer.progress=false", f"paths.data_dir={tmp_path / 'data'}",
                             f"paths.output_dir={tmp_path / 'run'}"))
@@ -205,13 +205,13 @@ def test_every_knn_experiment_runs_on_mnist_files(tmp_path, experiment):
 
 
 def test_the_mnist_conv_net_is_built_with_its_sigma_network():
-    cfg = _compose("+experiment=knn/direct_learned", "task.k=3")
+    cfg = _compose("+experiment=knn_direct_learned", "task.k=3")
     task = build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
     assert isinstance(task.embedding, MnistConvNet) and isinstance(task.sigma, MnistSigmaNet)
     assert (task.k, task.structure.k, task.num_queries) == (3, 3, 100)
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, task.param_groups())
     assert {k: type(v).__name__ for k, v in optimizer.optimizers.items()} == {"default": "Adam", "sigma": "SGD"}
-    cifar = build_model(_compose("+experiment=knn/direct_learned", "task.k=3", "dataset=cifar10"),
+    cifar = build_model(_compose("+experiment=knn_direct_learned", "task.k=3", "dataset=cifar10"),
                         {"channels": 3, "height": 32, "width": 32, "num_classes": 10})
     assert isinstance(cifar.embedding, ResNet18) and isinstance(cifar.sigma, CifarSigmaNet)
 
@@ -220,15 +220,15 @@ def test_the_mnist_conv_net_is_built_with_its_sigma_network():
 def test_a_part_group_knn_does_not_read_is_refused(override):
     """The structure is TopK(task.k), built by the task: a structure, scorer or decoder set on the command line is an
     error, not a no-op (without the +, at composition: the k-NN options select no such group)."""
-    cfg = _compose("+experiment=knn/direct_sigma0", "task.k=3", override)
+    cfg = _compose("+experiment=knn_direct_sigma0", "task.k=3", override)
     with pytest.raises(ValueError, match=r"task KNN is built from encoder, estimator, sigma_net; it does not read"):
         build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
     with pytest.raises(ConfigCompositionException, match="No match in the defaults list"):
-        _compose("+experiment=knn/direct_sigma0", "task.k=3", override[1:])
+        _compose("+experiment=knn_direct_sigma0", "task.k=3", override[1:])
 
 
 def test_a_learned_sigma_needs_the_direct_estimator():
-    cfg = _compose("+experiment=knn/neuralsort", "task.k=3", "sigma_net=mnist_convnet")
+    cfg = _compose("+experiment=knn_neuralsort", "task.k=3", "sigma_net=mnist_convnet")
     with pytest.raises(ValueError, match="sigma_net needs estimator=direct"):
         build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
 
@@ -243,13 +243,13 @@ def test_drop_last_yields_only_full_batches_and_counts_them():
     assert [len(b["x"]) for b in iterate_batches(data, 5)][-1] == 3 and num_batches(23, 5) == 5
     with pytest.raises(ValueError, match="drop_last"):
         num_batches(3, 5, drop_last=True)
-    assert _compose("+experiment=knn/neuralsort", "task.k=1").trainer.drop_last is True
+    assert _compose("+experiment=knn_neuralsort", "task.k=1").trainer.drop_last is True
 
 
 def test_a_knn_run_crosses_an_epoch_boundary(tmp_path):
     """54 training images in batches of 20: two full batches per epoch, the 14 left over are skipped."""
     write_mnist(tmp_path / "data" / "mnist", n_train=64, n_test=10)
-    record = train(_compose("+experiment=knn/direct_sigma0", "task.k=3", "task.num_queries=4", "trainer.batch_size=20",
+    record = train(_compose("+experiment=knn_direct_sigma0", "task.k=3", "task.num_queries=4", "trainer.batch_size=20",
                             "trainer.max_steps=5", "trainer.eval_every=5", "dataset.n_valid=10",
                             "trainer.progress=false", f"paths.data_dir={tmp_path / 'data'}",
                             f"paths.output_dir={tmp_path / 'run'}"))

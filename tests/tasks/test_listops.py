@@ -26,10 +26,10 @@ from latentstruct.structures import BinaryTree
 from latentstruct.tasks import ListOps
 from latentstruct.tasks.listops import tree_scores
 from latentstruct.train import build_model, train
-from tests.helpers import CONFIGS
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
-EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "listops").glob("*.yaml"))
+EXPERIMENTS = methods("listops")
 TREE_EXPERIMENTS = [e for e in EXPERIMENTS if e not in ("lstm", "gold")]
 SMALL = ["task.word_dim=8", "task.hidden=8", "task.mlp_hidden=8", "task.scorer_hidden=8", "task.span_hidden=6"]
 TREE_METRICS = {"tree_f1", "f1_left", "f1_right", "depth"}
@@ -58,13 +58,13 @@ def data(tmp_path, short):
 
 def _model(experiment: str, *overrides: str, seed: int = 0) -> ListOps:
     torch.manual_seed(seed)
-    cfg = _compose(f"+experiment=listops/{experiment}", *SMALL, *overrides)
+    cfg = _compose(f"+experiment=listops_{experiment}", *SMALL, *overrides)
     return build_model(cfg, {"vocab_size": 16, "num_classes": 10}, {})
 
 
 def _run(tmp_path: Path, experiment: str, *overrides: str) -> dict:
     write_listops(tmp_path / "data" / "listops")
-    return train(_compose(f"+experiment=listops/{experiment}", *SMALL, "dataset.n_train=16", "dataset.n_valid=6",
+    return train(_compose(f"+experiment=listops_{experiment}", *SMALL, "dataset.n_train=16", "dataset.n_valid=6",
                           "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8",
                           "trainer.progress=false", "trainer.device=cpu", f"paths.data_dir={tmp_path / 'data'}",
                           f"paths.output_dir={tmp_path / 'run'}", *overrides))
@@ -290,7 +290,7 @@ def test_dataset_and_task_configs_compose():
     assert cfg.scorer._target_.endswith(".MergeParser") and cfg.estimator._target_.endswith(".StGumbel")
     assert cfg.structure is None and cfg.composer is None
     with pytest.raises(ConfigError, match="baseline"):
-        validate(_compose("+experiment=listops/reinforce", "estimator.baseline=learned"))
+        validate(_compose("+experiment=listops_reinforce", "estimator.baseline=learned"))
     with pytest.raises(ConfigError, match="method"):
         validate(_compose("task=listops", "+task.method=lstm"))  # the parts choose the model, not a string
 
@@ -313,7 +313,7 @@ def test_experiments_carry_their_settings():
         "ppo": (*merge, "Ppo", None),
     }
     for experiment in EXPERIMENTS:
-        cfg = _compose(f"+experiment=listops/{experiment}")
+        cfg = _compose(f"+experiment=listops_{experiment}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size) == ("torch.optim.Adam", 1e-3, 128)
         assert cfg.trainer.select.value == "best" and cfg.task._target_ == "latentstruct.tasks.ListOps"
         chosen = tuple(_choice(cfg, g) for g in parts)
@@ -324,15 +324,15 @@ def test_experiments_carry_their_settings():
         else:
             assert chosen == expected[experiment], experiment
         validate(cfg)
-    ppo = _compose("+experiment=listops/ppo")
+    ppo = _compose("+experiment=listops_ppo")
     assert ppo.task.disjoint and (ppo.estimator.baseline, ppo.estimator.normalize_advantage) == ("self_critical", True)
     assert (ppo.estimator.clip, ppo.estimator.refresh, ppo.estimator.entropy_weight) == (0.2, 15, 1e-4)
-    baselines = {e: _compose(f"+experiment=listops/{e}").estimator.baseline
+    baselines = {e: _compose(f"+experiment=listops_{e}").estimator.baseline
                  for e in ("reinforce", "reinforce_self_critical", "reinforce_none")}
     assert baselines == {"reinforce": "moving_average", "reinforce_self_critical": "self_critical",
                          "reinforce_none": "none"}
-    assert _compose("+experiment=listops/lstm").latent.value == "none"
-    assert _compose("+experiment=listops/gold").latent.value == "gold"
+    assert _compose("+experiment=listops_lstm").latent.value == "none"
+    assert _compose("+experiment=listops_gold").latent.value == "gold"
     # the shared fragments are root-level configs, not experiments
     assert not {"common", "chart_common"} & set(EXPERIMENTS)
     with pytest.raises(ConfigCompositionException):
@@ -347,7 +347,7 @@ def test_sweeps_cover_every_experiment_and_three_seeds():
         experiments += params["+experiment"].split(",")
         assert params["trainer.seed"] == "301,302,303"
         assert cfg.hydra.sweep.dir.endswith("/listops")  # one directory for the table
-    assert sorted(experiments) == sorted(f"listops/{e}" for e in EXPERIMENTS)
+    assert sorted(experiments) == sorted(f"listops_{e}" for e in EXPERIMENTS)
 
 
 def test_invalid_combinations_are_refused(data):
@@ -360,7 +360,7 @@ def test_invalid_combinations_are_refused(data):
     with pytest.raises(ValueError, match="disjoint"):
         _model("gumbel_tree", "task.disjoint=true")
     with pytest.raises(ValueError, match="dataset=listops"):
-        build_model(_compose("+experiment=listops/lstm"), {"input_dim": 3, "num_classes": 2}, {})
+        build_model(_compose("+experiment=listops_lstm"), {"input_dim": 3, "num_classes": 2}, {})
     with pytest.raises(ValueError, match="structure=null"):
         _model("reinforce", "structure=binary_tree")
     with pytest.raises(ValueError, match="no tree"):
@@ -388,7 +388,7 @@ def test_a_part_group_listops_does_not_read_is_refused(group, option):
 @pytest.mark.real_data("listops")
 def test_real_listops_smoke_run(tmp_path, data_root):
     """The official test file end to end with the LSTM (10,000 expressions of up to 939 tokens, in length buckets)."""
-    record = train(_compose("+experiment=listops/lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",
+    record = train(_compose("+experiment=listops_lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",
                             "trainer.max_steps=1", "trainer.batch_size=32", "trainer.progress=false",
                             "trainer.device=cpu", f"paths.data_dir={data_root}",
                             f"paths.output_dir={tmp_path / 'run'}"))

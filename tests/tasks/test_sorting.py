@@ -23,11 +23,11 @@ from latentstruct.structures.matching import sinkhorn
 from latentstruct.tasks import LatentClassifier, Sorting
 from latentstruct.tasks.sorting import LinearSigmaNet, RankScorer, kendall_tau, sorting_loss
 from latentstruct.train import build_model, train
-from tests.helpers import CONFIGS
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
 TINY = ["dataset.num_items=5", "dataset.n_valid=40", "dataset.n_test=40", "trainer.progress=false"]
-EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment" / "sorting").glob("*.yaml"))
+EXPERIMENTS = methods("sorting")
 
 
 def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
@@ -162,7 +162,7 @@ def test_default_task_is_the_classifier_and_old_checkpoints_still_resume():
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_sorting_experiment_runs_a_few_steps(tmp_path, experiment):
     assert len(EXPERIMENTS) == 4
-    record = _run(tmp_path, f"+experiment=sorting/{experiment}", "trainer.max_steps=4", "trainer.eval_every=2")
+    record = _run(tmp_path, f"+experiment=sorting_{experiment}", "trainer.max_steps=4", "trainer.eval_every=2")
     assert record["status"] == "completed"
     assert {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "prop_wrong", "kendall_tau")} <= set(
         record["metrics"]
@@ -173,18 +173,18 @@ def test_every_sorting_experiment_runs_a_few_steps(tmp_path, experiment):
 
 
 def test_protocol_hyper_parameters():
-    learned = _compose("+experiment=sorting/direct_learned")
+    learned = _compose("+experiment=sorting_direct_learned")
     assert (learned.optim._target_, learned.optim.lr) == ("torch.optim.Adam", 0.1)
     assert (learned.optim_groups.sigma._target_, learned.optim_groups.sigma.lr) == ("torch.optim.SGD", 1e-6)
     assert (learned.estimator.epsilon, learned.estimator.samples) == (-12.0, 5)
     assert learned.sigma_net._target_ == "latentstruct.tasks.sorting.LinearSigmaNet"
     assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.tasks.sorting.RankScorer", 32)
     assert (learned.trainer.select.value, learned.trainer.max_epochs, learned.dataset.num_items) == ("best", 2000, 10)
-    assert _compose("+experiment=sorting/direct_sigma0").estimator.sigma == 0.0
-    assert _compose("+experiment=sorting/direct_sigma1").estimator.sigma == 1.0
+    assert _compose("+experiment=sorting_direct_sigma0").estimator.sigma == 0.0
+    assert _compose("+experiment=sorting_direct_sigma1").estimator.sigma == 1.0
     for experiment in ("direct_sigma0", "direct_sigma1", "gumbel_sinkhorn"):
-        assert _compose(f"+experiment=sorting/{experiment}").sigma_net is None  # σ is learned by one only
-    gs = _compose("+experiment=sorting/gumbel_sinkhorn")
+        assert _compose(f"+experiment=sorting_{experiment}").sigma_net is None  # σ is learned by one only
+    gs = _compose("+experiment=sorting_gumbel_sinkhorn")
     assert (gs.task.baseline, gs.task.tau, gs.task.sinkhorn_iters, gs.task.samples) == ("gumbel_sinkhorn", 1.0, 10, 5)
     assert gs.estimator is None  # trained by its reconstruction loss, evaluated by the Hungarian MAP
 
@@ -198,7 +198,7 @@ def test_sweep_composes_the_paper_grid():
 
 
 def test_learned_sigma_gets_a_gradient_and_its_own_optimizer():
-    cfg = _compose(*TINY, "+experiment=sorting/direct_learned")
+    cfg = _compose(*TINY, "+experiment=sorting_direct_learned")
     data = sorting_numbers(num_items=5, n_train=10, n_valid=1, n_test=1, seed=0)
     torch.manual_seed(0)
     task = build_model(cfg, data.dims)
@@ -242,10 +242,10 @@ def test_invalid_combinations_are_refused(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "error"),
     [
-        (["+experiment=sorting/gumbel_sinkhorn", "estimator=direct"], "without an estimator"),
-        (["+experiment=sorting/direct_sigma1", "+decoder=bilinear"], "does not read decoder"),
-        (["+experiment=sorting/direct_sigma1", "+encoder=identity"], "does not read encoder"),
-        (["+experiment=sorting/direct_sigma1", "sigma_net=mnist_convnet"], "unexpected keyword argument 'in_features'"),
+        (["+experiment=sorting_gumbel_sinkhorn", "estimator=direct"], "without an estimator"),
+        (["+experiment=sorting_direct_sigma1", "+decoder=bilinear"], "does not read decoder"),
+        (["+experiment=sorting_direct_sigma1", "+encoder=identity"], "does not read encoder"),
+        (["+experiment=sorting_direct_sigma1", "sigma_net=mnist_convnet"], "unexpected keyword argument 'in_features'"),
     ],
 )
 def test_a_part_the_experiment_does_not_use_is_refused(overrides, error):
@@ -256,7 +256,7 @@ def test_a_part_the_experiment_does_not_use_is_refused(overrides, error):
 
 def test_the_parts_are_the_protocol_networks():
     """μ-network Linear(1 → 32) → ReLU → Linear(32 → d) on each number; σ-network Linear(d → 1) → softplus."""
-    task = build_model(_compose("+experiment=sorting/direct_learned"), {"input_dim": 10, "num_items": 10})
+    task = build_model(_compose("+experiment=sorting_direct_learned"), {"input_dim": 10, "num_items": 10})
     assert [(m.in_features, m.out_features) for m in task.mu if isinstance(m, torch.nn.Linear)] == [(1, 32), (32, 10)]
     assert isinstance(task.sigma, LinearSigmaNet) and (task.sigma[0].in_features, task.sigma[0].out_features) == (10, 1)
     assert sum(p.numel() for p in task.parameters()) == (2 * 32 + 33 * 10) + 11
@@ -265,7 +265,7 @@ def test_the_parts_are_the_protocol_networks():
 
 def test_direct_sigma1_training_improves_validation_accuracy(tmp_path):
     # Seed 3 starts far from sorted; Adam lr 0.1 then learns to sort 5 numbers within a dozen steps.
-    _run(tmp_path, "+experiment=sorting/direct_sigma1", "trainer.seed=3", "dataset.n_valid=100",
+    _run(tmp_path, "+experiment=sorting_direct_sigma1", "trainer.seed=3", "dataset.n_valid=100",
          "trainer.max_steps=12", "trainer.eval_every=1")
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     first, last = history.iloc[0], history.iloc[-1]

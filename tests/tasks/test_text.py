@@ -19,8 +19,8 @@ from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.text import tree_depths
 from latentstruct.train import build_model, train
-from tests.helpers import CONFIGS
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
 METHODS = ["baseline", "marginals", "sparsemap", "perturb_and_map", "ste_s", "ste_i", "spigot", "spigot_ce",
            "spigot_eg"]
@@ -141,9 +141,9 @@ def test_parameter_counts_match_table4():
     """With frozen 300d vectors: SST baseline ~150K, SST latent ~180K, SNLI baseline ~340K (seed 001 Table 4)."""
     dims = {"vocab_size": 50, "num_classes": 2, "embedding_dim": 300}
     extras = {"embeddings": torch.randn(50, 300)}
-    sst_base = build_model(_compose("+experiment=sst/baseline"), dims, extras)
-    sst_tree = build_model(_compose("+experiment=sst/spigot"), dims, extras)
-    nli_base = build_model(_compose("+experiment=snli/baseline"), {**dims, "num_classes": 3}, extras)
+    sst_base = build_model(_compose("+experiment=sst_baseline"), dims, extras)
+    sst_tree = build_model(_compose("+experiment=sst_spigot"), dims, extras)
+    nli_base = build_model(_compose("+experiment=snli_baseline"), {**dims, "num_classes": 3}, extras)
     assert isinstance(sst_base, LatentTreeSST) and isinstance(nli_base, LatentTreeNLI)
     assert abs(_trainable(sst_base) - 150_000) / 150_000 < 0.02
     assert abs(_trainable(sst_tree) - 180_000) / 180_000 < 0.02
@@ -155,7 +155,7 @@ def _sst_model(method: str = "spigot") -> LatentTreeSST:
     torch.manual_seed(0)
     dims = {"vocab_size": 30, "num_classes": 2, "embedding_dim": 0}
     tree = [] if method == "baseline" else ["scorer.hidden=5"]
-    return build_model(_compose(f"+experiment=sst/{method}", "embedding.dim=8", "encoder.hidden=6", *tree,
+    return build_model(_compose(f"+experiment=sst_{method}", "embedding.dim=8", "encoder.hidden=6", *tree,
                                 "decoder.hidden=7"), dims, {})
 
 
@@ -182,7 +182,7 @@ def test_sst_training_step_reaches_the_scorer_and_evaluation_uses_map():
 @pytest.mark.parametrize("method", ["spigot", "direct", "marginals"])
 def test_nli_both_trees_get_a_gradient(method):
     torch.manual_seed(0)
-    experiment = "snli/marginals" if method == "direct" else f"snli/{method}"
+    experiment = "snli_marginals" if method == "direct" else f"snli_{method}"
     cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "decoder.hidden=6", "scorer.hidden=5",
                    *(["estimator=direct"] if method == "direct" else []))
     model = build_model(cfg, {"vocab_size": 30, "num_classes": 3, "embedding_dim": 0}, {}).train()
@@ -197,29 +197,29 @@ def test_nli_both_trees_get_a_gradient(method):
 
 @pytest.mark.parametrize("overrides, error", [
     # every part group of SST is read: a part of the wrong kind is refused, not ignored
-    (["+experiment=sst/spigot", "decoder=linear", "scorer=linear"],
+    (["+experiment=sst_spigot", "decoder=linear", "scorer=linear"],
      "takes as decoder SSTDecoder, not latentstruct.models.decoders.Linear"),
-    (["+experiment=sst/spigot", "scorer=linear"], "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
-    (["+experiment=sst/spigot", "encoder=identity"], "takes as encoder BiLSTMEncoder, not"),
+    (["+experiment=sst_spigot", "scorer=linear"], "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+    (["+experiment=sst_spigot", "encoder=identity"], "takes as encoder BiLSTMEncoder, not"),
     (["task=sst", "structure=categorical"], "takes as structure ProjectiveDepTree or NonProjective"),  # (the
     # experiments' tree settings already refuse it at composition)
-    (["+experiment=sst/spigot", "decoder=baseline_sst"], "latent=predicted takes as decoder SSTDecoder, not"),
-    (["+experiment=sst/baseline", "decoder=sst"], "latent=none takes as decoder BaselineSST, not"),
+    (["+experiment=sst_spigot", "decoder=baseline_sst"], "latent=predicted takes as decoder SSTDecoder, not"),
+    (["+experiment=sst_baseline", "decoder=sst"], "latent=none takes as decoder BaselineSST, not"),
     # the baseline has no tree part, a tree model all three
-    (["+experiment=sst/spigot", "latent=none"], "latent=none \\(the baseline\\) has no tree, but scorer="),
-    (["+experiment=sst/baseline", "estimator=spigot"], "has no tree, but estimator=latentstruct.estimators"),
-    (["+experiment=sst/spigot", "~scorer"], "latent=predicted goes through a tree and needs a scorer"),
-    (["+experiment=sst/spigot", "latent=gold"], "SST has no gold latent trees"),
+    (["+experiment=sst_spigot", "latent=none"], "latent=none \\(the baseline\\) has no tree, but scorer="),
+    (["+experiment=sst_baseline", "estimator=spigot"], "has no tree, but estimator=latentstruct.estimators"),
+    (["+experiment=sst_spigot", "~scorer"], "latent=predicted goes through a tree and needs a scorer"),
+    (["+experiment=sst_spigot", "latent=gold"], "SST has no gold latent trees"),
     # SNLI reads no encoder
-    (["+experiment=snli/spigot", "+encoder=bilstm"],
+    (["+experiment=snli_spigot", "+encoder=bilstm"],
      "LatentTreeNLI is built from scorer, structure, estimator, decoder; it does not read encoder"),
-    (["+experiment=snli/spigot", "decoder=sst"], "takes as decoder DecomposableAttention, not"),
-    (["+experiment=snli/spigot", "scorer=linear"], "takes as scorer ArcScorer, not"),
-    (["+experiment=snli/baseline", "scorer=arc"], "has no tree, but scorer="),
-    (["+experiment=snli/spigot", "~scorer"], "needs a scorer"),
+    (["+experiment=snli_spigot", "decoder=sst"], "takes as decoder DecomposableAttention, not"),
+    (["+experiment=snli_spigot", "scorer=linear"], "takes as scorer ArcScorer, not"),
+    (["+experiment=snli_baseline", "scorer=arc"], "has no tree, but scorer="),
+    (["+experiment=snli_spigot", "~scorer"], "needs a scorer"),
 ])
 def test_a_part_that_does_not_fit_is_refused(overrides, error):
-    """``+experiment=sst/spigot decoder=linear scorer=linear`` used to train the SST model as if they were not set."""
+    """``+experiment=sst_spigot decoder=linear scorer=linear`` used to train the SST model as if they were not set."""
     dims = {"vocab_size": 30, "num_classes": 3 if "snli" in overrides[0] else 2, "embedding_dim": 0}
     with pytest.raises(ValueError, match=error):
         build_model(_compose(*overrides, "embedding.dim=8"), dims, {})
@@ -241,7 +241,7 @@ def test_experiments_carry_table4_settings(task):
                                      "snli": (64, "NonProjectiveDepTree", "relaxed")}[task]
     decoders = {"sst": ("SSTDecoder", "BaselineSST"), "snli": ("DecomposableAttention",) * 2}[task]  # tree, baseline
     for method, (lr, eta) in TABLE4[task].items():
-        cfg = _compose(f"+experiment={task}/{method}")
+        cfg = _compose(f"+experiment={task}_{method}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size, cfg.trainer.max_epochs) == (
             "torch.optim.AdamW", lr, batch, 40)
         assert cfg.trainer.select.value == "best"
@@ -254,16 +254,16 @@ def test_experiments_carry_table4_settings(task):
         assert cfg.structure.sparsemap_max_iter == 50 and cfg.scorer._target_.endswith("ArcScorer")
         assert eta is None or cfg.estimator.eta == eta
         assert cfg.estimator.eval_latent == eval_latent
-    assert _compose(f"+experiment={task}/baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
+    assert _compose(f"+experiment={task}_baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
 
 
 def test_sweeps_compose_the_table_and_the_grids():
-    for name, methods in (("spigot_sst", 9), ("spigot_snli", 9), ("spigot_sst_grid", 6),
-                          ("spigot_sst_grid_eta", 3), ("spigot_snli_grid", 6), ("spigot_snli_grid_eta", 3)):
+    for name, count in (("spigot_sst", 9), ("spigot_snli", 9), ("spigot_sst_grid", 6),
+                        ("spigot_sst_grid_eta", 3), ("spigot_snli_grid", 6), ("spigot_snli_grid_eta", 3)):
         params = _compose(f"+sweep={name}", hydra=True).hydra.sweeper.params
-        assert len(params["+experiment"].split(",")) == methods, name
+        assert len(params["+experiment"].split(",")) == count, name
     for task in ("sst", "snli"):  # the shared fragments are root-level configs, not experiments
-        assert sorted(p.stem for p in (CONFIGS / "experiment" / task).glob("*.yaml")) == sorted(METHODS)
+        assert methods(task) == sorted(METHODS)
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_sweeps_compose_the_table_and_the_grids():
 @pytest.mark.parametrize("method", METHODS)
 def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     write_sst(tmp_path / "data" / "sst")
-    record = _run(tmp_path, f"+experiment=sst/{method}", "dataset.check_sizes=false", "trainer.max_steps=2",
+    record = _run(tmp_path, f"+experiment=sst_{method}", "dataset.check_sizes=false", "trainer.max_steps=2",
                   "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     assert record["status"] == "completed" and record["seconds_per_epoch"] > 0
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
@@ -282,7 +282,7 @@ def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
 def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     write_snli(tmp_path / "data" / "snli")
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
-    record = _run(tmp_path, f"+experiment=snli/{method}", "trainer.max_steps=2", "trainer.eval_every=2",
+    record = _run(tmp_path, f"+experiment=snli_{method}", "trainer.max_steps=2", "trainer.eval_every=2",
                   "trainer.batch_size=8",
                   f"embedding.pretrained={glove.name}", "decoder.hidden=6",
                   *([] if method == "baseline" else ["scorer.hidden=4"]))
@@ -291,7 +291,7 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
 
 def test_show_trees_prints_and_draws_the_map_tree(tmp_path, capsys):
     write_sst(tmp_path / "data" / "sst")
-    _run(tmp_path, "+experiment=sst/spigot_ce", "dataset.check_sizes=false", "trainer.max_steps=2",
+    _run(tmp_path, "+experiment=sst_spigot_ce", "dataset.check_sizes=false", "trainer.max_steps=2",
          "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     model, vocab, lowercase = load_tree_model(tmp_path / "run")
     tokens, heads, unknown = parse_sentence(model, vocab, "a very good movie, not dull", lowercase)
@@ -306,7 +306,7 @@ def test_show_trees_prints_and_draws_the_map_tree(tmp_path, capsys):
 
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
-    _run(tmp_path, "+experiment=sst/baseline", "dataset.check_sizes=false", "trainer.max_steps=1",
+    _run(tmp_path, "+experiment=sst_baseline", "dataset.check_sizes=false", "trainer.max_steps=1",
          "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     with pytest.raises(ValueError, match="no latent tree"):
         load_tree_model(tmp_path / "run")
@@ -317,7 +317,7 @@ def test_real_sst_smoke_run(tmp_path, data_root):
     """The real SST files end to end: 64 training sentences, one epoch of SPIGOT, 64 valid / test sentences, with the
     shared GloVe 6B subset (frozen, lower-cased), then a tree of the trained model."""
     glove = data_root / "glove" / "glove.6B-top2717.100d.sst_conll_snli.txt.xz"
-    record = train(_compose("+experiment=sst/spigot", "dataset.subset=64", "dataset.eval_subset=64",
+    record = train(_compose("+experiment=sst_spigot", "dataset.subset=64", "dataset.eval_subset=64",
                             "trainer.max_epochs=1", "trainer.progress=false", "trainer.device=cpu",
                             f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path / 'run'}",
                             f"embedding.cache_dir={tmp_path / 'cache'}", "embedding.lowercase=true",

@@ -17,10 +17,10 @@ from latentstruct.data.twpos import TWPOS_SIZES, TWPOS_SPLITS, TWPOS_TAGS, read_
 from latentstruct.models.energy import BiLSTMFeatures, SequenceInferenceNet
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
-from tests.helpers import ROOT
 from tests.helpers import compose as _compose
+from tests.helpers import methods
 
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment" / "ner").glob("*.yaml"))
+EXPERIMENTS = methods("ner")
 
 
 def write_twpos(root: Path, n: int = 12, seed: int = 0, gz: bool = False) -> Path:
@@ -114,7 +114,7 @@ def test_every_experiment_runs_on_generated_twitter_pos(tmp_path):
     data_dir = write_twpos(tmp_path / "data", n=8)
     for experiment in EXPERIMENTS:
         out = tmp_path / experiment
-        cfg = _compose(f"+experiment=ner/{experiment}", "dataset=twpos", "dataset.check_sizes=false",
+        cfg = _compose(f"+experiment=ner_{experiment}", "dataset=twpos", "dataset.check_sizes=false",
                        f"paths.data_dir={data_dir}", f"paths.output_dir={out}", "trainer.batch_size=8",
                        "trainer.progress=false", "trainer.threads=1", "encoder.hidden=4", "embedding.dim=6",
                        "task.neumann_terms=2", "task.spen_steps=2", "task.num_samples=2", "+preset=pos_cpu",
@@ -132,9 +132,9 @@ def test_the_sweeps_and_the_reduced_presets_compose():
     assert pos["+experiment"] == ner["+experiment"] and pos["dataset"] == "twpos"
     # a preset given after the experiment wins over the experiment's schedule, for the one-phase baselines too
     for experiment in ("mbce", "crf", "cd"):
-        ner_cpu = _compose(f"+experiment=ner/{experiment}", "+preset=ner_cpu")
+        ner_cpu = _compose(f"+experiment=ner_{experiment}", "+preset=ner_cpu")
         assert [p.epochs for p in ner_cpu.trainer.phases] == [3, 3] and ner_cpu.dataset.subset == 2000
-        pos_cpu = _compose(f"+experiment=ner/{experiment}", "dataset=twpos", "+preset=pos_cpu")
+        pos_cpu = _compose(f"+experiment=ner_{experiment}", "dataset=twpos", "+preset=pos_cpu")
         assert [p.epochs for p in pos_cpu.trainer.phases] == [10, 5] and pos_cpu.dataset.subset is None
 
 
