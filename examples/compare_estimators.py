@@ -5,8 +5,9 @@ each cluster has its own linear classifier of the label. The model is a linear s
 and a bilinear decoder that applies the chosen cluster's classifier (the parts of ``configs/task/classification.yaml``,
 built by hand). Each estimator trains the same initial model for the same full-batch Adam steps; the table shows the
 test accuracy and how well the MAP latent recovers the true clusters (V-measure), both ×100.
+A short run on a small problem: its ranking is an illustration, not seed 001's Table 2 (results/spigot/table2.md).
 
-    python examples/compare_estimators.py   # a few seconds on one CPU core
+    python examples/compare_estimators.py   # about ten seconds on one CPU core
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ encoder and arc scorer give scores s[b, h, m] for every arc h → m, the estimat
 decoder predicts each word's target from its head's features Σ_h z[b, h, m] f[b, h]. The loss can only go down if the
 scorer learns to find the heads, through the argmax (docs/library.md explains each step).
 
-    python examples/custom_model.py        # a few seconds on one CPU core
+    python examples/custom_model.py        # about ten seconds on one CPU core
 """
 
 from __future__ import annotations
