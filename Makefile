@@ -26,8 +26,8 @@ REPLACED := INNER_SEEDS SORT_SEEDS KNN_DATASET KNN_ARGS SST_SEEDS SST_ARGS SST_T
 	VAE_SEEDS VAE_ARGS LISTOPS_SEEDS LISTOPS_CHART_SEEDS LISTOPS_ARGS LISTOPS_CHART_ARGS MLC_DATASETS MLC_SEEDS MLC_ARGS \
 	NER_SEEDS NER_ARGS POS_SEEDS POS_ARGS
 $(foreach v,$(REPLACED),$(if $(filter command line environment,$(origin $(v))),\
-	$(error $(v) is gone: SEEDS=... and ARGS='...' replace it (a dataset: ARGS=dataset=...); see the README)))
-# Real datasets (see README); the shared copy beside the checkout when it exists, else the package's default (data/).
+	$(error $(v) is gone: SEEDS=... and ARGS='...' replace it (a dataset: ARGS=dataset=...); see docs/reference.md)))
+# Real datasets (see docs/reference.md); the shared copy beside the checkout when it exists, else the package's default (data/).
 ifneq ($(wildcard ../shared/data),)
 export LATENTSTRUCT_DATA ?= $(abspath ../shared/data)
 endif

@@ -4,7 +4,7 @@
 
 Every configuration is trained through the public entry point, ``python -m latentstruct.train +experiment=...``, in
 a subprocess, and timed by its run record: ``metrics.json``'s ``seconds_per_step`` (training time per step without
-the evaluations, README "Run records"). The configurations:
+the evaluations, docs/reference.md "Run records"). The configurations:
 
 * SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, else ``data``, as ``paths.data_dir``;
   batch 32 as the experiments set it): ``sst_baseline`` (the BiLSTM step every SST row is compared with),

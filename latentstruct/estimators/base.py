@@ -17,16 +17,25 @@ from torch import nn
 
 from latentstruct.structures.base import Structure
 
-__all__ = ["Estimator", "Tempered", "Downstream", "loss_gradient", "surrogate"]
+__all__ = ["Estimator", "Tempered", "Downstream", "loss_gradient", "surrogate", "missing_downstream"]
 
 Downstream = Callable[[torch.Tensor], torch.Tensor]
 EVAL_LATENTS = ("map", "relaxed")
 
 
+def missing_downstream(who: str, why: str) -> ValueError:
+    """The error of an estimator called without the ``downstream`` closure it needs, saying how to build one."""
+    return ValueError(
+        f"{who} needs the `downstream` closure {why}: pass downstream=lambda mu: the per-example loss [batch] of "
+        "your decoder fed mu in place of the latent, with everything upstream of the scores detached "
+        "(see docs/library.md)"
+    )
+
+
 def loss_gradient(downstream: Downstream | None, mu: torch.Tensor, who: str = "this estimator") -> torch.Tensor:
     """γ(μ) = ∇_μ mean(downstream(μ)), computed without touching any parameter's ``.grad``."""
     if downstream is None:
-        raise ValueError(f"{who} needs the `downstream` closure to evaluate the loss at a pulled-back μ")
+        raise missing_downstream(who, "to evaluate the loss at a pulled-back μ")
     with torch.enable_grad():
         mu = mu.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(downstream(mu).mean(), mu)

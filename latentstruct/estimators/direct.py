@@ -68,7 +68,7 @@ from typing import Literal
 
 import torch
 
-from latentstruct.estimators.base import Downstream, Estimator
+from latentstruct.estimators.base import Downstream, Estimator, missing_downstream
 from latentstruct.structures.base import Structure, gumbel_like
 
 __all__ = ["Direct", "EULER_GAMMA"]
@@ -187,7 +187,7 @@ class Direct(Estimator):
             z_eps = self._check_target(target, s).repeat(reps)
         else:
             if downstream is None:
-                raise ValueError("Direct needs the `downstream` closure to build the loss-perturbed prediction")
+                raise missing_downstream("Direct", "to build the loss-perturbed prediction")
             # One downstream call per noise sample: the closure holds the batch's targets, so B rows at a time.
             pieces = [_loss_and_slope(downstream, z[k * batch : (k + 1) * batch]) for k in range(n_samples)]
             losses = torch.cat([loss for loss, _ in pieces])

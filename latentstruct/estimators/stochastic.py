@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from latentstruct.estimators.base import Estimator, Tempered, surrogate
+from latentstruct.estimators.base import Estimator, Tempered, missing_downstream, surrogate
 from latentstruct.estimators.surrogate import straight_through
 from latentstruct.structures.base import gumbel_like
 
@@ -96,7 +96,7 @@ class Sfe(Estimator):
 
     def train_forward(self, scores, structure, lengths, downstream):
         if downstream is None:
-            raise ValueError(f"{type(self).__name__} needs the `downstream` closure to evaluate each sample's loss")
+            raise missing_downstream(type(self).__name__, "to evaluate each sample's loss")
         if self.entropy_weight:
             raise ValueError("entropy_weight is for sequential policies (policy_loss), not for a structure")
         s = scores.detach()

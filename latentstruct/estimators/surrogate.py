@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
+from latentstruct.estimators.base import Estimator, loss_gradient, missing_downstream, surrogate
 
 __all__ = ["SteI", "SteS", "Spigot", "SpigotCe", "SpigotEg", "PulledBack", "straight_through"]
 
@@ -53,7 +53,8 @@ class PulledBack(Estimator):
 
     def train_forward(self, scores, structure, lengths, downstream):
         if downstream is None and self.needs_downstream and scores.requires_grad:
-            raise ValueError(f"{type(self).__name__} (steps={self.steps}) needs the `downstream` closure")
+            who = f"{type(self).__name__} (steps={self.steps})"
+            raise missing_downstream(who, "to evaluate the loss at a pulled-back μ")
         z = structure.map(scores, lengths)
         s = scores.detach()
 

@@ -6,12 +6,14 @@ so each surrogate gradient has a closed form computed here independently of the 
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from latentstruct.estimators import (
+    Direct,
     GumbelSoftmax,
     Marginals,
     PerturbAndMap,
@@ -563,11 +565,14 @@ def test_pulled_back_calls_leave_no_gradient_on_decoder(cls):
         lambda: Spigot(1.0, steps=2),
         lambda: Sfe(),
         lambda: Sfe("moving_average"),
+        lambda: Direct(),
     ],
 )
 def test_estimators_that_need_downstream_say_so(make):
+    """... and how to build it, pointing to the page that explains it."""
     s, _ = _case(3, 4, 12)
-    with pytest.raises(ValueError, match="downstream"):
+    assert (Path(__file__).resolve().parents[2] / "docs" / "library.md").is_file()
+    with pytest.raises(ValueError, match=r"needs the `downstream` closure .*lambda mu: .*docs/library\.md"):
         # the error may come from the forward or from the backward, where the pull-back steps run
         z = make().train()(s.clone().requires_grad_(True), CAT, None, None)
         z.sum().backward()
