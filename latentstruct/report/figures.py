@@ -10,12 +10,14 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
     python -m latentstruct.report.figures row-curves --spec experiments/energy/mlc.yaml --metric valid/acc \
         --runs multirun/energy_mlc --out results/energy/mlc_curves.png
     python -m latentstruct.report.figures redraw results/energy/mlc_curves.data.json
+    python -m latentstruct.report.figures from-table --spec experiments/direct/knn.yaml
 
 (``python -m latentstruct.figures`` is the same command.) Every figure is first described as data — its panels, each
 a list of series (the points drawn, with their band or error bars), its axis labels and the phase boundaries of its
 runs — then drawn from that description by :func:`render`; the description is written beside the PNG as
-``<name>.data.json``, so ``redraw`` redraws a committed figure without its run records. Legends go below the axes
-(one for all panels), never over the data. Where the runs have ``trainer.phases``, a dotted line marks each phase
+``<name>.data.json``, so ``redraw`` redraws a committed figure without its run records (``from-table`` rebuilds the
+description of a figure drawn from a table's cells from the committed table itself). Legends go below the axes (one
+for all panels), never over the data. Where the runs have ``trainer.phases``, a dotted line marks each phase
 boundary (e.g. ``pretraining | method``), read from the runs' configurations.
 """
 
@@ -34,6 +36,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from latentstruct.report import status
 from latentstruct.report.tables import (
     CENTRE_LABELS,
     aggregate,
@@ -41,11 +44,12 @@ from latentstruct.report.tables import (
     filter_runs,
     load_runs,
     load_spec,
+    output_path,
     provenance,
 )
 
 __all__ = ["SPEC_FIGURES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render", "redraw",
-           "main"]
+           "from_table", "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
 SPEC_FIGURES = ("setting-curves", "row-curves")
@@ -199,7 +203,7 @@ def render(data: dict) -> Figure:
         fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=8, frameon=False,
                    ncol=_legend_columns(list(handles), fig.get_figwidth()))
     if data.get("title"):
-        fig.suptitle("\n".join(textwrap.wrap(data["title"], int(13 * fig.get_figwidth()))), fontsize=9)
+        fig.suptitle("\n".join(textwrap.wrap(data["title"], int(15 * fig.get_figwidth()))), fontsize=9)
     return fig
 
 
@@ -265,13 +269,15 @@ def learning_curves(runs_root, out, experiments=("synthetic_marginals", "synthet
 
 
 def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
-                where: dict | None = None) -> pd.DataFrame:
+                where: dict | None = None, spec: str | Path | dict | None = None) -> pd.DataFrame:
     """Test accuracy and V-measure against the number of pull-back steps k (seed 001, Figure 3).
 
     For each (experiment, ``estimator.steps``) the ``estimator.eta`` with the best median ``valid/acc`` over
     seeds is chosen (ties: the smallest η); its test metrics are drawn as median ± standard error. Also writes
-    a Markdown companion (``out`` with suffix ``.md``). Returns one line per (method, k): eta, acc, acc_err,
-    v_measure, v_measure_err, n_runs. ``where``: an extra flat-key match, as in :func:`learning_curves`.
+    a Markdown companion (``out`` with suffix ``.md``), opened by the status line of the figure's ``spec`` (e.g.
+    ``experiments/spigot/figure3_inner_steps.yaml``) with its JSON sidecar beside it when ``spec`` is given. Returns
+    one line per (method, k): eta, acc, acc_err, v_measure, v_measure_err, n_runs. ``where``: an extra flat-key
+    match, as in :func:`learning_curves`.
     """
     runs = _completed(runs_root, num_clusters, where)
     # A point is drawn only when every η of the sweep's grid completed: a partial search would flatter it.
@@ -304,6 +310,33 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
                          f"for K={num_clusters}")
     table = pd.DataFrame(picked)
     colors = {_LABELS.get(exp, exp): _color(exp, experiments) for exp in experiments}
+    out = _write(_inner_data(table, num_clusters, n_seeds, colors), out)
+    rows = [f"| {p.method} | {p.k} | {p.eta:g} | {p.acc:.2f} ± {p.acc_err:.2f} | "
+            f"{p.v_measure:.2f} ± {p.v_measure_err:.2f} | {p.n_runs} |" for p in table.itertuples()]
+    used = pd.concat([filter_runs(runs, {"choices.experiment": e}) for e in experiments])
+    spec = load_spec(spec) if isinstance(spec, str | Path) else spec
+    head = []
+    if spec:
+        data = status.sidecar(spec, out.with_suffix(".md"), status.facts(used), [])
+        status.write_sidecar(out.with_suffix(".md"), data)
+        head = [data["status_line"], ""]
+    lines = provenance(used, (spec or {}).get("command", "make spigot-inner-steps"))
+    lines = status.annotate(lines, status.protocol(spec)) if spec else lines
+    out.with_suffix(".md").write_text("\n".join([
+        f"# Pull-back steps k (K={num_clusters}); η chosen by median valid/acc", "", *head, *lines, "",
+        "Test metrics of the chosen η: median ± standard error over n seeds.", "",
+        *_INNER_HEADER, *rows,
+        *(["", "Not drawn (η grid incomplete; rerun the target to finish them):", "",
+           *[f"- {m}" for m in missing]] if missing else [])]) + "\n")
+    return table
+
+
+_INNER_HEADER = ("| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|")
+
+
+def _inner_data(table: pd.DataFrame, num_clusters: int, n_seeds: int, colors: dict[str, int]) -> dict:
+    """Figure 3's description: a panel per metric, a line per method of ``table`` (one line per (method, k): eta,
+    acc, acc_err, v_measure, v_measure_err), the chosen η written beside each point."""
     panels = []
     for column, (_, title) in zip(("acc", "v_measure"), _PANELS, strict=True):
         series = [_series(method, colors[method], lines["k"], lines[column], err=lines[f"{column}_err"],
@@ -312,20 +345,9 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
         ks = sorted(table["k"].unique())
         panels.append({"title": f"{title} (K={num_clusters})", "xlabel": "pull-back steps k", "ylabel": title,
                        "xticks": _numbers(ks), "xticklabels": [f"{k:g}" for k in ks], "series": series})
-    out = _write({"figure": "curves", "panels": panels,
-                  "title": f"Median ± s.e. over {n_seeds} seed{'s' * (n_seeds > 1)} at the η chosen per k by "
-                           "median valid accuracy"}, out)
-    rows = [f"| {p.method} | {p.k} | {p.eta:g} | {p.acc:.2f} ± {p.acc_err:.2f} | "
-            f"{p.v_measure:.2f} ± {p.v_measure_err:.2f} | {p.n_runs} |" for p in table.itertuples()]
-    used = pd.concat([filter_runs(runs, {"choices.experiment": e}) for e in experiments])
-    out.with_suffix(".md").write_text("\n".join([
-        f"# Pull-back steps k (K={num_clusters}); η chosen by median valid/acc", "",
-        *provenance(used, "make spigot-inner-steps"), "",
-        "Test metrics of the chosen η: median ± standard error over n seeds.", "",
-        "| method | k | η | test acc | V-measure | n |", "|---|---|---|---|---|---|", *rows,
-        *(["", "Not drawn (η grid incomplete; rerun the target to finish them):", "",
-           *[f"- {m}" for m in missing]] if missing else [])]) + "\n")
-    return table
+    return {"figure": "curves", "panels": panels,
+            "title": f"Median ± s.e. over {n_seeds} seed{'s' * (n_seeds > 1)} at the η chosen per k by "
+                     "median valid accuracy"}
 
 
 def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
@@ -333,10 +355,15 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     in the spec's order (e.g. the sorting table's d; settings without a completed run are left out), with the
     paper's numbers dashed where the spec has them."""
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
+    return _write(_setting_data(spec, build_table(spec, runs_root), metric), out)
+
+
+def _setting_data(spec: dict, df: pd.DataFrame, metric: str) -> dict:
+    """The description :func:`setting_curves` draws from the long table ``df`` (:func:`tables.build_table`'s
+    columns row, setting, metric, ours, ours_err, n_runs, paper)."""
     names = {m["name"]: m.get("label", m["name"]) for m in spec["metrics"]}
     if metric not in names:
         raise ValueError(f"{metric!r} is not a metric of the spec {spec['table']} ({', '.join(names)})")
-    df = build_table(spec, runs_root)
     df = df[(df["metric"] == metric) & (df["n_runs"] > 0)]
     if df.empty:
         raise ValueError(f"no completed run for {metric} in any cell of {spec['table']}")
@@ -353,8 +380,8 @@ def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     panel = {"title": _runs_per_line(df["n_runs"]), "ylabel": f"{_axis_label(spec, metric)} "
              f"({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", "xticks": list(range(len(order))),
              "xticklabels": order, "series": series}
-    return _write({"figure": "curves", "panels": [panel], "title": spec.get("title", ""), "panel_width": 7.5,
-                   "paper_dashed": bool(df["paper"].notna().any())}, out)
+    return {"figure": "curves", "panels": [panel], "title": spec.get("title", ""), "panel_width": 7.5,
+            "paper_dashed": bool(df["paper"].notna().any())}
 
 
 def _axis_label(spec: dict, metric: str) -> str:
@@ -406,22 +433,72 @@ def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
     return pd.concat(curves, ignore_index=True)
 
 
+REBUILT = "rebuilt from the committed table {}; run records not kept"
+
+
+def from_table(spec_path: str | Path) -> list[Path]:
+    """Redraw the figures of a spec that are drawn from its table's cells — ``setting-curves`` (from the committed
+    Markdown table) and ``inner-steps`` (from its ``.md`` companion) — when the run records are gone, e.g. a figure
+    committed before :func:`render` existed. The description written beside each PNG says so (``source``). Figures
+    drawn from the runs' histories (``learning-curves``, ``row-curves``) cannot be rebuilt this way."""
+    from latentstruct.report.backfill import parse_cells, parse_provenance
+
+    spec = load_spec(spec_path)
+    steps = [s for s in (spec.get("reproduce") or {}).get("steps") or []
+             if s.get("figure") in ("setting-curves", "inner-steps")]
+    if not steps:
+        raise ValueError(f"{spec_path}: no setting-curves or inner-steps figure among its reproduce steps")
+    written = []
+    for step in steps:
+        if step["figure"] == "setting-curves":
+            markdown = Path(output_path(spec))
+            cells = pd.DataFrame(parse_cells(markdown.read_text().splitlines(), spec))
+            data = _setting_data(spec, cells, step["metric"])
+        else:
+            markdown = Path(step["out"]).with_suffix(".md")
+            lines = markdown.read_text().splitlines()
+            data = _inner_data(_parse_inner(lines), 10, len(parse_provenance(lines)["seeds"]),
+                               {label: _color(exp, _INNER) for exp, label in _LABELS.items()})
+        data["source"] = REBUILT.format(markdown)
+        written.append(_write(data, step["out"]))
+    return written
+
+
+def _parse_inner(lines: list[str]) -> pd.DataFrame:
+    """The table of :func:`inner_steps`'s Markdown companion read back (method, k, eta, acc, acc_err, v_measure,
+    v_measure_err, n_runs)."""
+    start = lines.index(_INNER_HEADER[0]) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("| "):
+            break
+        method, k, eta, acc, vm, n = (c.strip() for c in line.strip().strip("|").split(" | "))
+        (a, a_err), (v, v_err) = (map(float, c.split(" ± ")) for c in (acc, vm))
+        rows.append({"method": method, "k": int(k), "eta": float(eta), "acc": a, "acc_err": a_err, "v_measure": v,
+                     "v_measure_err": v_err, "n_runs": int(n)})
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw one figure from the run records under ``--runs``, or redraw one from its ``.data.json``."""
     parser = argparse.ArgumentParser(prog="python -m latentstruct.report.figures",
                                      description="Draw a paper figure (PNG) from run records.")
-    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves", "redraw"],
+    parser.add_argument("figure", choices=["learning-curves", "inner-steps", "setting-curves", "row-curves", "redraw",
+                                           "from-table"],
                         help="learning-curves: seed 001 Figure 2; inner-steps: Figure 3 (+ a .md table); "
                              "setting-curves: a table spec's --metric against its settings, a line per row; "
                              "row-curves: a spec's runs' --metric (a history.csv column) against the epoch, a panel "
-                             "per setting, a line per row; redraw: a figure from the DATA_FILE written beside it")
+                             "per setting, a line per row; redraw: a figure from the DATA_FILE written beside it; "
+                             "from-table: a spec's setting-curves / inner-steps figures from its committed table "
+                             "(--spec), without run records")
     parser.add_argument("data_file", nargs="?", help="redraw: a figure's <name>.data.json")
     parser.add_argument("--runs", help="directory searched recursively for run records")
     parser.add_argument("--out", help="PNG file to write (redraw: default the PNG beside DATA_FILE)")
     parser.add_argument("--num-clusters", type=int, default=10,
                         help="dataset.num_clusters of the runs to draw (default 10)")
-    parser.add_argument("--spec", help="setting-curves, row-curves: the table spec (e.g. "
-                                       "experiments/direct/sorting.yaml)")
+    parser.add_argument("--spec", help="setting-curves, row-curves, from-table: the table spec (e.g. "
+                                       "experiments/direct/sorting.yaml); inner-steps: the figure's spec, whose "
+                                       "status line opens its Markdown")
     parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc); row-curves: a "
                                          "history.csv column (e.g. valid/acc)")
     args = parser.parse_args(argv)
@@ -429,6 +506,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.data_file:
             parser.error("redraw needs DATA_FILE (a <name>.data.json)")
         print(f"wrote {redraw(args.data_file, args.out)}")
+        return 0
+    if args.figure == "from-table":
+        if not args.spec:
+            parser.error("from-table needs --spec")
+        try:
+            print("\n".join(f"wrote {path}" for path in from_table(args.spec)))
+        except (OSError, ValueError) as exc:
+            sys.exit(f"error: {exc}")
         return 0
     if not (args.runs and args.out):
         parser.error(f"{args.figure} needs --runs and --out")
@@ -439,9 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             setting_curves(args.spec, args.runs, args.metric, args.out)
         elif args.figure == "row-curves":
             row_curves(args.spec, args.runs, args.metric, args.out)
+        elif args.figure == "inner-steps":
+            inner_steps(args.runs, args.out, num_clusters=args.num_clusters, spec=args.spec)
         else:
-            draw = learning_curves if args.figure == "learning-curves" else inner_steps
-            draw(args.runs, args.out, num_clusters=args.num_clusters)
+            learning_curves(args.runs, args.out, num_clusters=args.num_clusters)
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.data.json')}")

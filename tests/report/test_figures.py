@@ -223,3 +223,67 @@ def test_listops_tree_leaves_do_not_overlap():
 )
 def test_axis_labels_name_the_metric_of_the_papers_specs(spec, metric, label):
     assert figures._axis_label(tables.load_spec(REPO / "experiments" / f"{spec}.yaml"), metric) == label
+
+
+def _points(data: dict) -> list:
+    """The drawn numbers of a figure description, rounded as the Markdown tables print them."""
+    return [
+        [
+            s["label"],
+            [round(v, 2) for v in s["x"]],
+            [round(v, 2) for v in s["y"]],
+            [round(v, 2) for v in s.get("err", [])],
+        ]
+        for panel in data["panels"]
+        for s in panel["series"]
+    ]
+
+
+def test_from_table_redraws_the_figures_of_a_committed_table_without_its_runs(tmp_path):
+    """setting-curves and Figure 3 rebuilt from the Markdown alone draw what the runs drew; the description says so."""
+    _curve_runs(tmp_path)
+    _four_runs(tmp_path / "spec_runs")
+    spec = yaml.safe_load(_spec(tmp_path).read_text())
+    spec["output"] = str(tmp_path / "t1.md")
+    spec["reproduce"] = {
+        "sweeps": [],
+        "steps": [{"figure": "setting-curves", "metric": "test/acc", "out": str(tmp_path / "s.png")}],
+    }
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec, allow_unicode=True))
+    runs = tables.load_runs(tmp_path / "spec_runs")
+    tables.write_markdown(
+        tables.build_table(tmp_path / "spec.yaml", runs),
+        tables.load_spec(tmp_path / "spec.yaml"),
+        tmp_path / "t1.md",
+        runs,
+    )
+    from_runs = json.loads(
+        figures.setting_curves(tmp_path / "spec.yaml", runs, "test/acc", tmp_path / "s.png")
+        .with_suffix(".data.json")
+        .read_text()
+    )
+    figure3 = {
+        "paper": "spigot",
+        "table": "figure3_inner_steps",
+        "title": "Figure 3",
+        "command": "make fig3",
+        "paper_protocol": {"length": "10,000 steps", "steps": 10000, "runs": 4},
+        "reproduce": {"sweeps": [], "steps": [{"figure": "inner-steps", "out": str(tmp_path / "f3.png")}]},
+    }
+    (tmp_path / "f3.yaml").write_text(yaml.safe_dump(figure3, allow_unicode=True))
+    figures.inner_steps(tmp_path / "sweep", tmp_path / "f3.png", spec=tmp_path / "f3.yaml")
+    inner = json.loads((tmp_path / "f3.data.json").read_text())
+    companion = (tmp_path / "f3.md").read_text().splitlines()
+    assert companion[2].startswith("**Status: reduced protocol** — 2 run(s) per cell instead of the paper's 4")
+    assert json.loads((tmp_path / "f3.json").read_text())["status"] == "reduced"
+    assert "- regenerate with: `make fig3`" in companion
+
+    written = figures.from_table(tmp_path / "spec.yaml") + figures.from_table(tmp_path / "f3.yaml")
+    assert written == [tmp_path / "s.png", tmp_path / "f3.png"]
+    rebuilt = [json.loads(p.with_suffix(".data.json").read_text()) for p in written]
+    assert _points(rebuilt[0]) == _points(from_runs) and _points(rebuilt[1]) == _points(inner)
+    assert rebuilt[1]["title"] == inner["title"]  # the seeds counted from the companion's provenance
+    assert rebuilt[0]["source"] == f"rebuilt from the committed table {tmp_path / 't1.md'}; run records not kept"
+    with pytest.raises(ValueError, match="no setting-curves or inner-steps figure"):
+        (tmp_path / "other").mkdir()
+        figures.from_table(_spec(tmp_path / "other"))

@@ -447,6 +447,13 @@ def test_every_spec_reproduces_its_table_or_names_the_spec_that_does(name, monke
     assert reproduce.main([name, "--runs", "R", "--dry-run"]) == 0
 
 
+def test_figure3_is_drawn_with_its_spec_so_that_its_markdown_opens_with_the_status_line(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert _argv("spigot/figure3_inner_steps", runs="R")[-1] == [
+        "latentstruct.report.figures", "inner-steps", "--spec", "experiments/spigot/figure3_inner_steps.yaml",
+        "--runs", "R/spigot_inner_steps", "--out", "results/spigot/figure3_inner_steps.png"]
+
+
 def test_table3_sst_runs_what_its_make_target_ran(monkeypatch, capsys):
     """The commands of `make table-spigot-sst` before the table specs drove it, except the tree drawings, now one
     command that selects each method's seed-301 run from the run records."""
