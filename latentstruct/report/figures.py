@@ -169,6 +169,8 @@ def render(data: dict) -> Figure:
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     handles: dict[str, object] = {}
     for ax, panel in zip(axes, panels, strict=True):
+        ys = [v for s in panel["series"] for v in s["y"] if v is not None]
+        span, noted = (max(ys) - min(ys) if ys else 0.0) or 1.0, []
         for s in panel["series"]:
             x, y, color = np.array(s["x"], dtype=float), np.array(s["y"], dtype=float), f"C{s['color']}"
             style = {"color": color, "linestyle": "--" if s.get("dashed") else "-",
@@ -181,7 +183,11 @@ def render(data: dict) -> Figure:
                 ax.fill_between(x, np.array(s["low"], dtype=float), np.array(s["high"], dtype=float), color=color,
                                 alpha=0.15, linewidth=0)
             for xi, yi, note in zip(x, y, s.get("notes", []), strict=False):
-                ax.annotate(note, (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+                # a note within 4% of the panel's height of one already written at this x goes below its point
+                near = any(xj == xi and abs(yj - yi) < 0.04 * span for xj, yj in noted)
+                noted.append((xi, yi))
+                ax.annotate(note, (xi, yi), textcoords="offset points", xytext=(4, -11 if near else 4), fontsize=7,
+                            color=color)
                 ax.margins(x=0.08, y=0.08)  # room for the notes inside the axes
             if s.get("label"):
                 handles.setdefault(s["label"], artist)
