@@ -1,19 +1,26 @@
-"""Run records (DESIGN.md §7, a contract): metrics.json, history.csv and checkpoint.pt, written atomically."""
+"""Run records (DESIGN.md §7, a contract): metrics.json, history.csv and checkpoint.pt, written atomically, and the
+claim that keeps two launchers from running one run at once (claim.json, :func:`claim`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-__all__ = ["RESUMABLE", "flatten", "flat_experiment", "write_json", "read_record", "write_history", "save_checkpoint",
-           "load_checkpoint", "environment"]
+__all__ = ["RESUMABLE", "CLAIM", "Claim", "claim", "describe_claim", "flatten", "flat_experiment", "write_json",
+           "read_record", "write_history", "save_checkpoint", "load_checkpoint", "environment"]
 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
 # computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
@@ -104,3 +111,75 @@ def environment(device: torch.device) -> dict[str, Any]:
     sha, dirty = _git_commit()
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "torch": torch.__version__}
+
+
+# ------------------------------------------------------------------------------------------------------ claims
+#: the file that claims a run directory while a process runs it
+CLAIM = "claim.json"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :func:`claim` found: ``held``, whether this process now holds the run; ``holder``, the claim written by
+    another process — the live one that holds it (``held`` false), or one that died holding it, whose stale claim
+    this process took over (``held`` true) — or None."""
+
+    held: bool
+    holder: dict[str, Any] | None = None
+
+    def __bool__(self) -> bool:
+        return self.held
+
+
+def _read_claim(fd: int) -> dict[str, Any] | None:
+    try:
+        return json.loads(os.pread(fd, 4096, 0).decode()) or None
+    except (OSError, ValueError):
+        return None
+
+
+def describe_claim(holder: dict[str, Any] | None) -> str:
+    """``pid 123 on host h since 2026-11-25 23:15:02 UTC`` (``an unknown process`` for a claim without content)."""
+    if not holder:
+        return "an unknown process"
+    return f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')}"
+
+
+@contextlib.contextmanager
+def claim(run_dir: str | Path) -> Iterator[Claim]:
+    """Claim ``run_dir`` for this process while the ``with`` block runs.
+
+    The claim is ``claim.json`` in the run directory (host, pid, since) under an exclusive ``flock``, held as long as
+    the block runs and released by the kernel when the process ends, however it ends: a claim left by a killed
+    process is stale and the next claimant takes it over (``Claim.holder`` then tells whose it was). If a live
+    process holds it, the block runs at once with a false :class:`Claim` naming that process, and nothing is
+    written. On leaving the block the file is removed (a directory without claim.json is claimed by no one).
+    """
+    path = Path(run_dir) / CLAIM
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_claim(fd)
+            os.close(fd)
+            yield Claim(False, holder)
+            return
+        try:  # the holder before us may have removed the file between our open and our lock: claim the new one
+            current = os.stat(path).st_ino
+        except FileNotFoundError:
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)
+    try:
+        stale = _read_claim(fd)
+        mine = {"host": socket.gethostname(), "pid": os.getpid(),
+                "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(mine).encode(), 0)
+        yield Claim(True, stale)
+    finally:
+        path.unlink(missing_ok=True)  # before the lock goes: a newcomer then claims a new file, not ours
+        os.close(fd)

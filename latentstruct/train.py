@@ -1,8 +1,8 @@
 """The single entry point: ``python -m latentstruct.train [overrides]``.
 
-``train(cfg) -> metrics`` reads top to bottom: build → loop → evaluate under no_grad → write. ``main`` is the
-``@hydra.main`` wrapper that also records a crashed run as ``status: failed``; the command line is checked before it
-(:func:`latentstruct.config.check_command_line`).
+``train(cfg) -> metrics`` claims the run directory (a run another launcher is running is skipped), then reads top to
+bottom: build → loop → evaluate under no_grad → write; a crashed run is recorded as ``status: failed``. ``main`` is
+the ``@hydra.main`` wrapper; the command line is checked before it (:func:`latentstruct.config.check_command_line`).
 
 What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
 directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
@@ -37,6 +37,8 @@ from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.progress import Progress
 from latentstruct.records import (
     RESUMABLE,
+    claim,
+    describe_claim,
     environment,
     flatten,
     load_checkpoint,
@@ -204,16 +206,35 @@ def _log_metrics(metrics: dict[str, float], header: str) -> None:
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict."""
-    validate(cfg)
-    out = Path(cfg.paths.output_dir)
-    record = read_record(out)
-    if record and record.get("status") == "completed" and not cfg.trainer.force:
-        log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
-        return record
+    """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict.
 
+    The run directory is claimed first (:func:`latentstruct.records.claim`): a run that another live process is
+    running is skipped (``{"status": "in_progress", "claimed_by": ...}``, nothing written), a completed one too
+    (unless ``trainer.force``). A run that raises leaves ``status: failed`` with the error, then the error goes on.
+    """
+    out = Path(cfg.paths.output_dir)
+    with claim(out) as held:
+        if not held:
+            log.info("%s is being run by %s; skipping it", out, describe_claim(held.holder))
+            return {"status": "in_progress", "claimed_by": held.holder}
+        if held.holder:
+            log.info("%s: taking over the claim of %s, which is gone", out, describe_claim(held.holder))
+        record = read_record(out)
+        if record and record.get("status") == "completed" and not cfg.trainer.force:
+            log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
+            return record
+        try:
+            return _run(cfg, out)
+        except BaseException as err:  # record the failure while the run is still ours, then let it go on
+            write_json(out / "metrics.json", {"status": "failed", "error": f"{type(err).__name__}: {err}",
+                                              "seed": cfg.trainer.seed, **environment(torch.device("cpu"))})
+            raise
+
+
+def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
+    """:func:`train` once the run is this process's to run."""
+    validate(cfg)
     # ---- build
-    out.mkdir(parents=True, exist_ok=True)
     tc = cfg.trainer
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -337,18 +358,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    out = Path(cfg.paths.output_dir)
-    try:
-        record = train(cfg)
-    except BaseException as err:  # record the failure, then let Hydra / the shell see it
-        write_json(
-            out / "metrics.json",
-            {"status": "failed", "error": f"{type(err).__name__}: {err}", "seed": cfg.trainer.seed,
-             **environment(torch.device("cpu"))},
-        )
-        raise
-    # The returned value lets Hydra sweepers optimise validation accuracy.
-    return record["metrics"].get("valid/acc")
+    record = train(cfg)  # a failure is recorded (status: failed) and goes on to Hydra and the shell
+    # The returned value lets Hydra sweepers optimise validation accuracy (none for a run skipped as in progress).
+    return record.get("metrics", {}).get("valid/acc")
 
 
 if __name__ == "__main__":

@@ -142,7 +142,8 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, *common, name="crashed")
     monkeypatch.setattr(train_module, "write_history", real_write_history)
-    assert not (tmp_path / "crashed" / "metrics.json").exists()
+    crashed = json.loads((tmp_path / "crashed" / "metrics.json").read_text())  # train() records it, then raises
+    assert crashed["status"] == "failed" and crashed["error"] == "KeyboardInterrupt: killed"
     resumed = _run(tmp_path, *common, "trainer.resume=true", name="crashed")
     assert resumed["metrics"] == full["metrics"]
     h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns="wall_seconds")
