@@ -14,8 +14,9 @@ wrong type fails at composition, naming the key. A task's schema comes from its 
 data (sizes) are listed in the class attribute ``FROM_DATA`` and are not settings. Every schema that a file under
 ``configs/`` names is registered when this module is imported.
 
-:func:`validate`, the first thing ``train()`` does, refuses what composition lets through: a ``+key`` that no schema
-declares and a value outside a ``Literal``'s choices, naming the key and the closest valid names.
+:func:`validate`, the first thing ``train()`` does once it holds the run directory, refuses what composition lets
+through: a ``+key`` that no schema declares and a value outside a ``Literal``'s choices, naming the key and the
+closest valid names.
 :func:`check_command_line` runs it on the command line of ``python -m latentstruct.train`` before Hydra does anything
 (an unknown key, ``+`` or not; an unknown experiment, listing them all; the experiments' old nested names).
 ``python -m latentstruct.config`` writes the option reference, ``docs/configs.md`` (:func:`reference`).

@@ -219,11 +219,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             return {"status": "in_progress", "claimed_by": held.holder}
         if held.holder:
             log.info("%s: taking over the claim of %s, which is gone", out, describe_claim(held.holder))
-        record = read_record(out)
-        if record and record.get("status") == "completed" and not cfg.trainer.force:
-            log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
-            return record
         try:
+            validate(cfg)
+            record = read_record(out)
+            if record and record.get("status") == "completed" and not cfg.trainer.force:
+                log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
+                return record
             return _run(cfg, out)
         except BaseException as err:  # record the failure while the run is still ours, then let it go on
             write_json(out / "metrics.json", {"status": "failed", "error": f"{type(err).__name__}: {err}",
@@ -232,8 +233,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
-    """:func:`train` once the run is this process's to run."""
-    validate(cfg)
+    """:func:`train` once the run is this process's to run and its configuration is valid."""
     # ---- build
     tc = cfg.trainer
     if tc.threads:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -463,7 +464,8 @@ def from_table(spec_path: str | Path) -> list[Path]:
         else:
             markdown = Path(step["out"]).with_suffix(".md")
             lines = markdown.read_text().splitlines()
-            data = _inner_data(_parse_inner(lines), 10, len(parse_provenance(lines)["seeds"]),
+            num_clusters = int(re.search(r"\(K=(\d+)\)", lines[0])[1])  # its heading, as inner_steps wrote it
+            data = _inner_data(_parse_inner(lines), num_clusters, len(parse_provenance(lines)["seeds"]),
                                {label: _color(exp, _INNER) for exp, label in _LABELS.items()})
         data["source"] = REBUILT.format(markdown)
         written.append(_write(data, step["out"]))

@@ -284,6 +284,6 @@ def test_from_table_redraws_the_figures_of_a_committed_table_without_its_runs(tm
     assert _points(rebuilt[0]) == _points(from_runs) and _points(rebuilt[1]) == _points(inner)
     assert rebuilt[1]["title"] == inner["title"]  # the seeds counted from the companion's provenance
     assert rebuilt[0]["source"] == f"rebuilt from the committed table {tmp_path / 't1.md'}; run records not kept"
+    (tmp_path / "other").mkdir()
     with pytest.raises(ValueError, match="no setting-curves or inner-steps figure"):
-        (tmp_path / "other").mkdir()
         figures.from_table(_spec(tmp_path / "other"))
