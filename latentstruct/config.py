@@ -319,6 +319,10 @@ class TrainerConf:
         "without the bar, log a progress line (step, epoch, loss, last valid/acc, s/100 steps, elapsed, ETA) at most "
         "every this many seconds, besides the line of every evaluation; null = at evaluations only", 60)
     log_every: int = _help("send the training loss to the logger every this many steps", 100)
+    checkpoint_every: int | None = _help(
+        "also checkpoint every this many steps (besides every evaluation); null = at evaluations only", None)
+    checkpoint_seconds: int | None = _help(
+        "also checkpoint when this many seconds have passed since the last checkpoint; null = never by time", 600)
 
 
 @dataclass

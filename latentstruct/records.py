@@ -25,7 +25,8 @@ __all__ = ["RESUMABLE", "CLAIM", "Claim", "claim", "describe_claim", "flatten", 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
 # computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
 RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.log_seconds",
-             "trainer.threads", "trainer.device", "trainer.max_steps", "trainer.max_epochs")
+             "trainer.threads", "trainer.device", "trainer.max_steps", "trainer.max_epochs", "trainer.checkpoint_every",
+             "trainer.checkpoint_seconds")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
