@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,6 +37,7 @@ from latentstruct.config import (  # importing latentstruct.config registers the
     validate,
 )
 from latentstruct.data.base import iterate_batches, num_batches
+from latentstruct.guards import Interrupted, NonFinite, StopSignals, diagnose
 from latentstruct.progress import Progress
 from latentstruct.records import (
     RESUMABLE,
@@ -213,7 +217,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     (unless ``trainer.force``). A run that raises leaves ``status: failed`` with the error, then the error goes on.
     """
     out = Path(cfg.paths.output_dir)
-    with claim(out) as held:
+    with claim(out) as held, StopSignals() as stop:
         if not held:
             log.info("%s is being run by %s; skipping it", out, describe_claim(held.holder))
             return {"status": "in_progress", "claimed_by": held.holder}
@@ -221,19 +225,36 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.info("%s: taking over the claim of %s, which is gone", out, describe_claim(held.holder))
         try:
             validate(cfg)
-            record = read_record(out)
-            if record and record.get("status") == "completed" and not cfg.trainer.force:
+            record = read_record(out) or {}
+            if record.get("status") == "completed" and not cfg.trainer.force:
                 log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
                 return record
-            return _run(cfg, out)
+            # an interrupted run goes on from the checkpoint it saved when it stopped
+            resume = cfg.trainer.resume or (record.get("status") == "interrupted" and not cfg.trainer.force)
+            return _run(cfg, out, resume, stop)
+        except Interrupted:
+            raise  # its record (status: interrupted) and checkpoint are written
         except BaseException as err:  # record the failure while the run is still ours, then let it go on
-            write_json(out / "metrics.json", {"status": "failed", "error": f"{type(err).__name__}: {err}",
-                                              "seed": cfg.trainer.seed, **environment(torch.device("cpu"))})
+            failure = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+            if isinstance(err, NonFinite):
+                failure = {"status": "failed", "reason": "non_finite", "step": err.step, "tensor": err.tensor,
+                           "error": f"{err}; configuration: {_identity(cfg)}"}
+                log.error("%s failed: %s", out, failure["error"])
+            write_json(out / "metrics.json", {**failure, "seed": cfg.trainer.seed,
+                                              **environment(torch.device("cpu"))})
             raise
 
 
-def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
-    """:func:`train` once the run is this process's to run and its configuration is valid."""
+def _identity(cfg: DictConfig) -> str:
+    """The run's configuration as its command line gave it (the overrides, under Hydra), else its directory."""
+    if HydraConfig.initialized():
+        return " ".join(HydraConfig.get().overrides.task) or "the defaults"
+    return str(cfg.paths.output_dir)
+
+
+def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[str, Any]:
+    """:func:`train` once the run is this process's to run and its configuration is valid; ``resume``: go on from
+    the run directory's checkpoint, if it has one; ``stop``: the stop signals noted since the run was claimed."""
     # ---- build
     tc = cfg.trainer
     if tc.threads:
@@ -251,13 +272,17 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
     logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 
     step, history, elapsed = 0, [], 0.0
+    loss_sum, loss_count = 0.0, 0  # since the last evaluation, summed on the device: no host sync per step
     ckpt_path = out / "checkpoint.pt"
-    if tc.resume and ckpt_path.exists():
+    if resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, device)
         _check_same_run(ckpt["config"], config, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
+        # written between evaluations (a stop signal, trainer.checkpoint_every / _seconds): the loss since the last
+        # evaluation goes on (checkpoints of older runs, written at evaluations only, have none: 0)
+        loss_sum, loss_count = ckpt.get("loss_sum", 0.0), ckpt.get("loss_count", 0)
         _set_rng_state(ckpt["rng"])
         log.info("resumed %s at step %d", out, step)
 
@@ -265,7 +290,6 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
     evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
     log.info("%s: %s", out, _describe_plan(tc, phases, max_steps, step))
     start = time.perf_counter() - elapsed
-    loss_sum, loss_count = 0.0, 0  # summed on the device: no host sync per step
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
     phase_seconds, phase_steps, tick_step = [0.0] * len(phases), [0] * len(phases), step  # the same, per phase
 
@@ -275,7 +299,20 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
     model.train()
     progress = Progress(max_steps, step, partial(_position, phases), evaluations, elapsed=elapsed, desc=out.name,
                         bar=tc.progress and sys.stderr.isatty(), log_seconds=tc.log_seconds)
-    tick = time.perf_counter()
+    def checkpoint() -> None:  # the whole state after `step` steps: resuming from it continues bit-exactly
+        nonlocal saved
+        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                                    "history": history, "loss_sum": loss_sum, "loss_count": loss_count,
+                                    "wall_seconds": time.perf_counter() - start, "rng": _rng_state(),
+                                    "config": config})
+        saved = time.perf_counter()
+
+    # non-finite loss or gradients: checked every step on the CPU; on a GPU the first bad step is kept on the device
+    # and read every log_every steps (no step waits for the host)
+    check_every = 1 if device.type == "cpu" else tc.log_every
+    bad_step = torch.zeros((), dtype=torch.long, device=device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    tick = saved = time.perf_counter()
     with progress:
         while step < max_steps:
             index, phase = next((i, p) for i, p in reversed(list(enumerate(phases))) if p.start <= step)
@@ -284,10 +321,37 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
             batches = iterate_batches(splits[phase.split], tc.batch_size, shuffle, start=offset,
                                       drop_last=tc.drop_last)
             for batch in batches:
+                if stop.signum is not None:  # a stop signal came during the last step: save it, say so, go
+                    progress.pause()
+                    checkpoint()
+                    write_json(out / "metrics.json", {
+                        "status": "interrupted", "signal": signal.Signals(stop.signum).name, "step": step,
+                        "seed": tc.seed, **env, "wall_seconds": time.perf_counter() - start})
+                    log.info("%s: stopped by %s at step %s; its checkpoint is saved and the next run of it resumes "
+                             "there", out, signal.Signals(stop.signum).name, f"{step:,}")
+                    raise stop.interrupted(step)
                 model.begin_step(index, step - phase.start)
-                loss = model(batch).loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                try:
+                    loss = model(batch).loss
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                except Exception as err:  # a NaN in the inputs or scores often fails deep inside: name it
+                    found = diagnose(step + 1, model, batch, forward=lambda b=batch: model(b))
+                    if found is None:
+                        raise
+                    raise found from err
+                finite = torch.isfinite(loss.detach())
+                if params:
+                    finite = finite & torch.isfinite(torch.nn.utils.get_total_norm(
+                        [p.grad for p in params if p.grad is not None]))
+                if check_every == 1:
+                    if not finite:
+                        raise (diagnose(step + 1, model, batch, loss, forward=lambda b=batch: model(b))
+                               or NonFinite(step + 1, "the loss or a gradient"))
+                else:
+                    bad_step = torch.where((bad_step == 0) & ~finite, step + 1, bad_step)
+                    if (step + 1) % check_every == 0 and int(bad_step):
+                        raise NonFinite(int(bad_step), "the loss or a gradient", f"seen at step {step + 1:,}")
                 optimizer.step()
                 step += 1
                 loss_sum, loss_count = loss_sum + loss.detach(), loss_count + 1
@@ -313,20 +377,12 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
                     loss_sum, loss_count = 0.0, 0
                     logger.log(step, row)
                     write_history(out / "history.csv", history)
-                    save_checkpoint(
-                        ckpt_path,
-                        {
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "step": step,
-                            "history": history,
-                            "wall_seconds": row["wall_seconds"],
-                            "rng": _rng_state(),
-                            "config": config,
-                        },
-                    )
+                    checkpoint()
                     tick, tick_step = time.perf_counter(), step
                     progress.evaluated(row)
+                elif ((tc.checkpoint_every and step % tc.checkpoint_every == 0)
+                      or (tc.checkpoint_seconds and time.perf_counter() - saved >= tc.checkpoint_seconds)):
+                    checkpoint()
                 if step >= max_steps or step == phase.start + phase.steps:
                     break
     logger.finish()
@@ -358,7 +414,15 @@ def _run(cfg: DictConfig, out: Path) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    record = train(cfg)  # a failure is recorded (status: failed) and goes on to Hydra and the shell
+    try:
+        record = train(cfg)  # a failure is recorded (status: failed) and goes on to Hydra and the shell
+    except Interrupted as stop:  # recorded (status: interrupted) with its checkpoint
+        stop.hand_on()  # submitit's handler, under its launcher: requeues the job and exits
+        sys.exit(128 + stop.signum)
+    except NonFinite:  # recorded and said in one line by train(); a sweep's job fails as any other would
+        if HydraConfig.get().mode == RunMode.RUN:
+            sys.exit(1)
+        raise
     # The returned value lets Hydra sweepers optimise validation accuracy (none for a run skipped as in progress).
     return record.get("metrics", {}).get("valid/acc")
 

@@ -1,0 +1,249 @@
+"""Runs that stop early (issue #20): stop signals save a checkpoint at the current step and resume bit-exactly,
+periodic checkpoints between evaluations, a submitit job that is preempted requeues itself and resumes, and a
+non-finite value fails the run in one line naming it (latentstruct/guards.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import latentstruct.train as train_module
+from latentstruct.guards import Interrupted, NonFinite
+from tests.helpers import ROOT
+from tests.test_train import TINY, _run
+
+# a stochastic estimator, mini-batches of 64 of 200 (4 per epoch), evaluations every 10 steps: a stop at step 13 is
+# mid-epoch and between evaluations, so resuming needs the RNG, the data order and the loss since the evaluation
+COMMON = ["trainer.max_steps=30", "trainer.eval_every=10", "estimator=sfe", "trainer.batch_size=64"]
+
+
+def _history(run_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "history.csv").drop(columns="wall_seconds")
+
+
+def _record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _at_step(monkeypatch, step: int, act) -> None:
+    """Call ``act()`` when the model begins training step ``step`` (0-based) of the next run."""
+    build = train_module.build_model
+
+    def build_and_watch(*args, **kwargs):
+        model = build(*args, **kwargs)
+        begin = model.begin_step
+
+        def begin_step(phase, in_phase):
+            if in_phase == step:
+                act()
+            begin(phase, in_phase)
+
+        model.begin_step = begin_step
+        return model
+
+    monkeypatch.setattr(train_module, "build_model", build_and_watch)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
+def test_a_stop_signal_checkpoints_the_step_and_the_next_run_resumes_bit_exactly(tmp_path, monkeypatch, signum):
+    full = _run(tmp_path, *COMMON, name="full")
+    with monkeypatch.context() as m:
+        _at_step(m, 12, lambda: os.kill(os.getpid(), signum))  # noted during step 13, acted on before step 14
+        with pytest.raises(Interrupted) as stopped:
+            _run(tmp_path, *COMMON, name="stopped")
+    assert stopped.value.step == 13 and stopped.value.signum == signum
+    record = _record(tmp_path / "stopped")
+    assert record["status"] == "interrupted" and record["step"] == 13
+    assert record["signal"] == signal.Signals(signum).name
+    assert torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=False)["step"] == 13
+    assert signal.getsignal(signum) is not None  # the handlers of before are back (pytest's SIGINT handler too)
+    resumed = _run(tmp_path, *COMMON, name="stopped")  # no trainer.resume: an interrupted run goes on by itself
+    assert resumed["metrics"] == full["metrics"] and resumed["steps"] == 30
+    pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "stopped"))
+
+
+def test_checkpoint_every_lets_a_killed_run_resume_between_evaluations(tmp_path, monkeypatch):
+    full = _run(tmp_path, *COMMON, name="full")
+    steps_seen = []
+    real_save = train_module.save_checkpoint
+
+    def save(path, state):
+        steps_seen.append(state["step"])
+        real_save(path, state)
+
+    def crash():
+        raise KeyboardInterrupt("killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(train_module, "save_checkpoint", save)
+        _at_step(m, 17, crash)
+        with pytest.raises(KeyboardInterrupt):
+            _run(tmp_path, *COMMON, "trainer.checkpoint_every=3", name="killed")
+    assert steps_seen == [3, 6, 9, 10, 12, 15]  # every 3 steps, and at the evaluation of step 10
+    assert _record(tmp_path / "killed")["status"] == "failed"
+    resumed = _run(tmp_path, *COMMON, "trainer.resume=true", name="killed")  # from step 15
+    assert resumed["metrics"] == full["metrics"]
+    pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "killed"))
+
+
+def test_a_signal_before_the_loop_stops_at_step_zero_and_one_after_it_is_raised_again(tmp_path, monkeypatch):
+    real_build = train_module.build_model
+
+    def build_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        return real_build(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(train_module, "build_model", build_then_signal)
+        with pytest.raises(Interrupted):
+            _run(tmp_path, "trainer.max_steps=5")
+    assert _record(tmp_path / "run")["step"] == 0
+    # a completed run skipped while a signal comes: the signal is handed on once the run is left
+    got = []
+    previous = signal.signal(signal.SIGUSR1, lambda *a: got.append(a[0]))
+    try:
+        real_read = train_module.read_record
+
+        def read_then_signal(path):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return real_read(path)
+
+        _run(tmp_path, "trainer.max_steps=5")
+        with monkeypatch.context() as m:
+            m.setattr(train_module, "read_record", read_then_signal)
+            assert _run(tmp_path, "trainer.max_steps=5")["status"] == "completed"
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert got == [signal.SIGUSR1]
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, text: str = "", timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} did not show {text!r} in {timeout} s")
+
+
+@pytest.mark.slow
+def test_cli_sigterm_exits_143_with_an_interrupted_record_and_the_rerun_finishes(tmp_path):
+    args = [*TINY, "trainer.log_seconds=null", f"hydra.run.dir={tmp_path}"]
+    proc = _cli(*args, "trainer.max_steps=1000000")
+    _wait_for(tmp_path / "train.log", "training 1,000,000 steps")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    record = _record(tmp_path)
+    assert record["status"] == "interrupted" and record["step"] > 0 and "Traceback" not in output
+    assert f"stopped by SIGTERM at step {record['step']:,}" in (tmp_path / "train.log").read_text()
+    again = _cli(*args, f"trainer.max_steps={record['step'] + 5}")
+    output, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, output
+    assert _record(tmp_path)["steps"] == record["step"] + 5
+    assert f"resumed {tmp_path} at step {record['step']}" in (tmp_path / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path):
+    """The submitit launcher, executing locally: the job is sent submitit's preemption signal (USR2, what its
+    SLURM jobs get before a preemption or the time limit); it checkpoints, hands the signal to submitit, which
+    requeues it, and the requeued job resumes from the step it stopped at and completes."""
+    sweep = tmp_path / "sweep"
+    steps = ["trainer.max_steps=400", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
+    proc = _cli("-m", *TINY, *steps, "trainer.seed=301", "hydra/launcher=submitit_local",
+                "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}")
+    end = time.monotonic() + 120
+    while not list(sweep.glob("*/claim.json")) and time.monotonic() < end:
+        time.sleep(0.05)
+    (run,) = {p.parent for p in sweep.glob("*/claim.json")}
+    _wait_for(run / "claim.json", "pid")
+    job = json.loads((run / "claim.json").read_text())["pid"]
+    os.kill(job, signal.SIGUSR2)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    log = (run / "train.log").read_text()
+    assert "stopped by SIGUSR2 at step" in log and "resumed" in log
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
+    assert "Requeued job" in logs
+    assert _record(run)["status"] == "completed" and _record(run)["steps"] == 400
+    uninterrupted = _run(tmp_path, *steps, name="uninterrupted")
+    assert _record(run)["metrics"] == uninterrupted["metrics"]
+
+
+def _nan_at(monkeypatch, step: int, module_name: str) -> None:
+    """From training step ``step`` on, the output of the model's submodule ``module_name`` is NaN."""
+    build = train_module.build_model
+
+    def build_and_break(*args, **kwargs):
+        model = build(*args, **kwargs)
+        seen = {"n": 0}
+        module = model.get_submodule(module_name)
+
+        def count(*_):
+            seen["n"] += model.training
+
+        def nan(mod, inputs, output):
+            return output * float("nan") if model.training and seen["n"] > step else output
+
+        module.register_forward_pre_hook(count)
+        module.register_forward_hook(nan)
+        return model
+
+    monkeypatch.setattr(train_module, "build_model", build_and_break)
+
+
+def test_nan_inputs_fail_with_one_line_naming_them(tmp_path):
+    with pytest.raises(NonFinite, match=r"non-finite value at step 1: input 'x' of the batch \([\d,]+ NaN of"):
+        _run(tmp_path, "dataset.noise=nan", "trainer.max_steps=5")
+    record = _record(tmp_path / "run")
+    assert record["status"] == "failed" and record["reason"] == "non_finite" and record["step"] == 1
+    assert "\n" not in record["error"] and "configuration:" in record["error"]
+
+
+def test_nan_scores_fail_naming_the_module_that_made_them(tmp_path, monkeypatch):
+    _nan_at(monkeypatch, 3, "scorer")
+    with pytest.raises(NonFinite, match=r"step 4: output of scorer \(\w+\)"):
+        _run(tmp_path, "trainer.max_steps=10")
+    assert _record(tmp_path / "run")["tensor"].startswith("output of scorer")
+
+
+def test_a_non_finite_gradient_fails_naming_the_parameter(tmp_path, monkeypatch):
+    build = train_module.build_model
+
+    def build_with_bad_gradient(*args, **kwargs):
+        model = build(*args, **kwargs)
+        name, param = next((n, p) for n, p in model.named_parameters() if p.requires_grad)
+        param.register_hook(lambda g: g * float("inf"))
+        model._bad = name
+        return model
+
+    monkeypatch.setattr(train_module, "build_model", build_with_bad_gradient)
+    with pytest.raises(NonFinite, match=r"step 1: the gradient of \S+ \(.*inf"):
+        _run(tmp_path, "trainer.max_steps=10")
+    assert _record(tmp_path / "run")["reason"] == "non_finite"
+
+
+def test_cli_non_finite_single_run_says_one_line_and_exits_1(tmp_path):
+    proc = _cli(*TINY, "dataset.noise=nan", "trainer.max_steps=5", f"hydra.run.dir={tmp_path}")
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    lines = [line for line in output.splitlines() if "non-finite" in line]
+    assert len(lines) == 1 and "input 'x' of the batch" in lines[0] and "dataset.noise=nan" in lines[0], output
+    assert "Traceback" not in output and "IndexError" not in output and "index -1" not in output
