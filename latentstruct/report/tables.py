@@ -221,6 +221,13 @@ def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
     return status.annotate(lines, status.protocol(spec))
 
 
+def _run_counts(used: pd.DataFrame, completed: int) -> str:
+    """``12 completed, 1 failed`` (``, 2 interrupted (each resumes when run again)`` when some were stopped)."""
+    interrupted = int((used["status"] == "interrupted").sum()) if len(used) else 0
+    text = f"{completed} completed, {len(used) - completed - interrupted} failed"
+    return text + (f", {interrupted} interrupted (each resumes when run again)" if interrupted else "")
+
+
 def provenance(used: pd.DataFrame, command: str) -> list[str]:
     """Markdown bullet lines: commits, hardware, torch, seeds, run counts and wall time of the runs ``used``."""
     used = used.drop_duplicates("run_dir") if len(used) else used
@@ -233,7 +240,7 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- git commit(s): {values('git_commit', used)}", f"- hardware: {values('hardware', used)}",
             f"- torch: {values('torch', used)}", f"- seeds: {values('seed')}",
-            f"- runs: {len(done)} completed, {len(used) - len(done)} failed",
+            f"- runs: {_run_counts(used, len(done))}",
             f"- training steps per run: {values('steps')}",
             f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
             f"- generated: {now}",
@@ -320,7 +327,8 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     if len(missing):
         lines += ["", "Cells without completed runs: "
                   + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
-    failed = used[~used["completed"]].drop_duplicates("run_dir") if len(used) else used
+    stopped = ~used["completed"] & (used["status"] != "interrupted") if len(used) else None
+    failed = used[stopped].drop_duplicates("run_dir") if len(used) else used
     if len(failed):
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
         lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]

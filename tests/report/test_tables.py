@@ -138,6 +138,11 @@ def test_failed_runs_excluded_and_counted(tmp_path):
     out = tables.write_markdown(df, tables.load_spec(_spec(tmp_path)), tmp_path / "out" / "t1.md", runs)
     assert "4 completed, 1 failed" in out.read_text() and "(4, 1 failed)" in out.read_text()
     assert "**Failed runs: 1.**" in out.read_text() and "- 1 × RuntimeError: boom" in out.read_text()
+    _run(tmp_path / "runs", "stopped", "synthetic_spigot", status="interrupted", seed=10)
+    runs = tables.load_runs(tmp_path / "runs")
+    text = tables.write_markdown(df, tables.load_spec(_spec(tmp_path)), tmp_path / "out" / "t1.md", runs).read_text()
+    assert "4 completed, 1 failed, 1 interrupted (each resumes when run again)" in text
+    assert "**Failed runs: 1.**" in text  # an interrupted run is not a failure
 
 
 def test_a_table_of_failed_runs_only_needs_allow_empty_and_lists_their_errors(tmp_path):
