@@ -16,7 +16,8 @@ data (sizes) are listed in the class attribute ``FROM_DATA`` and are not setting
 
 :func:`validate`, the first thing ``train()`` does once it holds the run directory, refuses what composition lets
 through: a ``+key`` that no schema declares and a value outside a ``Literal``'s choices, naming the key and the
-closest valid names.
+closest valid names, and a number outside its setting's range — declared with the setting too,
+``lr: Annotated[float, Positive]`` (:mod:`latentstruct.ranges`), and kept by the schema in the field's metadata.
 :func:`check_command_line` runs it on the command line of ``python -m latentstruct.train`` before Hydra does anything
 (an unknown key, ``+`` or not; an unknown experiment, listing them all; the experiments' old nested names).
 ``python -m latentstruct.config`` writes the option reference, ``docs/configs.md`` (:func:`reference`).
@@ -32,6 +33,8 @@ import dataclasses
 import difflib
 import inspect
 import io
+import itertools
+import math
 import re
 import sys
 import types
@@ -46,6 +49,8 @@ from typing import Any, Literal
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+from latentstruct.ranges import AtLeast, Constraint, NonNegative, Positive, constraint_of
 
 __all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
            "option_schemas", "experiments", "check_command_line", "CONFIG_DIR"]
@@ -63,10 +68,12 @@ def option_name(option: Any) -> str:
     return str(getattr(option, "value", option))
 
 
-def _help(text: str, default: Any = MISSING, **kw) -> Any:
+def _help(text: str, default: Any = MISSING, allowed: Constraint | None = None, **kw) -> Any:
+    """A run setting's field: its help text, its default and its range (``allowed``, :mod:`latentstruct.ranges`)."""
+    metadata = {"help": text, **({"range": allowed} if allowed is not None else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": text}, **kw)
-    return field(default=default, metadata={"help": text}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
+    return field(default=default, metadata=metadata, **kw)
 
 
 # ------------------------------------------------------------------------------------- schemas from signatures
@@ -164,10 +171,10 @@ def _choices(annotation: Any) -> tuple | None:
     return None
 
 
-def _hints(obj: Any) -> dict[str, Any]:
-    """The evaluated annotations of what ``obj``'s config node is passed to."""
+def _hints(obj: Any, extras: bool = False) -> dict[str, Any]:
+    """The evaluated annotations of what ``obj``'s config node is passed to (``extras``: with ``Annotated``'s)."""
     try:
-        return typing.get_type_hints(_function(obj))
+        return typing.get_type_hints(_function(obj), include_extras=extras)
     except Exception:  # an annotation that does not evaluate here (a name imported under TYPE_CHECKING): Any
         return {}
 
@@ -184,21 +191,23 @@ def schema(target: str) -> type:
         return dataclasses.make_dataclass(_EXTERNAL[target].__name__, [("_target_", str, field(default=target))],
                                           bases=(_EXTERNAL[target],))
     obj = locate(target)
-    hints, texts = _hints(obj), help_texts(obj)
+    hints, texts, annotated = _hints(obj), help_texts(obj), _hints(obj, extras=True)
     fields: list[tuple] = [("_target_", str, field(default=target))]
     if getattr(obj, "FROM_DATA", ()):
         fields.append(("_partial_", bool, field(default=True)))
     for name, p in settings(obj).items():
         kind = _field_type(hints.get(name, Any))
         default = MISSING if p.default is inspect.Parameter.empty else p.default
+        allowed = constraint_of(annotated.get(name))  # Annotated[float, Positive]: the range goes to the metadata
+        metadata = {"help": texts.get(name, ""), **({"range": allowed} if allowed is not None else {})}
         if isinstance(default, tuple):
             default = list(default)
         if isinstance(default, (list, dict)):
-            value = field(default_factory=lambda d=default: type(d)(d), metadata={"help": texts.get(name, "")})
+            value = field(default_factory=lambda d=default: type(d)(d), metadata=metadata)
         elif not (default is None or default is MISSING or isinstance(default, _SIMPLE)):
-            kind, value = Any, field(default=MISSING, metadata={"help": texts.get(name, "")})
+            kind, value = Any, field(default=MISSING, metadata=metadata)
         else:
-            value = field(default=default, metadata={"help": texts.get(name, "")})
+            value = field(default=default, metadata=metadata)
         fields.append((name, kind, value))
     return dataclasses.make_dataclass(target.rsplit(".", 1)[-1] + "Conf", fields)
 
@@ -220,13 +229,49 @@ def _close(name: str, options, prefix: str = "") -> str:
     return f"; did you mean {' or '.join(prefix + n for n in near)}?" if near else ""
 
 
+def _optional(f: dataclasses.Field) -> bool:
+    """Whether a field allows null (its type a string where its module postpones annotations)."""
+    return f.default is None or (re.search(r"\bNone\b", f.type) is not None if isinstance(f.type, str)
+                                 else type(None) in typing.get_args(f.type))
+
+
+def _ranges(fields) -> dict[str, tuple[Constraint, bool]]:
+    """``{setting: (its range, whether null is allowed)}`` of the fields of a schema that declare a range."""
+    return {f.name: (f.metadata["range"], _optional(f)) for f in fields if "range" in f.metadata}
+
+
+def range_text(allowed: Constraint, optional: bool) -> str:
+    """What a range allows, as said by :func:`validate` and ``docs/configs.md``: ``> 0``, ``>= 1 or null``."""
+    return f"{allowed}{' or null' if optional else ''}"
+
+
+def _check_range(cfg: DictConfig, name: str, allowed: Constraint, optional: bool, where: str) -> None:
+    """Refuse ``cfg[name]`` (each item of a list) outside ``allowed``; an interpolation is read resolved, and one
+    that does not resolve here is left to the run (which reports it)."""
+    node = cfg._get_node(name)
+    if node is None or node._is_missing():
+        return
+    try:
+        value = cfg[name]
+    except Exception:  # noqa: BLE001  (an interpolation that only resolves in the run: ${hydra:...})
+        return
+    items = list(enumerate(value)) if isinstance(value, ListConfig) else [(None, value)]
+    for i, item in items:
+        if item is None or item in allowed:
+            continue
+        key = f"{where}{name}" + ("" if i is None else f".{i}")
+        raise ConfigError(f"{key} = {item!r} is out of range: must be {range_text(allowed, optional)}")
+
+
 def validate(cfg: DictConfig, where: str = "") -> None:
-    """Refuse what composition lets through: a key that no schema declares (Hydra accepts any ``+key``), and a
-    value outside a parameter's choices (``Literal``). Every node with a ``_target_`` is checked against its
-    target's settings; the dataclass nodes (``trainer``, ``paths``...) against their fields."""
+    """Refuse what composition lets through: a key that no schema declares (Hydra accepts any ``+key``), a value
+    outside a parameter's choices (``Literal``) and a number outside its setting's range (:mod:`latentstruct.ranges`),
+    each in one line naming the key. Every node with a ``_target_`` is checked against its target's settings; the
+    dataclass nodes (``trainer``, ``paths``...) against their fields."""
     if not isinstance(cfg, DictConfig):
         return
     known: set[str] | None = None  # the keys this node may hold; None: anything
+    ranges: dict[str, tuple[Constraint, bool]] = {}
     target = cfg._get_node("_target_")._value() if "_target_" in cfg else None
     if isinstance(target, str) and not target.startswith("${"):
         obj = locate(target)
@@ -238,10 +283,15 @@ def validate(cfg: DictConfig, where: str = "") -> None:
             if choices and name in cfg and not OmegaConf.is_interpolation(cfg, name) and cfg[name] not in choices:
                 raise ConfigError(f"{where}{name}={cfg[name]!r} is not one of {', '.join(map(repr, choices))} "
                                   f"({target})")
+        ranges = _ranges(dataclasses.fields(schema(target)))
     else:
         typed = OmegaConf.get_type(cfg)
         if dataclasses.is_dataclass(typed):
             known = {f.name for f in dataclasses.fields(typed)}
+            ranges = _ranges(dataclasses.fields(typed))
+    for name, (allowed, optional) in ranges.items():
+        if name in cfg:
+            _check_range(cfg, name, allowed, optional, where)
     for key in cfg.keys():
         if known is not None and key not in known:
             options = sorted(k for k in known if not k.startswith("_"))
@@ -282,8 +332,8 @@ class OptimConf:
 
     _target_: str = MISSING
     _partial_: bool = True
-    lr: float = _help("learning rate", 1e-3)
-    weight_decay: float = _help("weight decay (decoupled for AdamW)", 0.0)
+    lr: float = _help("learning rate", 1e-3, Positive)
+    weight_decay: float = _help("weight decay (decoupled for AdamW)", 0.0, NonNegative)
 
 
 _EXTERNAL.update({"torch.optim.Adam": OptimConf, "torch.optim.AdamW": OptimConf, "torch.optim.SGD": OptimConf})
@@ -292,37 +342,41 @@ _EXTERNAL.update({"torch.optim.Adam": OptimConf, "torch.optim.AdamW": OptimConf,
 @dataclass
 class PhaseConf:
     split: str = _help("the data split this phase trains on (e.g. labelled, train)", MISSING)
-    epochs: int = _help("passes over that split", MISSING)
+    epochs: int = _help("passes over that split", MISSING, AtLeast(1))
 
 
 @dataclass
 class TrainerConf:
     device: Device = _help("auto (cuda if available), cpu or cuda", "auto")
     max_steps: int | None = _help("optimizer steps; null = max_epochs × batches per epoch (or the phases' total)",
-                                  None)
-    max_epochs: int | None = _help("epochs, used when max_steps is null (not with phases)", None)
+                                  None, AtLeast(1))
+    max_epochs: int | None = _help("epochs, used when max_steps is null (not with phases)", None, AtLeast(1))
     phases: list[PhaseConf] = _help(
         "training phases run in order, each some epochs over a split (the semi-supervised VAE: labelled, then "
         "train); the task's begin_step(phase, step) is told where it is; empty = one phase over train", [])
-    batch_size: int | None = _help("examples per step; null = the full training set", None)
+    batch_size: int | None = _help("examples per step; null = the full training set", None, AtLeast(1))
     drop_last: bool = _help("skip the smaller last batch of each epoch (for tasks needing full batches: knn)", False)
-    eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None)
+    eval_every: int | None = _help("evaluate (and checkpoint) every this many steps; null = once per epoch", None,
+                                   AtLeast(1))
     select: Select = _help("report the last evaluation or the best by valid/acc (among the evaluations of the last "
                            "phase of trainer.phases)", "last")
     seed: int = _help("model seed (initialisation, noise, shuffling)", 301)
     resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
     force: bool = _help("re-run even if metrics.json says completed", False)
-    threads: int | None = _help("torch CPU threads; null = torch's default", None)
+    threads: int | None = _help("torch CPU threads; null = torch's default", None, AtLeast(1))
     progress: bool = _help("show a progress bar when stderr is a terminal; false, or output that is not a terminal: "
                            "log lines instead (trainer.log_seconds)", True)
     log_seconds: int | None = _help(
         "without the bar, log a progress line (step, epoch, loss, last valid/acc, s/100 steps, elapsed, ETA) at most "
-        "every this many seconds, besides the line of every evaluation; null = at evaluations only", 60)
-    log_every: int = _help("send the training loss to the logger every this many steps", 100)
+        "every this many seconds, besides the line of every evaluation (0: every step); null = at evaluations only",
+        60, NonNegative)
+    log_every: int = _help("send the training loss to the logger every this many steps", 100, AtLeast(1))
     checkpoint_every: int | None = _help(
-        "also checkpoint every this many steps (besides every evaluation); null = at evaluations only", None)
+        "also checkpoint every this many steps (besides every evaluation); null = at evaluations only", None,
+        AtLeast(1))
     checkpoint_seconds: int | None = _help(
-        "also checkpoint when this many seconds have passed since the last checkpoint; null = never by time", 600)
+        "also checkpoint when this many seconds have passed since the last checkpoint; null = never by time", 600,
+        NonNegative)
 
 
 @dataclass
@@ -330,7 +384,7 @@ class EmbeddingConf:
     pretrained: str | None = _help(
         "GloVe text file (plain or compressed; relative to paths.data_dir unless absolute) whose vectors initialise "
         "the word embeddings; null = trainable N(0, 1) embeddings of size `dim`", None)
-    dim: int = _help("embedding size without a pretrained file (that file's own size otherwise)", 300)
+    dim: int = _help("embedding size without a pretrained file (that file's own size otherwise)", 300, AtLeast(1))
     freeze: bool = _help("keep pretrained vectors fixed (as in the papers)", True)
     lowercase: bool = _help("lower-case every token before building the vocabulary (for uncased GloVe 6B)", False)
     cache_dir: str = _help("where the vocabulary-filtered GloVe matrices are cached", ".cache/glove")
@@ -431,11 +485,14 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
     Returns them with the experiments' nested names (``experiment=sst/spigot``, the names before the flat
     ``<task>_<method>`` ones, in older records and notes) replaced by the flat ones, each replacement logged. Raises
     :class:`ConfigError` for an unknown experiment, listing every experiment, and for whatever :func:`validate`
-    refuses in the configuration composed once from the overrides (a sweep's first values): an unknown key —
-    ``trainer.max_step=10`` as much as ``+trainer.max_step=10``, where Hydra suggests the ``+`` for the first and
-    lets the second through — or a value outside its choices. Anything else (an unknown option of a group, a value of
-    the wrong type, a malformed override or flag) is left to Hydra, which reports it as it always does. ``log``:
-    where the replacements are told (default: stderr).
+    refuses in the configuration composed from the overrides: an unknown key — ``trainer.max_step=10`` as much as
+    ``+trainer.max_step=10``, where Hydra suggests the ``+`` for the first and lets the second through — a value
+    outside its choices or a number outside its range. A sweep (``-m``) is checked job by job: each combination of
+    its experiments' and options' values is composed (beyond :data:`MAX_COMPOSED` combinations, each value once with
+    the others' first), and in each every value of every swept key is validated in turn, set as its override sets
+    it — so ``-m optim.lr=1e-3,-1e-3`` is refused before its first job runs. Anything else (an unknown option of a
+    group, a value of the wrong type, a malformed override or flag, a sweep config's ``hydra.sweeper.params``) is
+    left to Hydra, which reports it as it always does. ``log``: where the replacements are told (default: stderr).
     """
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser  # Hydra's own reading of its command line
@@ -454,7 +511,11 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
     if flags.help or flags.hydra_help or flags.info or flags.shell_completion or flags.experimental_rerun or (
             flags.config_path or flags.config_name or flags.config_dir):
         return args
-    first = []  # the overrides of the first job, every key override as ++key (added if unknown, for validate)
+    # every key override as ++key (added if unknown, for validate); each job's overrides: ``fixed``, one combination
+    # of the group sweeps' values (``grid``) and the key sweeps' (``swept``: checked one value at a time)
+    fixed: list[str] = []
+    grid: list[list[str]] = []
+    swept: list[tuple[str, list[str]]] = []
     for o in overrides:
         if o.is_sweep_override() and o.value_type not in (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP,
                                                           ValueType.RANGE_SWEEP):
@@ -467,20 +528,48 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
                     raise ConfigError(_unknown_experiment(name, config_dir))
             values = iter(values)
         if o.type is OverrideType.DEL:
-            first.append(o.input_line)
+            fixed.append(o.input_line)
             continue
         group = o.package is not None or "/" in o.key_or_group or (config_dir / o.key_or_group).is_dir()
         key = o.get_key_element()
         if o.type is OverrideType.CHANGE and not group and not o.key_or_group.startswith("hydra"):
             key = f"++{key}"
-        first.append(f"{key}={next(values)}")
+        items = [f"{key}={value}" for value in values]
+        if len(items) == 1:
+            fixed.append(items[0])
+        elif group or o.key_or_group.startswith("hydra"):
+            grid.append(items)
+        else:
+            swept.append((o.key_or_group, items))
+    parse = OverridesParser.create().parse_override
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose("train", overrides=first)
-    except Exception:  # noqa: BLE001  (Hydra composes it again and reports it)
+            for combination in _sweep_jobs(grid):
+                cfg = compose("train", overrides=[*fixed, *combination, *(items[0] for _, items in swept)])
+                validate(cfg)
+                for key, items in swept:  # each other value in turn, set as its override sets it
+                    for item in items[1:]:
+                        OmegaConf.update(cfg, key, parse(item).value(), merge=False, force_add=True)
+                        validate(cfg)
+                    OmegaConf.update(cfg, key, parse(items[0]).value(), merge=False, force_add=True)
+    except ConfigError:
+        raise
+    except Exception:  # noqa: BLE001  (a job that does not compose: Hydra composes it again and reports it)
         return args
-    validate(cfg)
     return args
+
+
+#: the most compositions that :func:`check_command_line` makes of a sweep's group values (0.2 s each)
+MAX_COMPOSED = 16
+
+
+def _sweep_jobs(grid: list[list[str]]) -> list[tuple[str, ...]]:
+    """The combinations of the group sweeps' values that :func:`check_command_line` composes: all of them, or
+    beyond :data:`MAX_COMPOSED` the first values and each other value of each sweep with the others' first."""
+    if math.prod(map(len, grid)) <= MAX_COMPOSED:
+        return list(itertools.product(*grid))
+    first = tuple(items[0] for items in grid)
+    return [first] + [first[:i] + (item,) + first[i + 1:] for i, items in enumerate(grid) for item in items[1:]]
 
 
 # -------------------------------------------------------------------------------------------------- reference
@@ -498,6 +587,8 @@ def _rows(fields, values: dict) -> list[str]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         value = values.get(f.name, default)
         text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        if "range" in f.metadata:
+            text += f" (range: `{range_text(f.metadata['range'], _optional(f))}`)"
         rows.append(f"| `{f.name}` | {_cell(value)} | {text} |")
     return rows
 
@@ -510,7 +601,8 @@ def reference(config_dir: Path = CONFIG_DIR) -> str:
     out = ["# Config reference", "",
            "Generated from the schemas (the `Args:` sections of the signatures the options build) by "
            "`python -m latentstruct.config > docs/configs.md`; `tests/test_config.py` checks that it is current. "
-           "A value shown is the option's own where it sets one, else the signature's default.", ""]
+           "A value shown is the option's own where it sets one, else the signature's default. A setting's range, "
+           "where it has one, is checked when the configuration is composed (`latentstruct/ranges.py`).", ""]
     out += ["## Experiments", "", "`+experiment=<name>`, by family; the header of `configs/experiment/<name>.yaml` "
             "says what each one runs.", ""]
     families = experiments(config_dir)

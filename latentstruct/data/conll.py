@@ -64,7 +64,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -72,6 +72,7 @@ import torch
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_text
 from latentstruct.data.text import Vocab, glove_cache
+from latentstruct.ranges import NonNegative
 
 __all__ = [
     "CONLL_SIZES",
@@ -315,8 +316,8 @@ def conll_dataset(
     repair_tags: bool = False,
     pretrained: str | None = None,
     cache_dir: str = ".cache/glove",
-    subset: int | None = None,
-    eval_subset: int | None = None,
+    subset: Annotated[int | None, NonNegative] = None,
+    eval_subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """CoNLL-2003 as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"x": int64 [N, n] word ids (pad 0),
     "lengths": int64 [N], "y": int64 [N, n] tag ids (pad -100)}``, plus ``"pos"`` and ``"chunk"`` int64 ``[N, n]`` (pad

@@ -35,13 +35,14 @@ import lzma
 import pickle
 import zlib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_binary
+from latentstruct.ranges import NonNegative
 
 __all__ = ["DATASETS", "NORMALIZATION", "image_classification", "load_cifar10", "load_mnist", "read_idx"]
 
@@ -178,9 +179,9 @@ def _to_tensor(images: np.ndarray, name: str) -> torch.Tensor:
 def image_classification(
     name: Literal["mnist", "fashion_mnist", "cifar10"],
     data_dir: str,
-    n_valid: int = 5000,
+    n_valid: Annotated[int, NonNegative] = 5000,
     seed: int = 0,
-    subset: int | None = None,
+    subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """Train / valid / test splits of ``name`` (one of :data:`DATASETS`) read from ``data_dir/name``; each split is
     ``{"x": float32 [N, C, H, W] normalised, "y": int64 [N]}``. See the module docstring for the protocol.

@@ -60,12 +60,14 @@ import random
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_text
 from latentstruct.data.text import pad_batch
+from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = [
     "LISTOPS_VOCAB",
@@ -403,12 +405,12 @@ def _split_tensors(examples: list[tuple[list[str], int]]) -> dict[str, torch.Ten
 def listops_dataset(
     data_dir: str | Path,
     folder: str = "listops",
-    n_train: int = 90_000,
-    n_valid: int = 1_000,
+    n_train: Annotated[int, AtLeast(1)] = 90_000,
+    n_valid: Annotated[int, NonNegative] = 1_000,
     seed: int = 42,
-    max_train_tokens: int = 130,
-    subset: int | None = None,
-    max_eval_tokens: int | None = None,
+    max_train_tokens: Annotated[int, AtLeast(1)] = 130,
+    subset: Annotated[int | None, NonNegative] = None,
+    max_eval_tokens: Annotated[int | None, AtLeast(1)] = None,
 ) -> TensorSplits:
     """ListOps as :class:`~latentstruct.data.base.TensorSplits` (module docstring). Each split ``{"x": int64 [N, L]
     ids padded with 0, "lengths": int64 [N], "y": int64 [N] labels 0-9, "spans": int16 [N, L - 1, 2]}`` (the gold

@@ -81,13 +81,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_text
+from latentstruct.ranges import NonNegative
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -370,7 +371,7 @@ def mlc_dataset(
     name: str,
     data_dir: str | Path,
     seed: int = 0,
-    sizes: Sequence[int] | None = None,
+    sizes: Annotated[Sequence[int] | None, NonNegative] = None,
     folder: str | None = None,
     drop_empty: bool = True,
 ) -> TensorSplits:

@@ -28,13 +28,14 @@ A trainer with ``trainer.phases`` first trains on ``labelled``, then on ``train`
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.images import load_mnist
+from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = ["SEMISUPERVISED_DATASETS", "balanced_subset", "binarize", "semisupervised_dataset", "semisupervised_mnist"]
 
@@ -113,10 +114,10 @@ def semisupervised_mnist(
 def semisupervised_dataset(
     name: Literal["mnist", "fashion_mnist"],
     data_dir: str | Path,
-    n_labelled: int = 100,
+    n_labelled: Annotated[int, NonNegative] = 100,
     label_seed: int = 0,
-    n_valid: int = 10000,
-    num_classes: int = 10,
+    n_valid: Annotated[int, NonNegative] = 10000,
+    num_classes: Annotated[int, AtLeast(1)] = 10,
 ) -> TensorSplits:
     """:func:`semisupervised_mnist` as :class:`TensorSplits` with the splits ``train`` (images only), ``labelled``,
     ``valid`` and ``test`` (see the module docstring); dims ``input_dim`` and ``num_classes``.

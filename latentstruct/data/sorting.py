@@ -12,10 +12,13 @@ over a test set is what the 200 single-sequence repetitions estimate, with far l
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
+from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = ["sorting_numbers", "ranks"]
 
@@ -31,10 +34,10 @@ def ranks(x: np.ndarray) -> np.ndarray:
 
 
 def sorting_numbers(
-    num_items: int = 10,
-    n_train: int = 10,
-    n_valid: int = 200,
-    n_test: int = 1000,
+    num_items: Annotated[int, AtLeast(1)] = 10,
+    n_train: Annotated[int, AtLeast(1)] = 10,
+    n_valid: Annotated[int, NonNegative] = 200,
+    n_test: Annotated[int, NonNegative] = 1000,
     seed: int = 42,
     data_dir: str | None = None,
 ) -> TensorSplits:

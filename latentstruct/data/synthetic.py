@@ -7,21 +7,24 @@ balanced). Validation and test are drawn fresh from the same centres and models.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
+from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = ["synthetic_clusters"]
 
 
 def synthetic_clusters(
-    num_features: int = 100,
-    num_clusters: int = 3,
-    n_train: int = 5000,
-    n_valid: int = 1000,
-    n_test: int = 1000,
-    noise: float = 0.1,
+    num_features: Annotated[int, AtLeast(1)] = 100,
+    num_clusters: Annotated[int, AtLeast(1)] = 3,
+    n_train: Annotated[int, AtLeast(1)] = 5000,
+    n_valid: Annotated[int, NonNegative] = 1000,
+    n_test: Annotated[int, NonNegative] = 1000,
+    noise: Annotated[float, NonNegative] = 0.1,
     seed: int = 42,
     data_dir: str | None = None,
 ) -> TensorSplits:

@@ -103,11 +103,13 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.files import first_file, open_text
+from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = [
     "SNLI_LABELS",
@@ -572,8 +574,8 @@ def sst_dataset(
     pretrained: str | None = None,
     lowercase: bool = False,
     cache_dir: str = ".cache/glove",
-    subset: int | None = None,
-    eval_subset: int | None = None,
+    subset: Annotated[int | None, NonNegative] = None,
+    eval_subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """SST as :class:`~latentstruct.data.base.TensorSplits` for ``train.py``: each split ``{"x": int32 [N, n] word
     ids, "lengths": [N], "y": [N]}``; ``dims`` = ``vocab_size``, ``num_classes``, ``embedding_dim`` (0 without a
@@ -607,12 +609,12 @@ def sst_dataset(
 def snli_dataset(
     data_dir: str,
     folder: str = "snli",
-    max_tokens: int = 100,
+    max_tokens: Annotated[int, AtLeast(1)] = 100,
     pretrained: str | None = None,
     lowercase: bool = False,
     cache_dir: str = ".cache/glove",
-    subset: int | None = None,
-    eval_subset: int | None = None,
+    subset: Annotated[int | None, NonNegative] = None,
+    eval_subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """SNLI as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"premise", "hypothesis": int32 ids,
     "premise_lengths", "hypothesis_lengths", "y"}``; ``dims`` and ``extras`` as for :func:`sst_dataset` (the vocabulary

@@ -21,6 +21,7 @@ accuracy (POS is scored per token, not per span).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import torch
 
@@ -28,6 +29,7 @@ from latentstruct.data.base import TensorSplits
 from latentstruct.data.conll import TAG_PAD, pad_ids, sample_subset, word_vectors
 from latentstruct.data.files import first_file, open_text
 from latentstruct.data.text import Vocab
+from latentstruct.ranges import NonNegative
 
 __all__ = ["TWPOS_SIZES", "TWPOS_SPLITS", "TWPOS_TAGS", "load_twpos", "read_tagged", "twpos_dataset"]
 
@@ -98,8 +100,8 @@ def twpos_dataset(
     check_sizes: bool = True,
     pretrained: str | None = None,
     cache_dir: str = ".cache/glove",
-    subset: int | None = None,
-    eval_subset: int | None = None,
+    subset: Annotated[int | None, NonNegative] = None,
+    eval_subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """Twitter POS as :class:`~latentstruct.data.base.TensorSplits`: each split ``{"x": int64 [N, n] word ids (pad
     0), "lengths": int64 [N], "y": int64 [N, n] tag ids (pad -100)}``; ``dims`` = ``vocab_size``, ``num_tags`` (25),

@@ -10,11 +10,12 @@ gradient the optimizer would see at μ.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
 
+from latentstruct.ranges import Positive
 from latentstruct.structures.base import Structure
 
 __all__ = ["Estimator", "Tempered", "Downstream", "loss_gradient", "surrogate", "missing_downstream"]
@@ -114,7 +115,7 @@ class Tempered(Estimator):
         tau: temperature τ of the relaxation.
     """
 
-    def __init__(self, tau: float = 1.0, eval_latent: Literal["map", "relaxed"] = "relaxed"):
+    def __init__(self, tau: Annotated[float, Positive] = 1.0, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if not tau > 0:
             raise ValueError(f"tau must be > 0, got {tau}")

@@ -64,11 +64,12 @@ direct loss minimization", ICML (seed 002).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from latentstruct.estimators.base import Downstream, Estimator, missing_downstream
+from latentstruct.ranges import Above, AtLeast, NonNegative, NonZero
 from latentstruct.structures.base import Structure, gumbel_like
 
 __all__ = ["Direct", "EULER_GAMMA"]
@@ -121,11 +122,11 @@ class Direct(Estimator):
 
     def __init__(
         self,
-        epsilon: float = -12.0,
-        sigma: float = 1.0,
-        samples: int = 1,
-        grow: float = 1.1,
-        max_retries: int = 100,
+        epsilon: Annotated[float, NonZero()] = -12.0,
+        sigma: Annotated[float, NonNegative] = 1.0,
+        samples: Annotated[int, AtLeast(1)] = 1,
+        grow: Annotated[float, Above(1)] = 1.1,
+        max_retries: Annotated[int, NonNegative] = 100,
         eval_latent: Literal["map", "relaxed"] = "relaxed",
     ):
         super().__init__(eval_latent)

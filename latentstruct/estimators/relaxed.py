@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from latentstruct.estimators.base import Estimator, Tempered
+from latentstruct.ranges import AtLeast, Positive
 from latentstruct.structures.base import gumbel_like
 from latentstruct.structures.neuralsort import relaxed_topk
 from latentstruct.structures.topk import TopK
@@ -68,9 +69,9 @@ class NeuralSort(Tempered):
 
     def __init__(
         self,
-        tau: float = 1.0,
+        tau: Annotated[float, Positive] = 1.0,
         stochastic: bool = False,
-        samples: int = 1,
+        samples: Annotated[int, AtLeast(1)] = 1,
         eval_latent: Literal["map", "relaxed"] = "relaxed",
     ):
         super().__init__(tau, eval_latent)

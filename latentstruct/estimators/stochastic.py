@@ -10,13 +10,14 @@ caller hands to :meth:`Sfe.policy_loss`. The functional tier (:func:`reinforce_l
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
 
 from latentstruct.estimators.base import Estimator, Tempered, missing_downstream, surrogate
 from latentstruct.estimators.surrogate import straight_through
+from latentstruct.ranges import AtLeast, Between
 from latentstruct.structures.base import gumbel_like
 
 __all__ = ["StGumbel", "PerturbAndMap", "Sfe", "Ppo", "reinforce_loss", "ppo_loss", "ppo_update"]
@@ -78,8 +79,9 @@ class Sfe(Estimator):
 
     BASELINES = ("none", "moving_average", "self_critical")
 
-    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none", decay: float = 0.9,
-                 entropy_weight: float = 0.0, normalize_advantage: bool = False, norm_decay: float = 0.9,
+    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none",
+                 decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9, entropy_weight: float = 0.0,
+                 normalize_advantage: bool = False, norm_decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9,
                  eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if baseline not in self.BASELINES:
@@ -169,9 +171,11 @@ class Ppo(Sfe):
             al. 2019: 15 per batch).
     """
 
-    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none", decay: float = 0.9,
-                 entropy_weight: float = 0.0, normalize_advantage: bool = False, norm_decay: float = 0.9,
-                 clip: float = 0.2, refresh: int = 15, eval_latent: Literal["map", "relaxed"] = "relaxed"):
+    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none",
+                 decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9, entropy_weight: float = 0.0,
+                 normalize_advantage: bool = False, norm_decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9,
+                 clip: Annotated[float, Between(0, 1, lo_open=True, hi_open=True)] = 0.2,
+                 refresh: Annotated[int, AtLeast(1)] = 15, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(baseline, decay, entropy_weight, normalize_advantage, norm_decay, eval_latent)
         if not 0 < clip < 1 or refresh < 1:
             raise ValueError(f"need 0 < clip < 1 and refresh >= 1, got {clip}, {refresh}")

@@ -16,11 +16,12 @@ step of ``spigot_ce`` / ``spigot_eg``, calls ``downstream`` once.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from latentstruct.estimators.base import Estimator, loss_gradient, missing_downstream, surrogate
+from latentstruct.ranges import AtLeast, Positive
 
 __all__ = ["SteI", "SteS", "Spigot", "SpigotCe", "SpigotEg", "PulledBack", "straight_through"]
 
@@ -38,7 +39,8 @@ class PulledBack(Estimator):
 
     starts_at_map = True  # μ0 = ẑ (else Marg(s))
 
-    def __init__(self, eta: float = 1.0, steps: int = 1, eval_latent: Literal["map", "relaxed"] = "relaxed"):
+    def __init__(self, eta: Annotated[float, Positive] = 1.0, steps: Annotated[int, AtLeast(1)] = 1,
+                 eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if not eta > 0:
             raise ValueError(f"eta must be > 0, got {eta}")

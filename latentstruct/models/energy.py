@@ -133,6 +133,7 @@ T. Joachims, Y. Altun (2004), "Support vector machine learning for interdependen
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -140,6 +141,7 @@ from torch import nn
 
 from latentstruct.models.masks import check_lengths, length_mask
 from latentstruct.models.text import BiLSTMEncoder, Embedder
+from latentstruct.ranges import AtLeast, Probability
 from latentstruct.structures import SequenceTagging
 
 __all__ = [
@@ -202,7 +204,8 @@ class MLCEnergy(nn.Module):
     FROM_DATA = ("input_dim", "num_labels")  # given by the task, from the data
 
     def __init__(
-        self, input_dim: int, num_labels: int, feature_hidden: Sequence[int] = (150, 150), global_hidden: int = 16
+        self, input_dim: int, num_labels: int, feature_hidden: Annotated[Sequence[int], AtLeast(1)] = (150, 150),
+        global_hidden: Annotated[int, AtLeast(1)] = 16,
     ) -> None:
         super().__init__()
         if not feature_hidden:
@@ -292,12 +295,12 @@ class BiLSTMFeatures(nn.Module):
         self,
         vocab_size: int,
         emb_dim: int = 100,
-        hidden: int = 100,
+        hidden: Annotated[int, AtLeast(1)] = 100,
         extra_vocab_sizes: Sequence[int] = (),
-        extra_dim: int = 20,
+        extra_dim: Annotated[int, AtLeast(1)] = 20,
         pretrained: torch.Tensor | None = None,
         freeze: bool = True,
-        dropout: float = 0.0,
+        dropout: Annotated[float, Probability] = 0.0,
     ) -> None:
         super().__init__()
         self.words = Embedder(vocab_size, emb_dim, pretrained=pretrained, freeze=freeze)
@@ -321,7 +324,9 @@ class MLCInferenceNet(nn.Module):
 
     FROM_DATA = ("input_dim", "num_labels")  # given by the task, from the data
 
-    def __init__(self, input_dim: int, num_labels: int, hidden: Sequence[int] = (150, 150)) -> None:
+    def __init__(
+        self, input_dim: int, num_labels: int, hidden: Annotated[Sequence[int], AtLeast(1)] = (150, 150)
+    ) -> None:
         super().__init__()
         self.body = _relu_mlp(input_dim, hidden)
         self.head = nn.Linear(hidden[-1] if hidden else input_dim, num_labels)

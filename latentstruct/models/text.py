@@ -87,6 +87,7 @@ using a SPIGOT", ACL.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -94,6 +95,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from latentstruct.models.masks import check_lengths, length_mask, masked_softmax, masked_sum
+from latentstruct.ranges import AtLeast, Probability
 
 __all__ = [
     "Embedder",
@@ -169,7 +171,9 @@ class BiLSTMEncoder(nn.Module):
 
     FROM_DATA = ("input_dim",)  # the word vectors' size, given by the task
 
-    def __init__(self, input_dim: int, hidden: int = 100, dropout: float = 0.0):
+    def __init__(
+        self, input_dim: int, hidden: Annotated[int, AtLeast(2)] = 100, dropout: Annotated[float, Probability] = 0.0
+    ):
         super().__init__()
         if hidden % 2:
             raise ValueError(f"hidden is the total size of both directions and must be even, got {hidden}")
@@ -198,7 +202,7 @@ class ArcScorer(nn.Module):
 
     FROM_DATA = ("dim",)  # the size of the vectors it scores, given by the task
 
-    def __init__(self, dim: int, hidden: int = 100):
+    def __init__(self, dim: int, hidden: Annotated[int, AtLeast(1)] = 100):
         super().__init__()
         self.head = nn.Linear(dim, hidden)  # W_h and the bias b
         self.modifier = nn.Linear(dim, hidden, bias=False)  # W_m
@@ -247,7 +251,8 @@ class SSTDecoder(nn.Module):
     uses_latent = True  # reads the head vectors of the tree
     FROM_DATA = ("dim", "num_classes")  # given by the task: the encoder's size, the dataset's classes
 
-    def __init__(self, dim: int, hidden: int = 100, num_classes: int = 2, dropout: float = 0.0):
+    def __init__(self, dim: int, hidden: Annotated[int, AtLeast(1)] = 100, num_classes: int = 2,
+                 dropout: Annotated[float, Probability] = 0.0):
         super().__init__()
         self.hidden = nn.Linear(2 * dim, hidden)
         self.attention = nn.Linear(hidden, 1)  # the learned query w (and c, which cancels in the softmax)
@@ -277,7 +282,8 @@ class BaselineSST(nn.Module):
     uses_latent = False  # no tree: the baseline
     FROM_DATA = ("dim", "num_classes")  # given by the task: the encoder's size, the dataset's classes
 
-    def __init__(self, dim: int, hidden: int = 100, num_classes: int = 2, dropout: float = 0.0):
+    def __init__(self, dim: int, hidden: Annotated[int, AtLeast(1)] = 100, num_classes: int = 2,
+                 dropout: Annotated[float, Probability] = 0.0):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_classes))
 
@@ -313,10 +319,10 @@ class DecomposableAttention(nn.Module):
     def __init__(
         self,
         input_dim: int,
-        hidden: int = 200,
+        hidden: Annotated[int, AtLeast(1)] = 200,
         num_classes: int = 3,
-        dropout: float = 0.2,
-        aggregate_layers: int = 1,
+        dropout: Annotated[float, Probability] = 0.2,
+        aggregate_layers: Annotated[int, AtLeast(1)] = 1,
     ):
         super().__init__()
         if aggregate_layers < 1:

@@ -54,11 +54,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from latentstruct.ranges import AtLeast
 
 __all__ = [
     "Decoder",
@@ -87,7 +89,9 @@ class Encoder(nn.Sequential):
 
     FROM_DATA = ("input_dim",)  # given by the model, from the data
 
-    def __init__(self, input_dim: int, hidden: tuple[int, ...] = (400, 200), negative_slope: float = 0.2):
+    def __init__(
+        self, input_dim: int, hidden: Annotated[tuple[int, ...], AtLeast(1)] = (400, 200), negative_slope: float = 0.2
+    ):
         sizes = [input_dim, *hidden]
         layers = [(nn.Linear(i, o), nn.LeakyReLU(negative_slope)) for i, o in zip(sizes, sizes[1:], strict=False)]
         super().__init__(*[m for layer in layers for m in layer])
@@ -112,7 +116,9 @@ class DiscreteHead(_OneHidden):
 
     FROM_DATA = ("in_features", "num_parts")  # given by the model, from the data
 
-    def __init__(self, in_features: int, num_parts: int, hidden: int = 100, negative_slope: float = 0.2):
+    def __init__(
+        self, in_features: int, num_parts: int, hidden: Annotated[int, AtLeast(1)] = 100, negative_slope: float = 0.2
+    ):
         super().__init__(in_features, num_parts, hidden, negative_slope)
 
 
@@ -127,7 +133,8 @@ class Decoder(_OneHidden):
 
     FROM_DATA = ("in_features", "out_features")  # given by the model, from the data
 
-    def __init__(self, in_features: int, out_features: int, hidden: int = 400, negative_slope: float = 0.2):
+    def __init__(self, in_features: int, out_features: int, hidden: Annotated[int, AtLeast(1)] = 400,
+                 negative_slope: float = 0.2):
         super().__init__(in_features, out_features, hidden, negative_slope)
 
 

@@ -92,9 +92,11 @@ Neural Computation.
 from __future__ import annotations
 
 import itertools
+from typing import Annotated
 
 import torch
 
+from latentstruct.ranges import AtLeast
 from latentstruct.structures.base import Structure
 
 __all__ = ["ProjectiveDepTree", "tree_parts"]
@@ -118,7 +120,7 @@ class ProjectiveDepTree(Structure):
             and use the iterate (the seed 001 authors ran lp-sparsemap with 50).
     """
 
-    def __init__(self, multiroot: bool = True, sparsemap_max_iter: int | None = None):
+    def __init__(self, multiroot: bool = True, sparsemap_max_iter: Annotated[int | None, AtLeast(1)] = None):
         self.multiroot = bool(multiroot)
         if sparsemap_max_iter is not None and sparsemap_max_iter < 1:
             raise ValueError(f"sparsemap_max_iter must be None or >= 1, got {sparsemap_max_iter}")

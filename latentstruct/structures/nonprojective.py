@@ -111,10 +111,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Annotated
 
 import numpy as np
 import torch
 
+from latentstruct.ranges import AtLeast
 from latentstruct.structures.base import Structure
 from latentstruct.structures.dependency import _is_tree, arc_parts, tree_parts
 
@@ -148,7 +150,7 @@ class NonProjectiveDepTree(Structure):
             and use the iterate (the seed 001 authors ran lp-sparsemap with 50).
     """
 
-    def __init__(self, multiroot: bool = True, sparsemap_max_iter: int | None = None):
+    def __init__(self, multiroot: bool = True, sparsemap_max_iter: Annotated[int | None, AtLeast(1)] = None):
         self.multiroot = bool(multiroot)
         if sparsemap_max_iter is not None and sparsemap_max_iter < 1:
             raise ValueError(f"sparsemap_max_iter must be None or >= 1, got {sparsemap_max_iter}")

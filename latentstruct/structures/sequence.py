@@ -39,9 +39,12 @@ J. Time Series Analysis. J. Eisner (2016), "Inside-outside and forward-backward 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn.functional as F
 
+from latentstruct.ranges import AtLeast
 from latentstruct.structures.base import Structure, gumbel_like
 
 __all__ = ["SequenceTagging"]
@@ -58,7 +61,7 @@ class SequenceTagging(Structure):
         num_tags: number of tags T (scores [batch, n, T, T]).
     """
 
-    def __init__(self, num_tags: int):
+    def __init__(self, num_tags: Annotated[int, AtLeast(1)]):
         if int(num_tags) < 1:
             raise ValueError(f"SequenceTagging needs num_tags >= 1, got {num_tags}")
         self.num_tags = int(num_tags)

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Annotated
 
 import torch
 
+from latentstruct.ranges import AtLeast
 from latentstruct.structures.base import Structure
 
 __all__ = ["TopK"]
@@ -57,7 +59,7 @@ class TopK(Structure):
         k: size of the selected subset (scores [batch, n], vertices k-hot).
     """
 
-    def __init__(self, k: int):
+    def __init__(self, k: Annotated[int, AtLeast(1)]):
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"TopK needs an integer k >= 1, got {k!r}")
         self.k = int(k)

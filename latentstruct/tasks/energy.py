@@ -97,7 +97,7 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -115,6 +115,7 @@ from latentstruct.models.energy import (
     ssvm_loss,
 )
 from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
+from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.tasks.base import Task
 
 __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "MultiLabelEnergy"]
@@ -449,17 +450,17 @@ class MultiLabelEnergy(BilevelEnergyTask):
         cost_net: Any,
         method: Method = "implicit",
         primary: Primary = "cd",
-        lam: float = 1.0,
-        inner_steps: int = 1,
+        lam: Annotated[float, NonNegative] = 1.0,
+        inner_steps: Annotated[int, NonNegative] = 1,
         inner_optimizer: InnerOptimizer = "adam",
-        inner_lr: float = 1e-3,
-        neumann_terms: int = 20,
-        neumann_alpha: float = 5e-3,
-        num_samples: int = 10,
+        inner_lr: Annotated[float, Positive] = 1e-3,
+        neumann_terms: Annotated[int, NonNegative] = 20,
+        neumann_alpha: Annotated[float, Positive] = 5e-3,
+        num_samples: Annotated[int, AtLeast(1)] = 10,
         straight_through: bool = True,
-        infnet_ce: float = 0.0,
-        spen_steps: int = 10,
-        spen_lr: float = 0.1,
+        infnet_ce: Annotated[float, NonNegative] = 0.0,
+        spen_steps: Annotated[int, NonNegative] = 10,
+        spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
     ) -> MultiLabelEnergy:
         """E, A, F in this order (the order of their initial draws), sized by the data (``input_dim``,

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,7 @@ from latentstruct.models.energy import (
     sequence_nll,
 )
 from latentstruct.models.masks import length_mask
+from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.structures import Categorical, SequenceTagging
 from latentstruct.tasks.energy import (
     METHODS,
@@ -170,17 +171,17 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         embedding: dict[str, Any],
         method: SequenceMethod = "implicit",
         primary: Primary = "cd",
-        lam: float = 1.0,
-        inner_steps: int = 1,
+        lam: Annotated[float, NonNegative] = 1.0,
+        inner_steps: Annotated[int, NonNegative] = 1,
         inner_optimizer: InnerOptimizer = "adam",
-        inner_lr: float = 1e-3,
-        neumann_terms: int = 20,
-        neumann_alpha: float = 5e-3,
-        num_samples: int = 10,
+        inner_lr: Annotated[float, Positive] = 1e-3,
+        neumann_terms: Annotated[int, NonNegative] = 20,
+        neumann_alpha: Annotated[float, Positive] = 5e-3,
+        num_samples: Annotated[int, AtLeast(1)] = 10,
         straight_through: bool = True,
-        infnet_ce: float = 0.0,
-        spen_steps: int = 10,
-        spen_lr: float = 0.1,
+        infnet_ce: Annotated[float, NonNegative] = 0.0,
+        spen_steps: Annotated[int, NonNegative] = 10,
+        spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
         normalize_cost: bool = False,
     ) -> SequenceLabelEnergy:

@@ -31,12 +31,14 @@ closest. ``acc`` = 100 × the fraction classified correctly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
 from latentstruct.estimators.direct import Direct
+from latentstruct.ranges import AtLeast
 from latentstruct.structures.topk import TopK
 from latentstruct.tasks.base import Task
 
@@ -91,8 +93,8 @@ class KNN(Task):
     PARTS = ("encoder", "estimator", "sigma_net")
 
     @classmethod
-    def build(cls, dims: dict[str, int], extras: dict, encoder, estimator, sigma_net, k: int,
-              num_queries: int = 100) -> KNN:
+    def build(cls, dims: dict[str, int], extras: dict, encoder, estimator, sigma_net, k: Annotated[int, AtLeast(1)],
+              num_queries: Annotated[int, AtLeast(1)] = 100) -> KNN:
         """The networks sized by the images (channels, side) of an image dataset.
 
         Args:

@@ -127,7 +127,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -136,6 +136,7 @@ from torch import nn
 from latentstruct.data.listops import spans_to_trees
 from latentstruct.estimators import Ppo, Sfe
 from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
+from latentstruct.ranges import AtLeast, Probability
 from latentstruct.structures import BinaryTree
 from latentstruct.tasks.base import Task
 
@@ -235,14 +236,14 @@ class ListOps(Task):
         estimator,
         composer,
         latent: Literal["predicted", "gold", "none"] = "predicted",
-        word_dim: int = 128,
-        hidden: int = 128,
-        mlp_hidden: int = 128,
-        dropout: float = 0.0,
-        scorer_hidden: int = 128,
-        span_hidden: int = 128,
+        word_dim: Annotated[int, AtLeast(1)] = 128,
+        hidden: Annotated[int, AtLeast(1)] = 128,
+        mlp_hidden: Annotated[int, AtLeast(1)] = 128,
+        dropout: Annotated[float, Probability] = 0.0,
+        scorer_hidden: Annotated[int, AtLeast(2)] = 128,
+        span_hidden: Annotated[int, AtLeast(1)] = 128,
         disjoint: bool = False,
-        eval_max_cells: int = 2**20,
+        eval_max_cells: Annotated[int, AtLeast(1)] = 2**20,
     ) -> ListOps:
         """The model the parts make (module docstring), sized by these settings and the data (``vocab_size``,
         ``num_classes``); the sizes are the task's so that one preset sets them whatever the parts.

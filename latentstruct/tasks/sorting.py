@@ -46,7 +46,7 @@ random noise is not added"). Metrics over the split's sequences:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,7 @@ from torch import nn
 
 from latentstruct.data.base import iterate_batches
 from latentstruct.estimators.direct import Direct
+from latentstruct.ranges import AtLeast, Positive
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
 
@@ -100,7 +101,7 @@ class RankScorer(nn.Sequential):
 
     FROM_DATA = ("num_items",)  # given by the task, from the data
 
-    def __init__(self, num_items: int, hidden: int = 32):
+    def __init__(self, num_items: int, hidden: Annotated[int, AtLeast(1)] = 32):
         super().__init__(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_items))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -139,9 +140,9 @@ class Sorting(Task):
         estimator,
         sigma_net,
         baseline: Literal["none", "gumbel_sinkhorn"] = "none",
-        tau: float = 1.0,
-        sinkhorn_iters: int = 10,
-        samples: int = 5,
+        tau: Annotated[float, Positive] = 1.0,
+        sinkhorn_iters: Annotated[int, AtLeast(1)] = 10,
+        samples: Annotated[int, AtLeast(1)] = 5,
     ) -> Sorting:
         """The μ- and σ-networks sized by d, the length of the sequences (``dataset=sorting``).
 

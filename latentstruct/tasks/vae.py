@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ from latentstruct.data.base import iterate_batches
 from latentstruct.estimators.base import Tempered
 from latentstruct.estimators.direct import Direct
 from latentstruct.models.vae import GMVAE, gaussian_kl, kl_uniform, negative_elbo
+from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.structures.categorical import Categorical
 from latentstruct.tasks.base import Task
 
@@ -105,12 +106,12 @@ class SemiSupervisedVAE(Task):
         scorer,
         estimator,
         decoder,
-        gaussian_dim: int = 30,
+        gaussian_dim: Annotated[int, AtLeast(1)] = 30,
         theta: Literal["likelihood", "elbo"] = "likelihood",
-        labelled_epsilon: float = 0.05,
-        anneal_rate: float = 1e-5,
-        anneal_floor: float = 0.1,
-        label_weight: float = 10.0,
+        labelled_epsilon: Annotated[float, Positive] = 0.05,
+        anneal_rate: Annotated[float, NonNegative] = 1e-5,
+        anneal_floor: Annotated[float, Positive] = 0.1,
+        label_weight: Annotated[float, NonNegative] = 10.0,
         kl_discrete: bool = True,
     ) -> SemiSupervisedVAE:
         """The GM-VAE from the encoder, the discrete head (``scorer``) and the decoder, sized by the data
