@@ -87,7 +87,7 @@ import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -225,54 +225,53 @@ def read_arff(
     vals: list[float] = []
     n = 0
     in_data = False
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("%"):
-                continue
-            where = f"{path}:{lineno}"
-            if not in_data:
-                keyword, *rest_ = line.split(None, 1)
-                keyword, rest = keyword.lower(), (rest_[0] if rest_ else "")
-                if keyword == "@attribute":
-                    names.append(_attribute_name(rest, where))
-                elif keyword == "@data":
-                    in_data = True
-                elif keyword != "@relation":
-                    raise ValueError(f"{where}: unexpected header line {line[:60]!r}")
-                continue
-            if line.startswith("{"):
-                if not line.endswith("}"):
-                    raise ValueError(f"{where}: a sparse row must end with '}}' (instance weights are not supported)")
-                body = line[1:-1].strip()
-                for item in body.split(",") if body else ():
-                    parts = item.split()
-                    if len(parts) != 2:
-                        raise ValueError(f"{where}: sparse entries are 'index value', got {item.strip()!r}")
-                    try:
-                        index = int(parts[0])
-                    except ValueError:
-                        raise ValueError(f"{where}: bad attribute index {parts[0]!r}") from None
-                    if not 0 <= index < len(names):
-                        raise ValueError(f"{where}: attribute index {index} outside 0..{len(names) - 1}")
-                    try:  # the fast path: a plain number
-                        value = float(parts[1])
-                    except ValueError:
-                        value = _number(parts[1], where)
+    for lineno, line in read_lines(path):
+        line = line.strip()
+        if not line or line.startswith("%"):
+            continue
+        where = f"{path}:{lineno}"
+        if not in_data:
+            keyword, *rest_ = line.split(None, 1)
+            keyword, rest = keyword.lower(), (rest_[0] if rest_ else "")
+            if keyword == "@attribute":
+                names.append(_attribute_name(rest, where))
+            elif keyword == "@data":
+                in_data = True
+            elif keyword != "@relation":
+                raise ValueError(f"{where}: unexpected header line {line[:60]!r}")
+            continue
+        if line.startswith("{"):
+            if not line.endswith("}"):
+                raise ValueError(f"{where}: a sparse row must end with '}}' (instance weights are not supported)")
+            body = line[1:-1].strip()
+            for item in body.split(",") if body else ():
+                parts = item.split()
+                if len(parts) != 2:
+                    raise ValueError(f"{where}: sparse entries are 'index value', got {item.strip()!r}")
+                try:
+                    index = int(parts[0])
+                except ValueError:
+                    raise ValueError(f"{where}: bad attribute index {parts[0]!r}") from None
+                if not 0 <= index < len(names):
+                    raise ValueError(f"{where}: attribute index {index} outside 0..{len(names) - 1}")
+                try:  # the fast path: a plain number
+                    value = float(parts[1])
+                except ValueError:
+                    value = _number(parts[1], where)
+                rows.append(n)
+                cols.append(index)
+                vals.append(value)
+        else:
+            fields = line.split(",")
+            if len(fields) != len(names):
+                raise ValueError(f"{where}: a dense row needs {len(names)} values, got {len(fields)}")
+            for index, field in enumerate(fields):
+                value = _number(field, where)
+                if value != 0.0:
                     rows.append(n)
                     cols.append(index)
                     vals.append(value)
-            else:
-                fields = line.split(",")
-                if len(fields) != len(names):
-                    raise ValueError(f"{where}: a dense row needs {len(names)} values, got {len(fields)}")
-                for index, field in enumerate(fields):
-                    value = _number(field, where)
-                    if value != 0.0:
-                        rows.append(n)
-                        cols.append(index)
-                        vals.append(value)
-            n += 1
+        n += 1
     if not in_data:
         raise ValueError(f"{path}: no @data section (is this an ARFF file?)")
 

@@ -4,7 +4,10 @@ Compression
 -----------
 Every reader opens its file through :func:`latentstruct.data.files.open_binary`, which decompresses by the magic
 bytes, not by the suffix (gzip, xz, bzip2, a single-file zip such as the official GloVe zips; anything else is plain
-text). Text is decoded as UTF-8; undecodable bytes become U+FFFD instead of stopping a multi-GB read.
+text). Lines are read by :func:`latentstruct.data.files.read_lines`: decoded **strictly** as UTF-8 (an undecodable
+byte is an error naming the file, line and column, never a silent U+FFFD in a label, number or token), and a
+corrupt compressed stream, an empty file or a last line without its newline (a file cut mid-line) is refused with
+one line naming the file.
 
 SST (Stanford Sentiment Treebank)
 ---------------------------------
@@ -107,7 +110,7 @@ from pathlib import Path
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 
 __all__ = [
     "SNLI_LABELS",
@@ -200,22 +203,21 @@ def read_sst(path: str | Path, binary: bool = True) -> list[tuple[list[str], int
     """Read an SST tree file (plain or compressed): ``[(tokens, label)]`` for every sentence, binary (0/1, neutral
     dropped) or fine-grained (0-4)."""
     out: list[tuple[list[str], int]] = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+    for lineno, line in read_lines(path):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            label, tokens = parse_ptb_tree(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: {err}") from None
+        if not 0 <= label <= 4:
+            raise ValueError(f"{path}:{lineno}: root label {label} outside 0..4")
+        if binary:
+            if label == 2:
                 continue
-            try:
-                label, tokens = parse_ptb_tree(line)
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: {err}") from None
-            if not 0 <= label <= 4:
-                raise ValueError(f"{path}:{lineno}: root label {label} outside 0..4")
-            if binary:
-                if label == 2:
-                    continue
-                label = int(label > 2)
-            out.append((tokens, label))
+            label = int(label > 2)
+        out.append((tokens, label))
     return out
 
 
@@ -300,21 +302,20 @@ def _snli_example(
 def read_snli_jsonl(path: str | Path, max_tokens: int = 100) -> list[tuple[list[str], list[str], int]]:
     """Read an official ``snli_1.0_*.jsonl`` file: ``[(premise tokens, hypothesis tokens, label)]``."""
     out = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-                label, s1, s2 = record["gold_label"], record["sentence1"], record["sentence2"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{where}: not an SNLI record with gold_label/sentence1/sentence2 ({err})") from None
-            if label == "-":
-                continue
-            example = _snli_example(label, tokenize(s1), tokenize(s2), max_tokens, where)
-            if example is not None:
-                out.append(example)
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+            label, s1, s2 = record["gold_label"], record["sentence1"], record["sentence2"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{where}: not an SNLI record with gold_label/sentence1/sentence2 ({err})") from None
+        if label == "-":
+            continue
+        example = _snli_example(label, tokenize(s1), tokenize(s2), max_tokens, where)
+        if example is not None:
+            out.append(example)
     return out
 
 
@@ -326,26 +327,25 @@ def read_snli_tsv(
     out = []
     columns = (0, 1, 2)
     split = (lambda s: s.split()) if tokenized else tokenize
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if lineno == 1 and fields[0] == "gold_label":
-                try:
-                    columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
-                except ValueError:
-                    raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
-                continue
-            where = f"{path}:{lineno}"
-            if len(fields) <= max(columns):
-                need = max(columns) + 1
-                raise ValueError(f"{where}: expected at least {need} tab-separated fields, got {len(fields)}")
-            label, s1, s2 = (fields[c] for c in columns)
-            example = _snli_example(label, split(s1), split(s2), max_tokens, where)
-            if example is not None:
-                out.append(example)
+    for lineno, line in read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if lineno == 1 and fields[0] == "gold_label":
+            try:
+                columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
+            except ValueError:
+                raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
+            continue
+        where = f"{path}:{lineno}"
+        if len(fields) <= max(columns):
+            need = max(columns) + 1
+            raise ValueError(f"{where}: expected at least {need} tab-separated fields, got {len(fields)}")
+        label, s1, s2 = (fields[c] for c in columns)
+        example = _snli_example(label, split(s1), split(s2), max_tokens, where)
+        if example is not None:
+            out.append(example)
     return out
 
 
@@ -438,29 +438,28 @@ def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[
     where the file has none, and for the specials) and the number of vocabulary words found."""
     specials = {Vocab.PAD, Vocab.UNK}
     rows: dict[int, list[float]] = {}
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip(" \r\n")
-            if not line:
+    for lineno, line in read_lines(path):
+        line = line.rstrip(" \r\n")
+        if not line:
+            continue
+        if dim is None:
+            if lineno == 1 and _is_count_header(line):
                 continue
-            if dim is None:
-                if lineno == 1 and _is_count_header(line):
-                    continue
-                dim = line.count(" ")
-                if dim < 1:
-                    raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
-            spaces = line.count(" ")
-            if spaces < dim:
-                raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
-            # fast path: most words contain no space, so the word ends at the first space
-            word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
-            index = vocab.stoi.get(word)
-            if index is None or index in rows or word in specials:
-                continue
-            try:
-                rows[index] = [float(v) for v in line.rsplit(" ", dim)[1:]]
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
+            dim = line.count(" ")
+            if dim < 1:
+                raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
+        spaces = line.count(" ")
+        if spaces < dim:
+            raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
+        # fast path: most words contain no space, so the word ends at the first space
+        word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
+        index = vocab.stoi.get(word)
+        if index is None or index in rows or word in specials:
+            continue
+        try:
+            rows[index] = [float(v) for v in line.rsplit(" ", dim)[1:]]
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
     if dim is None:
         raise ValueError(f"{path}: no vectors found (empty file) and no dim given")
     matrix = torch.zeros(len(vocab), dim, dtype=torch.float32)

@@ -323,8 +323,10 @@ def test_read_glove_errors(tmp_path, glove_vocab):
         read_glove(write(tmp_path / "g.txt", "the 1 2 3\nthe 1 2\n"), glove_vocab)
     with pytest.raises(ValueError, match="bad vector"):
         read_glove(write(tmp_path / "g.txt", "the 1 2 x\n"), glove_vocab)
+    with pytest.raises(ValueError, match="g.txt: the file is empty"):  # a file truncated to nothing
+        read_glove(write(tmp_path / "g.txt", ""), glove_vocab, dim=4)
     with pytest.raises(ValueError, match="no vectors"):
-        read_glove(write(tmp_path / "g.txt", ""), glove_vocab)
+        read_glove(write(tmp_path / "g.txt", "\n"), glove_vocab)
     matrix, found = read_glove(tmp_path / "g.txt", glove_vocab, dim=4)
     assert matrix.shape == (8, 4) and found == 0 and not matrix.any()
 
