@@ -183,7 +183,8 @@ def _serialize_into(expr: Expr, out: list[str]) -> None:
 
 def read_listops(path: str | Path) -> list[tuple[list[str], int]]:
     """``(tokens, label)`` for every non-blank ``label<TAB>expression`` line of ``path`` (plain or compressed). The
-    label must be an integer 0-9 and the expression well formed (:func:`parse_expression`); errors name file:line."""
+    label must be an integer 0-9 and the expression well formed (:func:`parse_expression`), its brackets balanced
+    (a line cut short loses closing brackets that :func:`parse_expression` ignores); errors name file:line."""
     examples = []
     for lineno, line in read_lines(path):
         line = line.rstrip("\r\n")
@@ -200,6 +201,8 @@ def read_listops(path: str | Path) -> list[tuple[list[str], int]]:
             parse_expression(expr)
         except ValueError as err:
             raise ValueError(f"{where}: {err}") from None
+        if expr.count("(") != expr.count(")"):
+            raise ValueError(f"{where}: unbalanced brackets ({expr.count('(')} '(' but {expr.count(')')} ')')")
         examples.append((expr, int(label)))
     return examples
 

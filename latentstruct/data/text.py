@@ -37,9 +37,10 @@ SNLI 1.0
 * **TSV** (:func:`read_snli_tsv`): ``gold_label<TAB>sentence1<TAB>sentence2`` with sentences already tokenised
   (split on whitespace). A header line is optional: when the first field of the first line is ``gold_label`` the
   columns are found by name (so the official ``snli_1.0_*.txt``, whose columns include these three, is readable
-  with ``tokenized=False``); otherwise the first three columns are used. The compact files in the shared data
-  folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2`` files) have
-  **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
+  with ``tokenized=False``); otherwise the file has exactly three columns. Every line must have as many fields as
+  the header (or three): an extra or a missing tab is an error naming the file and line. The compact files in the
+  shared data folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2``
+  files) have **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
 * **Folder** (:func:`load_snli`): for each official split ``train`` / ``dev`` / ``test`` (returned as ``train`` /
   ``valid`` / ``test``) the first existing file among these is read, in ``root`` and then in ``root/snli_1.0`` (the
   folder the official zip unpacks into): ``snli_1.0_{split}.jsonl``, ``snli_1.0_{split}.jsonl.gz``,
@@ -79,11 +80,15 @@ Vocabulary and GloVe
 * **GloVe text format:** one word per line, ``word v1 ... vD``, fields separated by single spaces, no header.
   Some words of 840B contain spaces (and non-breaking spaces, which are part of the word), so a line is split
   from the right: the last ``D`` fields are the vector, the rest is the word. ``D`` is inferred from the first line
-  (whose word must not contain a space — true of the official files, which start with ``the`` or ``,``) unless
+  and must be confirmed by the second (whose words must not contain a space — true of the official files, which
+  start with ``the`` or ``,``; a first line cut short would otherwise make every line a word with spaces) unless
   given. A first line of exactly two integers (a word2vec-style ``count dim`` header) is skipped. Trailing spaces
-  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``. A word listed twice keeps its
-  first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors (never read from the file); vocabulary
-  words absent from the file get zeros too, and the count returned is of the non-special words found.
+  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``, and so does a value of a
+  vocabulary word that is not a finite number (``nan``, ``inf``); the values of the other words are not parsed
+  (speed), and a line with one field too many reads as a word containing a space (undetectable, as 840B has such
+  words). A word listed twice keeps its first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors
+  (never read from the file); vocabulary words absent from the file get zeros too, and the count returned is of the
+  non-special words found.
 * :func:`glove_cache` stores ``{"matrix", "found"}`` in ``cache_dir/glove-<file stem>-<key>.pt``, where the key is a
   SHA-256 of the resolved file path, its size and ``st_mtime_ns``, ``dim`` and the full ``itos`` list; it is written
   atomically (temporary file + rename) and read back with ``weights_only=True``.
@@ -99,6 +104,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -325,7 +331,7 @@ def read_snli_tsv(
     """Read ``gold_label<TAB>sentence1<TAB>sentence2`` lines (header optional): ``[(premise, hypothesis, label)]``.
     Sentences are split on spaces, or by :func:`tokenize` when ``tokenized`` is false."""
     out = []
-    columns = (0, 1, 2)
+    columns, width = (0, 1, 2), 3
     split = (lambda s: s.split()) if tokenized else tokenize
     for lineno, line in read_lines(path):
         line = line.rstrip("\r\n")
@@ -337,11 +343,11 @@ def read_snli_tsv(
                 columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
             except ValueError:
                 raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
+            width = len(fields)
             continue
         where = f"{path}:{lineno}"
-        if len(fields) <= max(columns):
-            need = max(columns) + 1
-            raise ValueError(f"{where}: expected at least {need} tab-separated fields, got {len(fields)}")
+        if len(fields) != width:
+            raise ValueError(f"{where}: expected {width} tab-separated fields, got {len(fields)}")
         label, s1, s2 = (fields[c] for c in columns)
         example = _snli_example(label, split(s1), split(s2), max_tokens, where)
         if example is not None:
@@ -438,17 +444,25 @@ def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[
     where the file has none, and for the specials) and the number of vocabulary words found."""
     specials = {Vocab.PAD, Vocab.UNK}
     rows: dict[int, list[float]] = {}
+    confirm = False  # whether the next line must confirm the dimension inferred from the first
     for lineno, line in read_lines(path):
         line = line.rstrip(" \r\n")
         if not line:
             continue
+        spaces = line.count(" ")
         if dim is None:
             if lineno == 1 and _is_count_header(line):
                 continue
-            dim = line.count(" ")
+            dim, confirm = spaces, True
             if dim < 1:
                 raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
-        spaces = line.count(" ")
+        elif confirm:
+            if spaces != dim:
+                raise ValueError(
+                    f"{path}:{lineno}: {spaces} values where the first line has {dim}, so the dimension cannot be "
+                    "inferred (is the first line damaged? pass dim to read this file anyway)"
+                )
+            confirm = False
         if spaces < dim:
             raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
         # fast path: most words contain no space, so the word ends at the first space
@@ -457,9 +471,12 @@ def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[
         if index is None or index in rows or word in specials:
             continue
         try:
-            rows[index] = [float(v) for v in line.rsplit(" ", dim)[1:]]
+            vector = [float(v) for v in line.rsplit(" ", dim)[1:]]
         except ValueError as err:
             raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
+        if not all(math.isfinite(v) for v in vector):
+            raise ValueError(f"{path}:{lineno}: the vector of {word!r} holds nan or inf")
+        rows[index] = vector
     if dim is None:
         raise ValueError(f"{path}: no vectors found (empty file) and no dim given")
     matrix = torch.zeros(len(vocab), dim, dtype=torch.float32)

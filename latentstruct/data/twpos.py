@@ -11,7 +11,7 @@ Files
   ``oct27.test`` (500), test = ``daily547.conll`` (547). The seed itself names no split; this is our reading of
   the papers it follows, recorded as a protocol choice in ``results/energy/pos.md``.
 * **Tags** (:data:`TWPOS_TAGS`): the 25 coarse tags of the release, in a fixed order (not read from the data); a tag
-  outside it raises ``ValueError``.
+  outside it raises ``ValueError`` naming the file and line.
 
 Tensors are those of :func:`~latentstruct.data.conll.conll_dataset` (``x``, ``lengths``, ``y`` padded with
 :data:`~latentstruct.data.conll.TAG_PAD`); ``extras["metric"] = "token_acc"`` tells the task to report tagging
@@ -47,6 +47,8 @@ TWPOS_SPLITS: dict[str, tuple[str, ...]] = {
 #: tweets per split of the release (v0.3)
 TWPOS_SIZES: dict[str, int] = {"train": 1327, "valid": 500, "test": 547}
 
+_TAG_SET = frozenset(TWPOS_TAGS)
+
 Tweet = tuple[list[str], list[str]]
 
 
@@ -65,6 +67,8 @@ def read_tagged(path: str | Path) -> list[Tweet]:
         fields = line.split("\t")
         if len(fields) != 2 or not fields[0] or not fields[1]:
             raise ValueError(f"{path}:{lineno}: expected 'token<TAB>tag', got {line!r}")
+        if fields[1] not in _TAG_SET:
+            raise ValueError(f"{path}:{lineno}: tag {fields[1]!r} is not in the Twitter tagset {''.join(TWPOS_TAGS)}")
         tokens.append(fields[0])
         tags.append(fields[1])
     if tokens:
