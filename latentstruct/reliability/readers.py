@@ -80,6 +80,7 @@ __all__ = [
     "run",
     "summary",
     "truncate",
+    "valid_bytes",
     "wrong_field_count",
     "wrong_label",
     "wrong_magic",
@@ -614,6 +615,11 @@ def _valid(case_name: str) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as tmp:
         path = case.write(Path(tmp))
         return path.read_bytes(), repr(case.read(path))
+
+
+def valid_bytes(case_name: str) -> bytes:
+    """The bytes of ``case_name``'s valid file (the one its mutations damage)."""
+    return _valid(case_name)[0]
 
 
 def draw_params(case_name: str, mutation_name: str, draw: Draw) -> dict[str, Any]:
