@@ -4,8 +4,11 @@ Files
 -----
 * **Format** (:func:`read_conll`): one token per line, four whitespace-separated columns ``token POS chunk NER``; a
   blank line ends a sentence; a line whose token is ``-DOCSTART-`` (document start) is skipped and also ends the
-  current sentence. Any other column count raises ``ValueError`` naming the file and line. Files are opened through
-  :func:`latentstruct.data.files.open_binary` (plain or ``.gz``) and decoded as UTF-8.
+  current sentence. Any other column count raises ``ValueError`` naming the file and line, and so does an NER tag
+  that is not ``O`` or ``B-``, ``I-``, ``E-``, ``S-`` followed by a type of :data:`CONLL_TYPES` (a line cut inside
+  its last field leaves such a tag). Files are opened through
+  :func:`latentstruct.data.files.read_lines` (plain or ``.gz``), decoded strictly as UTF-8 (an undecodable byte, a
+  corrupt stream or a last line without its newline is an error naming the file).
 * **Folder** (:func:`load_conll`): ``train.txt``, ``valid.txt``, ``test.txt`` (each optionally ``.gz``; the plain file
   wins when both exist) under ``data_dir/conll2003`` → splits train / valid / test (valid = ``eng.testa``, test =
   ``eng.testb``). Published sizes (:data:`CONLL_SIZES`), which the shared copy matches: 14,041 / 3,250 / 3,453
@@ -70,7 +73,7 @@ import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 from latentstruct.data.text import Vocab, glove_cache
 from latentstruct.ranges import NonNegative
 
@@ -127,17 +130,26 @@ def read_conll(path: str | Path) -> list[Sentence]:
             sentences.append(Sentence(*(list(column) for column in zip(*rows, strict=True))))
             rows.clear()
 
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            fields = line.split()
-            if len(fields) == 4 and fields[0] != "-DOCSTART-":
-                rows.append(fields)
-            elif not fields or fields[0] == "-DOCSTART-":
-                flush()
-            else:
-                raise ValueError(f"{path}:{lineno}: expected 4 columns (token POS chunk NER), got {len(fields)}")
+    for lineno, line in read_lines(path):
+        fields = line.split()
+        if len(fields) == 4 and fields[0] != "-DOCSTART-":
+            if not _is_conll_tag(fields[3]):
+                raise ValueError(
+                    f"{path}:{lineno}: NER tag {fields[3]!r} is not O or B-, I-, E-, S- followed by one of "
+                    f"{', '.join(CONLL_TYPES)}"
+                )
+            rows.append(fields)
+        elif not fields or fields[0] == "-DOCSTART-":
+            flush()
+        else:
+            raise ValueError(f"{path}:{lineno}: expected 4 columns (token POS chunk NER), got {len(fields)}")
     flush()
     return sentences
+
+
+def _is_conll_tag(tag: str) -> bool:
+    prefix, sep, kind = tag.partition("-")
+    return tag == "O" or (sep == "-" and prefix in ("B", "I", "E", "S") and kind in CONLL_TYPES)
 
 
 def load_conll(root: str | Path) -> dict[str, list[Sentence]]:

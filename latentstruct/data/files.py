@@ -14,16 +14,23 @@ import gzip
 import io
 import lzma
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_binary", "open_text", "first_file"]
+__all__ = ["open_binary", "open_text", "read_lines", "first_file", "stream_error", "STREAM_ERRORS"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 _BZ2_MAGIC = b"BZh"
 _ZIP_MAGIC = b"PK\x03\x04"
+
+#: what a damaged compressed stream raises while it is read (gzip's BadGzipFile and bz2's errors are OSErrors)
+STREAM_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile)
+
+#: OSErrors about the file itself, not its content: left as they are
+_FILE_ERRORS: tuple[type[OSError], ...] = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 @contextlib.contextmanager
@@ -56,6 +63,49 @@ def open_text(path: str | Path) -> Iterator[IO[str]]:
     :func:`open_binary`."""
     with open_binary(path) as raw:
         yield io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="\n")
+
+
+def _stream_kind(path: Path) -> str:
+    with open(path, "rb") as probe:
+        magic = probe.read(6)
+    for kind, prefix in (("gzip", _GZIP_MAGIC), ("xz", _XZ_MAGIC), ("bzip2", _BZ2_MAGIC), ("zip", _ZIP_MAGIC)):
+        if magic.startswith(prefix):
+            return kind
+    return "plain"
+
+
+def stream_error(path: str | Path, err: BaseException, where: str = "") -> ValueError:
+    """The one-line ``ValueError`` for a compressed stream that could not be read (``where``: e.g. ``" after line
+    3"``)."""
+    kind = _stream_kind(Path(path))
+    detail = " ".join(f"{type(err).__name__}: {err}".split())
+    return ValueError(f"{path}: corrupt or truncated {kind} stream{where} ({detail})")
+
+
+def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` for every line of ``path`` (decompressed by :func:`open_binary`), each decoded strictly
+    as UTF-8 with its ``\n`` kept; damage raises one ``ValueError`` line naming the file (module docstring)."""
+    lineno, last = 0, b"\n"
+    try:
+        with open_binary(path) as raw:
+            for lineno, last in enumerate(raw, 1):
+                try:
+                    line = last.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    what = f"byte 0x{last[err.start]:02X} at column {err.start + 1}"
+                    raise ValueError(f"{path}:{lineno}: invalid UTF-8 ({what})") from None
+                yield lineno, line
+    except _FILE_ERRORS:
+        raise
+    except STREAM_ERRORS as err:
+        raise stream_error(path, err, f" after line {lineno}") from None
+    if lineno == 0:
+        raise ValueError(f"{path}: the file is empty")
+    if not last.endswith(b"\n") and last.strip():
+        raise ValueError(
+            f"{path}:{lineno}: the last line has no line end, so the file looks truncated mid-line (a complete file "
+            "ends with a newline)"
+        )
 
 
 def first_file(candidates: Iterable[Path]) -> Path | None:

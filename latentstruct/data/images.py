@@ -6,7 +6,8 @@ Formats
   big-endian ``uint32`` sizes, then the data in row-major order. Type bytes: ``0x08`` uint8, ``0x09`` int8, ``0x0B``
   int16, ``0x0C`` int32, ``0x0D`` float32, ``0x0E`` float64; multi-byte types are big-endian. Files may be compressed
   (gzip as distributed), detected from the magic bytes rather than the ``.gz`` suffix by
-  :func:`latentstruct.data.files.open_binary`, and the byte count of the payload must match the header exactly.
+  :func:`latentstruct.data.files.open_binary`, and the byte count of the payload must match the header exactly (a
+  corrupt or truncated gzip stream, a wrong magic or a size mismatch is one ``ValueError`` line naming the file).
   The returned arrays are in native byte order.
 * **MNIST folder**: ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
   ``t10k-labels-idx1-ubyte``, each optionally with ``.gz`` (the plain file is preferred when both exist).
@@ -15,7 +16,10 @@ Formats
   ``data_batch_5`` (training) and ``test_batch``. Each is a dict (read with ``encoding="bytes"``) whose ``b"data"``
   is a uint8 array ``[n, 3072]`` holding each image as 1024 red, then 1024 green, then 1024 blue values, each
   channel a row-major 32×32 plane, and whose ``b"labels"`` is a list of ``n`` ints. The official batches hold
-  10000 images each; any ``n`` is accepted here.
+  10000 images each; any ``n`` is accepted here. A pickle that cannot be read (truncated, wrong protocol byte...)
+  is one ``ValueError`` line naming the file, whatever the unpickler raised.
+* **Labels** (both formats) must be classes 0-9 (MNIST's label files uint8), else ``ValueError`` naming the file
+  and the record.
 
 Experiment splits (:func:`image_classification`)
 ------------------------------------------------
@@ -31,9 +35,8 @@ training-set statistics), so that every run normalises the same way whatever the
 
 from __future__ import annotations
 
-import lzma
+import math
 import pickle
-import zlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -41,7 +44,7 @@ import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_binary
+from latentstruct.data.files import STREAM_ERRORS, first_file, open_binary, stream_error
 from latentstruct.ranges import NonNegative
 
 __all__ = ["DATASETS", "NORMALIZATION", "image_classification", "load_cifar10", "load_mnist", "read_idx"]
@@ -80,8 +83,10 @@ def read_idx(path: str | Path) -> np.ndarray:
     try:
         with open_binary(path) as f:
             raw = f.read()
-    except (OSError, EOFError, zlib.error, lzma.LZMAError) as err:
-        raise ValueError(f"{path}: corrupt compressed stream ({err})") from err
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except STREAM_ERRORS as err:
+        raise stream_error(path, err) from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise ValueError(f"{path}: not an IDX file (the magic must start with two zero bytes)")
     type_code, ndim = raw[2], raw[3]
@@ -92,7 +97,7 @@ def read_idx(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path}: header truncated ({len(raw)} bytes, {ndim} dimensions need {header_len})")
     shape = tuple(int(s) for s in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     dtype = _IDX_TYPES[type_code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(raw) - header_len != expected:
         raise ValueError(
             f"{path}: data size mismatch: shape {shape} of {dtype.name} needs {expected} bytes, "
@@ -120,12 +125,20 @@ def load_mnist(root: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         images, labels = read_idx(images_path), read_idx(labels_path)
         if images.ndim != 3 or images.dtype != np.uint8:
             raise ValueError(f"{images_path}: expected uint8 images [N, H, W], got {images.dtype} {images.shape}")
-        if labels.ndim != 1:
-            raise ValueError(f"{labels_path}: expected labels [N], got shape {labels.shape}")
+        if labels.ndim != 1 or labels.dtype != np.uint8:
+            raise ValueError(f"{labels_path}: expected uint8 labels [N], got {labels.dtype} {labels.shape}")
+        _check_labels(labels, labels_path)
         if len(images) != len(labels):
             raise ValueError(f"{root}: {split} has {len(images)} images but {len(labels)} labels")
         out[split] = (images, labels.astype(np.int64))
     return out
+
+
+def _check_labels(labels: np.ndarray, path: Path) -> None:
+    """Every label a class 0-9, else ``ValueError`` naming the file and the first bad record."""
+    bad = np.flatnonzero((labels < 0) | (labels > 9))
+    if len(bad):
+        raise ValueError(f"{path}: record {int(bad[0])}: label {int(labels[bad[0]])} outside 0..9")
 
 
 def _cifar_folder(root: Path) -> Path:
@@ -140,7 +153,12 @@ def _cifar_folder(root: Path) -> Path:
 
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     with open(path, "rb") as f:
-        batch = pickle.load(f, encoding="bytes")
+        try:
+            batch = pickle.load(f, encoding="bytes")
+        except Exception as err:  # noqa: BLE001 - a damaged pickle can raise nearly anything (EOFError, MemoryError...)
+            detail = " ".join(f"{type(err).__name__}: {err}".split())
+            what = "not a readable CIFAR-10 batch, the pickle is truncated or corrupt"
+            raise ValueError(f"{path}: {what} ({detail})") from None
     if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
         raise ValueError(f"{path}: not a CIFAR-10 batch (expected a dict with b'data' and b'labels')")
     data = np.asarray(batch[b"data"])
@@ -149,6 +167,7 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: expected uint8 data [n, 3072], got {data.dtype} {data.shape}")
     if labels.shape != (len(data),):
         raise ValueError(f"{path}: {len(data)} images but labels of shape {labels.shape}")
+    _check_labels(labels, path)
     return data.reshape(-1, 3, 32, 32), labels
 
 

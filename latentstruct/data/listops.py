@@ -65,7 +65,7 @@ from typing import Annotated
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 from latentstruct.data.text import pad_batch
 from latentstruct.ranges import AtLeast, NonNegative
 
@@ -185,25 +185,27 @@ def _serialize_into(expr: Expr, out: list[str]) -> None:
 
 def read_listops(path: str | Path) -> list[tuple[list[str], int]]:
     """``(tokens, label)`` for every non-blank ``label<TAB>expression`` line of ``path`` (plain or compressed). The
-    label must be an integer 0-9 and the expression well formed (:func:`parse_expression`); errors name file:line."""
+    label must be an integer 0-9 and the expression well formed (:func:`parse_expression`), its brackets balanced
+    (a line cut short loses closing brackets that :func:`parse_expression` ignores); errors name file:line."""
     examples = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise ValueError(f"{where}: expected 'label<TAB>expression', found {len(fields)} tab-separated fields")
-            label, expr = fields[0].strip(), fields[1].split()
-            if label not in _DIGITS:
-                raise ValueError(f"{where}: label must be a digit 0-9, got {label!r}")
-            try:
-                parse_expression(expr)
-            except ValueError as err:
-                raise ValueError(f"{where}: {err}") from None
-            examples.append((expr, int(label)))
+    for lineno, line in read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(f"{where}: expected 'label<TAB>expression', found {len(fields)} tab-separated fields")
+        label, expr = fields[0].strip(), fields[1].split()
+        if label not in _DIGITS:
+            raise ValueError(f"{where}: label must be a digit 0-9, got {label!r}")
+        try:
+            parse_expression(expr)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        if expr.count("(") != expr.count(")"):
+            raise ValueError(f"{where}: unbalanced brackets ({expr.count('(')} '(' but {expr.count(')')} ')')")
+        examples.append((expr, int(label)))
     return examples
 
 

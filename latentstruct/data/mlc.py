@@ -14,7 +14,9 @@ compression it recognises) both work.
   (``{}`` is an all-zero row), or dense, ``v1,v2,...`` with one value per attribute. Instance weights (``,{w}``)
   are not supported.
 * **Labels are the last ``num_labels`` attributes**, the features the others (the Mulan convention for these
-  datasets). Label values must be 0 or 1.
+  datasets). Label values must be 0 or 1 (else an error naming the file and line). A sparse row may not give an
+  index twice. Lines are read by :func:`latentstruct.data.files.read_lines` (strict UTF-8; a file cut mid-line, an
+  empty file or a corrupt stream is an error naming the file); a file that ends before ``@data`` is refused.
 * **Mulan XML label header** (:func:`read_label_xml`): ``<labels xmlns="http://mulan.sourceforge.net/labels">``
   with one ``<label name="...">`` element per label (nested elements, for label hierarchies, are listed in document
   order). When :func:`read_arff` is not told ``num_labels``, it reads them from this file, found next to the ARFF:
@@ -87,7 +89,7 @@ import numpy as np
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 from latentstruct.ranges import NonNegative
 
 __all__ = [
@@ -224,58 +226,63 @@ def read_arff(
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
-    n = 0
+    row_lines: list[int] = []  # the line of each row, for the messages
+    n = lineno = 0
     in_data = False
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("%"):
-                continue
-            where = f"{path}:{lineno}"
-            if not in_data:
-                keyword, *rest_ = line.split(None, 1)
-                keyword, rest = keyword.lower(), (rest_[0] if rest_ else "")
-                if keyword == "@attribute":
-                    names.append(_attribute_name(rest, where))
-                elif keyword == "@data":
-                    in_data = True
-                elif keyword != "@relation":
-                    raise ValueError(f"{where}: unexpected header line {line[:60]!r}")
-                continue
-            if line.startswith("{"):
-                if not line.endswith("}"):
-                    raise ValueError(f"{where}: a sparse row must end with '}}' (instance weights are not supported)")
-                body = line[1:-1].strip()
-                for item in body.split(",") if body else ():
-                    parts = item.split()
-                    if len(parts) != 2:
-                        raise ValueError(f"{where}: sparse entries are 'index value', got {item.strip()!r}")
-                    try:
-                        index = int(parts[0])
-                    except ValueError:
-                        raise ValueError(f"{where}: bad attribute index {parts[0]!r}") from None
-                    if not 0 <= index < len(names):
-                        raise ValueError(f"{where}: attribute index {index} outside 0..{len(names) - 1}")
-                    try:  # the fast path: a plain number
-                        value = float(parts[1])
-                    except ValueError:
-                        value = _number(parts[1], where)
+    for lineno, line in read_lines(path):
+        line = line.strip()
+        if not line or line.startswith("%"):
+            continue
+        where = f"{path}:{lineno}"
+        if not in_data:
+            keyword, *rest_ = line.split(None, 1)
+            keyword, rest = keyword.lower(), (rest_[0] if rest_ else "")
+            if keyword == "@attribute":
+                names.append(_attribute_name(rest, where))
+            elif keyword == "@data":
+                in_data = True
+            elif keyword != "@relation":
+                raise ValueError(f"{where}: unexpected header line {line[:60]!r}")
+            continue
+        if line.startswith("{"):
+            if not line.endswith("}"):
+                raise ValueError(f"{where}: a sparse row must end with '}}' (instance weights are not supported)")
+            body = line[1:-1].strip()
+            seen: set[int] = set()
+            for item in body.split(",") if body else ():
+                parts = item.split()
+                if len(parts) != 2:
+                    raise ValueError(f"{where}: sparse entries are 'index value', got {item.strip()!r}")
+                try:
+                    index = int(parts[0])
+                except ValueError:
+                    raise ValueError(f"{where}: bad attribute index {parts[0]!r}") from None
+                if not 0 <= index < len(names):
+                    raise ValueError(f"{where}: attribute index {index} outside 0..{len(names) - 1}")
+                if index in seen:
+                    raise ValueError(f"{where}: attribute index {index} given twice")
+                seen.add(index)
+                try:  # the fast path: a plain number
+                    value = float(parts[1])
+                except ValueError:
+                    value = _number(parts[1], where)
+                rows.append(n)
+                cols.append(index)
+                vals.append(value)
+        else:
+            fields = line.split(",")
+            if len(fields) != len(names):
+                raise ValueError(f"{where}: a dense row needs {len(names)} values, got {len(fields)}")
+            for index, field in enumerate(fields):
+                value = _number(field, where)
+                if value != 0.0:
                     rows.append(n)
                     cols.append(index)
                     vals.append(value)
-            else:
-                fields = line.split(",")
-                if len(fields) != len(names):
-                    raise ValueError(f"{where}: a dense row needs {len(names)} values, got {len(fields)}")
-                for index, field in enumerate(fields):
-                    value = _number(field, where)
-                    if value != 0.0:
-                        rows.append(n)
-                        cols.append(index)
-                        vals.append(value)
-            n += 1
+        row_lines.append(lineno)
+        n += 1
     if not in_data:
-        raise ValueError(f"{path}: no @data section (is this an ARFF file?)")
+        raise ValueError(f"{path}:{lineno}: the file ends before its @data section (truncated, or not an ARFF file?)")
 
     xml_names = None
     if num_labels is None:
@@ -291,9 +298,11 @@ def read_arff(
         raise ValueError(f"{path}: num_labels={num_labels} impossible with {len(names)} attributes")
     num_features = len(names) - num_labels
     if xml_names is not None and sorted(xml_names) != sorted(names[num_features:]):
-        missing = sorted(set(xml_names) - set(names[num_features:]))[:5]
+        label_names = set(names[num_features:])
+        i, name = next(((i, name) for i, name in enumerate(xml_names) if name not in label_names), (0, xml_names[0]))
         raise ValueError(
-            f"{path}: the XML labels are not the last {num_labels} attributes (e.g. not there: {missing})"
+            f"{xml_path}: label {i} {name!r} is not among the last {num_labels} attributes of {path} (the XML's labels "
+            "must be the ARFF's last attributes, each once)"
         )
 
     row = np.asarray(rows, dtype=np.int64)
@@ -304,8 +313,12 @@ def read_arff(
     x[row[is_feature], col[is_feature]] = val[is_feature]
     label_vals = val[~is_feature]
     if not np.isin(label_vals, (0.0, 1.0)).all():
-        bad = label_vals[~np.isin(label_vals, (0.0, 1.0))][0]
-        raise ValueError(f"{path}: label values must be 0 or 1, found {bad}")
+        first = int(np.flatnonzero(~np.isin(label_vals, (0.0, 1.0)))[0])
+        bad_row, bad_col = int(row[~is_feature][first]), int(col[~is_feature][first])
+        raise ValueError(
+            f"{path}:{row_lines[bad_row]}: label values must be 0 or 1, found {label_vals[first]:g} for "
+            f"{names[bad_col]!r}"
+        )
     y = np.zeros((n, num_labels), dtype=bool)
     y[row[~is_feature], col[~is_feature] - num_features] = label_vals == 1.0
     return MultiLabelData(x, y, names[:num_features], names[num_features:])

@@ -4,7 +4,10 @@ Compression
 -----------
 Every reader opens its file through :func:`latentstruct.data.files.open_binary`, which decompresses by the magic
 bytes, not by the suffix (gzip, xz, bzip2, a single-file zip such as the official GloVe zips; anything else is plain
-text). Text is decoded as UTF-8; undecodable bytes become U+FFFD instead of stopping a multi-GB read.
+text). Lines are read by :func:`latentstruct.data.files.read_lines`: decoded **strictly** as UTF-8 (an undecodable
+byte is an error naming the file, line and column, never a silent U+FFFD in a label, number or token), and a
+corrupt compressed stream, an empty file or a last line without its newline (a file cut mid-line) is refused with
+one line naming the file.
 
 SST (Stanford Sentiment Treebank)
 ---------------------------------
@@ -34,9 +37,10 @@ SNLI 1.0
 * **TSV** (:func:`read_snli_tsv`): ``gold_label<TAB>sentence1<TAB>sentence2`` with sentences already tokenised
   (split on whitespace). A header line is optional: when the first field of the first line is ``gold_label`` the
   columns are found by name (so the official ``snli_1.0_*.txt``, whose columns include these three, is readable
-  with ``tokenized=False``); otherwise the first three columns are used. The compact files in the shared data
-  folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2`` files) have
-  **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
+  with ``tokenized=False``); otherwise the file has exactly three columns. Every line must have as many fields as
+  the header (or three): an extra or a missing tab is an error naming the file and line. The compact files in the
+  shared data folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2``
+  files) have **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
 * **Folder** (:func:`load_snli`): for each official split ``train`` / ``dev`` / ``test`` (returned as ``train`` /
   ``valid`` / ``test``) the first existing file among these is read, in ``root`` and then in ``root/snli_1.0`` (the
   folder the official zip unpacks into): ``snli_1.0_{split}.jsonl``, ``snli_1.0_{split}.jsonl.gz``,
@@ -76,11 +80,15 @@ Vocabulary and GloVe
 * **GloVe text format:** one word per line, ``word v1 ... vD``, fields separated by single spaces, no header.
   Some words of 840B contain spaces (and non-breaking spaces, which are part of the word), so a line is split
   from the right: the last ``D`` fields are the vector, the rest is the word. ``D`` is inferred from the first line
-  (whose word must not contain a space — true of the official files, which start with ``the`` or ``,``) unless
+  and must be confirmed by the second (whose words must not contain a space — true of the official files, which
+  start with ``the`` or ``,``; a first line cut short would otherwise make every line a word with spaces) unless
   given. A first line of exactly two integers (a word2vec-style ``count dim`` header) is skipped. Trailing spaces
-  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``. A word listed twice keeps its
-  first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors (never read from the file); vocabulary
-  words absent from the file get zeros too, and the count returned is of the non-special words found.
+  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``, and so does a value of a
+  vocabulary word that is not a finite number (``nan``, ``inf``); the values of the other words are not parsed
+  (speed), and a line with one field too many reads as a word containing a space (undetectable, as 840B has such
+  words). A word listed twice keeps its first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors
+  (never read from the file); vocabulary words absent from the file get zeros too, and the count returned is of the
+  non-special words found.
 * :func:`glove_cache` stores ``{"matrix", "found"}`` in ``cache_dir/glove-<file stem>-<key>.pt``, where the key is a
   SHA-256 of the resolved file path, its size and ``st_mtime_ns``, ``dim`` and the full ``itos`` list; it is written
   atomically (temporary file + rename) and read back with ``weights_only=True``.
@@ -96,6 +104,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -108,7 +117,7 @@ from typing import Annotated
 import torch
 
 from latentstruct.data.base import TensorSplits
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = [
@@ -202,22 +211,21 @@ def read_sst(path: str | Path, binary: bool = True) -> list[tuple[list[str], int
     """Read an SST tree file (plain or compressed): ``[(tokens, label)]`` for every sentence, binary (0/1, neutral
     dropped) or fine-grained (0-4)."""
     out: list[tuple[list[str], int]] = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+    for lineno, line in read_lines(path):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            label, tokens = parse_ptb_tree(line)
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: {err}") from None
+        if not 0 <= label <= 4:
+            raise ValueError(f"{path}:{lineno}: root label {label} outside 0..4")
+        if binary:
+            if label == 2:
                 continue
-            try:
-                label, tokens = parse_ptb_tree(line)
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: {err}") from None
-            if not 0 <= label <= 4:
-                raise ValueError(f"{path}:{lineno}: root label {label} outside 0..4")
-            if binary:
-                if label == 2:
-                    continue
-                label = int(label > 2)
-            out.append((tokens, label))
+            label = int(label > 2)
+        out.append((tokens, label))
     return out
 
 
@@ -302,21 +310,20 @@ def _snli_example(
 def read_snli_jsonl(path: str | Path, max_tokens: int = 100) -> list[tuple[list[str], list[str], int]]:
     """Read an official ``snli_1.0_*.jsonl`` file: ``[(premise tokens, hypothesis tokens, label)]``."""
     out = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-                label, s1, s2 = record["gold_label"], record["sentence1"], record["sentence2"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise ValueError(f"{where}: not an SNLI record with gold_label/sentence1/sentence2 ({err})") from None
-            if label == "-":
-                continue
-            example = _snli_example(label, tokenize(s1), tokenize(s2), max_tokens, where)
-            if example is not None:
-                out.append(example)
+    for lineno, line in read_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            record = json.loads(line)
+            label, s1, s2 = record["gold_label"], record["sentence1"], record["sentence2"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{where}: not an SNLI record with gold_label/sentence1/sentence2 ({err})") from None
+        if label == "-":
+            continue
+        example = _snli_example(label, tokenize(s1), tokenize(s2), max_tokens, where)
+        if example is not None:
+            out.append(example)
     return out
 
 
@@ -326,28 +333,27 @@ def read_snli_tsv(
     """Read ``gold_label<TAB>sentence1<TAB>sentence2`` lines (header optional): ``[(premise, hypothesis, label)]``.
     Sentences are split on spaces, or by :func:`tokenize` when ``tokenized`` is false."""
     out = []
-    columns = (0, 1, 2)
+    columns, width = (0, 1, 2), 3
     split = (lambda s: s.split()) if tokenized else tokenize
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if lineno == 1 and fields[0] == "gold_label":
-                try:
-                    columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
-                except ValueError:
-                    raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
-                continue
-            where = f"{path}:{lineno}"
-            if len(fields) <= max(columns):
-                need = max(columns) + 1
-                raise ValueError(f"{where}: expected at least {need} tab-separated fields, got {len(fields)}")
-            label, s1, s2 = (fields[c] for c in columns)
-            example = _snli_example(label, split(s1), split(s2), max_tokens, where)
-            if example is not None:
-                out.append(example)
+    for lineno, line in read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if lineno == 1 and fields[0] == "gold_label":
+            try:
+                columns = tuple(fields.index(name) for name in ("gold_label", "sentence1", "sentence2"))
+            except ValueError:
+                raise ValueError(f"{path}: the header lacks sentence1 or sentence2: {fields}") from None
+            width = len(fields)
+            continue
+        where = f"{path}:{lineno}"
+        if len(fields) != width:
+            raise ValueError(f"{where}: expected {width} tab-separated fields, got {len(fields)}")
+        label, s1, s2 = (fields[c] for c in columns)
+        example = _snli_example(label, split(s1), split(s2), max_tokens, where)
+        if example is not None:
+            out.append(example)
     return out
 
 
@@ -440,29 +446,39 @@ def read_glove(path: str | Path, vocab: Vocab, dim: int | None = None) -> tuple[
     where the file has none, and for the specials) and the number of vocabulary words found."""
     specials = {Vocab.PAD, Vocab.UNK}
     rows: dict[int, list[float]] = {}
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip(" \r\n")
-            if not line:
+    confirm = False  # whether the next line must confirm the dimension inferred from the first
+    for lineno, line in read_lines(path):
+        line = line.rstrip(" \r\n")
+        if not line:
+            continue
+        spaces = line.count(" ")
+        if dim is None:
+            if lineno == 1 and _is_count_header(line):
                 continue
-            if dim is None:
-                if lineno == 1 and _is_count_header(line):
-                    continue
-                dim = line.count(" ")
-                if dim < 1:
-                    raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
-            spaces = line.count(" ")
-            if spaces < dim:
-                raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
-            # fast path: most words contain no space, so the word ends at the first space
-            word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
-            index = vocab.stoi.get(word)
-            if index is None or index in rows or word in specials:
-                continue
-            try:
-                rows[index] = [float(v) for v in line.rsplit(" ", dim)[1:]]
-            except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
+            dim, confirm = spaces, True
+            if dim < 1:
+                raise ValueError(f"{path}:{lineno}: cannot infer the dimension from a line without a vector")
+        elif confirm:
+            if spaces != dim:
+                raise ValueError(
+                    f"{path}:{lineno}: {spaces} values where the first line has {dim}, so the dimension cannot be "
+                    "inferred (is the first line damaged? pass dim to read this file anyway)"
+                )
+            confirm = False
+        if spaces < dim:
+            raise ValueError(f"{path}:{lineno}: expected a word and {dim} values, got {spaces + 1} fields")
+        # fast path: most words contain no space, so the word ends at the first space
+        word = line[: line.index(" ")] if spaces == dim else line.rsplit(" ", dim)[0]
+        index = vocab.stoi.get(word)
+        if index is None or index in rows or word in specials:
+            continue
+        try:
+            vector = [float(v) for v in line.rsplit(" ", dim)[1:]]
+        except ValueError as err:
+            raise ValueError(f"{path}:{lineno}: bad vector for {word!r} ({err})") from None
+        if not all(math.isfinite(v) for v in vector):
+            raise ValueError(f"{path}:{lineno}: the vector of {word!r} holds nan or inf")
+        rows[index] = vector
     if dim is None:
         raise ValueError(f"{path}: no vectors found (empty file) and no dim given")
     matrix = torch.zeros(len(vocab), dim, dtype=torch.float32)

@@ -5,13 +5,13 @@ Files
 -----
 * **Format** (:func:`read_tagged`): one token per line, ``token<TAB>tag``; a blank line ends a tweet. A line
   without exactly one tab raises ``ValueError`` naming the file and line (tokens may hold spaces, never tabs). Plain
-  or ``.gz`` (:func:`latentstruct.data.files.open_text`).
+  or ``.gz`` (:func:`latentstruct.data.files.read_lines`: strict UTF-8, a file cut mid-line is refused).
 * **Splits** (:data:`TWPOS_SPLITS`), the protocol of Tu et al. (2017) and Tu & Gimpel (2018), which seed 004 says it
   follows (through Tu, Pang & Gimpel 2020): train = ``oct27.train`` + ``oct27.dev`` (1,327 tweets), valid =
   ``oct27.test`` (500), test = ``daily547.conll`` (547). The seed itself names no split; this is our reading of
   the papers it follows, recorded as a protocol choice in ``results/energy/pos.md``.
 * **Tags** (:data:`TWPOS_TAGS`): the 25 coarse tags of the release, in a fixed order (not read from the data); a tag
-  outside it raises ``ValueError``.
+  outside it raises ``ValueError`` naming the file and line.
 
 Tensors are those of :func:`~latentstruct.data.conll.conll_dataset` (``x``, ``lengths``, ``y`` padded with
 :data:`~latentstruct.data.conll.TAG_PAD`); ``extras["metric"] = "token_acc"`` tells the task to report tagging
@@ -27,7 +27,7 @@ import torch
 
 from latentstruct.data.base import TensorSplits
 from latentstruct.data.conll import TAG_PAD, pad_ids, sample_subset, word_vectors
-from latentstruct.data.files import first_file, open_text
+from latentstruct.data.files import first_file, read_lines
 from latentstruct.data.text import Vocab
 from latentstruct.ranges import NonNegative
 
@@ -49,6 +49,8 @@ TWPOS_SPLITS: dict[str, tuple[str, ...]] = {
 #: tweets per split of the release (v0.3)
 TWPOS_SIZES: dict[str, int] = {"train": 1327, "valid": 500, "test": 547}
 
+_TAG_SET = frozenset(TWPOS_TAGS)
+
 Tweet = tuple[list[str], list[str]]
 
 
@@ -57,19 +59,20 @@ def read_tagged(path: str | Path) -> list[Tweet]:
     tweets: list[Tweet] = []
     tokens: list[str] = []
     tags: list[str] = []
-    with open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                if tokens:
-                    tweets.append((tokens, tags))
-                    tokens, tags = [], []
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[0] or not fields[1]:
-                raise ValueError(f"{path}:{lineno}: expected 'token<TAB>tag', got {line!r}")
-            tokens.append(fields[0])
-            tags.append(fields[1])
+    for lineno, line in read_lines(path):
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            if tokens:
+                tweets.append((tokens, tags))
+                tokens, tags = [], []
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2 or not fields[0] or not fields[1]:
+            raise ValueError(f"{path}:{lineno}: expected 'token<TAB>tag', got {line!r}")
+        if fields[1] not in _TAG_SET:
+            raise ValueError(f"{path}:{lineno}: tag {fields[1]!r} is not in the Twitter tagset {''.join(TWPOS_TAGS)}")
+        tokens.append(fields[0])
+        tags.append(fields[1])
     if tokens:
         tweets.append((tokens, tags))
     return tweets

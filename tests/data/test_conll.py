@@ -85,7 +85,9 @@ def test_read_conll(tmp_path, gz):
     assert first.chunk == ["B-NP", "B-VP", "B-NP", "I-NP", "O"]
     assert first.ner == ["B-ORG", "O", "B-MISC", "O", "O"]
     # no trailing blank line, and a -DOCSTART- right after a token line, still end a sentence
-    assert len(read_conll(write(tmp_path / "b.txt", "a A B O\n-DOCSTART- -X- -X- O\nb A B O"))) == 2
+    assert len(read_conll(write(tmp_path / "b.txt", "a A B O\n-DOCSTART- -X- -X- O\nb A B O\n"))) == 2
+    with pytest.raises(ValueError, match=r"c\.txt:1: the last line has no line end"):  # a file cut mid-line
+        read_conll(write(tmp_path / "c.txt", "a A B O"))
     with pytest.raises(ValueError, match=r"bad\.txt:2: expected 4 columns"):
         read_conll(write(tmp_path / "bad.txt", "a A B O\nb A O\n"))
 

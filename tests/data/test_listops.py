@@ -73,8 +73,8 @@ def test_evaluate_malformed(expr: str) -> None:
 
 def test_read_listops_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.tsv"
-    good.write_text("3\t[MAX 1 3 ]\n\n0\t( ( [SM 5 ) 5 ) ] )\n")
-    assert read_listops(good) == [(toks("[MAX 1 3 ]"), 3), (toks("( ( [SM 5 ) 5 ) ] )"), 0)]
+    good.write_text("3\t[MAX 1 3 ]\n\n0\t( ( ( [SM 5 ) 5 ) ] )\n")
+    assert read_listops(good) == [(toks("[MAX 1 3 ]"), 3), (toks("( ( ( [SM 5 ) 5 ) ] )"), 0)]
     assert check_labels(read_listops(good)) == 0  # SM 5 5 = 10 % 10 = 0
     assert check_labels([(toks("[MAX 1 3 ]"), 1), (toks("[SM 5 5 ]"), 0), (toks("[MIN 4 2 ]"), 4)]) == 2
     bad_label = tmp_path / "bad_label.tsv"

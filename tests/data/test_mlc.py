@@ -87,7 +87,7 @@ def test_read_arff_labels_from_xml(tmp_path):
     assert data.label_names == ["lab_a", "lab b"]
     # an explicit header; one whose labels are not the last attributes is refused
     other = write(tmp_path / "other.xml", XML.replace("lab_a", "count"))
-    with pytest.raises(ValueError, match="not the last 2 attributes"):
+    with pytest.raises(ValueError, match=r"other\.xml: label 1 .count. is not among the last 2 attributes"):
         read_arff(path, label_xml=other)
     with pytest.raises(ValueError, match="no <label"):
         read_label_xml(write(tmp_path / "empty.xml", "<labels></labels>"))
@@ -112,7 +112,7 @@ def test_read_arff_errors(tmp_path, rows, match):
 
 
 def test_read_arff_header_errors(tmp_path):
-    with pytest.raises(ValueError, match="no @data"):
+    with pytest.raises(ValueError, match=r"a\.arff:2: the file ends before its @data section"):
         read_arff(write(tmp_path / "a.arff", "@relation r\n@attribute a numeric\n"), num_labels=1)
     with pytest.raises(ValueError, match="impossible"):
         read_arff(write(tmp_path / "b.arff", HEADER + SPARSE_ROWS), num_labels=5)

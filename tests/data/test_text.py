@@ -235,7 +235,7 @@ def test_read_snli_tsv_official_txt_columns(tmp_path):
 def test_snli_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown gold label 'maybe'"):
         read_snli_tsv(write(tmp_path / "a.tsv", "maybe\ta\tb\n"))
-    with pytest.raises(ValueError, match="a.tsv:1: expected at least 3"):
+    with pytest.raises(ValueError, match="a.tsv:1: expected 3 tab-separated fields, got 2"):
         read_snli_tsv(write(tmp_path / "a.tsv", "neutral\tonly one\n"))
     with pytest.raises(ValueError, match="b.jsonl:1: not an SNLI record"):
         read_snli_jsonl(write(tmp_path / "b.jsonl", '{"gold_label": "neutral"}\n'))
@@ -319,12 +319,16 @@ def test_read_glove_zip_and_header(tmp_path, glove_vocab):
 
 
 def test_read_glove_errors(tmp_path, glove_vocab):
-    with pytest.raises(ValueError, match="g.txt:2: expected a word and 3 values"):
-        read_glove(write(tmp_path / "g.txt", "the 1 2 3\nthe 1 2\n"), glove_vocab)
+    with pytest.raises(ValueError, match="g.txt:3: expected a word and 3 values"):
+        read_glove(write(tmp_path / "g.txt", "the 1 2 3\n, 1 2 3\nthe 1 2\n"), glove_vocab)
+    with pytest.raises(ValueError, match="g.txt:2: 3 values where the first line has 2"):  # a first line cut short
+        read_glove(write(tmp_path / "g.txt", "the 1 2\n, 1 2 3\n"), glove_vocab)
     with pytest.raises(ValueError, match="bad vector"):
         read_glove(write(tmp_path / "g.txt", "the 1 2 x\n"), glove_vocab)
+    with pytest.raises(ValueError, match="g.txt: the file is empty"):  # a file truncated to nothing
+        read_glove(write(tmp_path / "g.txt", ""), glove_vocab, dim=4)
     with pytest.raises(ValueError, match="no vectors"):
-        read_glove(write(tmp_path / "g.txt", ""), glove_vocab)
+        read_glove(write(tmp_path / "g.txt", "\n"), glove_vocab)
     matrix, found = read_glove(tmp_path / "g.txt", glove_vocab, dim=4)
     assert matrix.shape == (8, 4) and found == 0 and not matrix.any()
 
