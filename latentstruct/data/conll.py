@@ -121,7 +121,10 @@ class Sentence(NamedTuple):
 
 
 def read_conll(path: str | Path) -> list[Sentence]:
-    """Read a 4-column CoNLL-2003 file (plain or compressed) into sentences; ``-DOCSTART-`` lines are skipped."""
+    """Read a 4-column CoNLL-2003 file (plain or compressed) into sentences; ``-DOCSTART-`` lines are skipped.
+
+    The official files end without a newline, so a last line cut mid-line is found by its content (too few columns,
+    a cut NER tag), not by a missing line end."""
     sentences: list[Sentence] = []
     rows: list[list[str]] = []  # the fields of the current sentence's lines
 
@@ -130,7 +133,7 @@ def read_conll(path: str | Path) -> list[Sentence]:
             sentences.append(Sentence(*(list(column) for column in zip(*rows, strict=True))))
             rows.clear()
 
-    for lineno, line in read_lines(path):
+    for lineno, line in read_lines(path, final_newline=False):
         fields = line.split()
         if len(fields) == 4 and fields[0] != "-DOCSTART-":
             if not _is_conll_tag(fields[3]):
@@ -139,11 +142,13 @@ def read_conll(path: str | Path) -> list[Sentence]:
                     f"{', '.join(CONLL_TYPES)}"
                 )
             rows.append(fields)
-        elif not fields or fields[0] == "-DOCSTART-":
+        elif not fields or (len(fields) == 4 and fields[0] == "-DOCSTART-"):
             flush()
         else:
             raise ValueError(f"{path}:{lineno}: expected 4 columns (token POS chunk NER), got {len(fields)}")
     flush()
+    if not sentences:
+        raise ValueError(f"{path}: no sentence (a CoNLL file holds token lines of 4 columns)")
     return sentences
 
 

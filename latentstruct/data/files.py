@@ -82,9 +82,13 @@ def stream_error(path: str | Path, err: BaseException, where: str = "") -> Value
     return ValueError(f"{path}: corrupt or truncated {kind} stream{where} ({detail})")
 
 
-def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+def read_lines(path: str | Path, final_newline: bool = True) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` for every line of ``path`` (decompressed by :func:`open_binary`), each decoded strictly
-    as UTF-8 with its ``\n`` kept; damage raises one ``ValueError`` line naming the file (module docstring)."""
+    as UTF-8 with its ``\n`` kept; damage raises one ``ValueError`` line naming the file (module docstring).
+
+    ``final_newline``: a last line without its ``\n`` is taken for a file cut mid-line. False for the formats whose
+    official files end without one (CoNLL-2003, the Mulan ARFF files), whose readers find a cut line by its content
+    (too few fields, an unknown tag, an unclosed sparse row); a cut inside a last number is then not seen."""
     lineno, last = 0, b"\n"
     try:
         with open_binary(path) as raw:
@@ -101,7 +105,7 @@ def read_lines(path: str | Path) -> Iterator[tuple[int, str]]:
         raise stream_error(path, err, f" after line {lineno}") from None
     if lineno == 0:
         raise ValueError(f"{path}: the file is empty")
-    if not last.endswith(b"\n") and last.strip():
+    if final_newline and not last.endswith(b"\n") and last.strip():
         raise ValueError(
             f"{path}:{lineno}: the last line has no line end, so the file looks truncated mid-line (a complete file "
             "ends with a newline)"

@@ -229,7 +229,7 @@ def read_arff(
     row_lines: list[int] = []  # the line of each row, for the messages
     n = lineno = 0
     in_data = False
-    for lineno, line in read_lines(path):
+    for lineno, line in read_lines(path, final_newline=False):
         line = line.strip()
         if not line or line.startswith("%"):
             continue

@@ -86,8 +86,14 @@ def test_read_conll(tmp_path, gz):
     assert first.ner == ["B-ORG", "O", "B-MISC", "O", "O"]
     # no trailing blank line, and a -DOCSTART- right after a token line, still end a sentence
     assert len(read_conll(write(tmp_path / "b.txt", "a A B O\n-DOCSTART- -X- -X- O\nb A B O\n"))) == 2
-    with pytest.raises(ValueError, match=r"c\.txt:1: the last line has no line end"):  # a file cut mid-line
-        read_conll(write(tmp_path / "c.txt", "a A B O"))
+    # the official files end without a newline: a last line cut mid-line is found by its content
+    assert len(read_conll(write(tmp_path / "c.txt", "a A B O\n\nb A B O"))) == 2
+    with pytest.raises(ValueError, match=r"c\.txt:3: NER tag 'B-OR' is not O or"):
+        read_conll(write(tmp_path / "c.txt", "a A B O\n\nb A B B-OR"))
+    with pytest.raises(ValueError, match=r"d\.txt:1: expected 4 columns .* got 1"):  # cut inside -DOCSTART-
+        read_conll(write(tmp_path / "d.txt", "-DOCSTART-"))
+    with pytest.raises(ValueError, match=r"e\.txt: no sentence"):
+        read_conll(write(tmp_path / "e.txt", "-DOCSTART- -X- -X- O\n\n"))
     with pytest.raises(ValueError, match=r"bad\.txt:2: expected 4 columns"):
         read_conll(write(tmp_path / "bad.txt", "a A B O\nb A O\n"))
 
