@@ -375,7 +375,8 @@ class TrainerConf:
         "also checkpoint every this many steps (besides every evaluation); null = at evaluations only", None,
         AtLeast(1))
     checkpoint_seconds: int | None = _help(
-        "also checkpoint when this many seconds have passed since the last checkpoint; null = never by time", 600,
+        "also checkpoint when this many seconds have passed since the last checkpoint (0: every step); null = never "
+        "by time", 600,
         NonNegative)
 
 

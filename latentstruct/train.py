@@ -381,7 +381,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
                     tick, tick_step = time.perf_counter(), step
                     progress.evaluated(row)
                 elif ((tc.checkpoint_every and step % tc.checkpoint_every == 0)
-                      or (tc.checkpoint_seconds and time.perf_counter() - saved >= tc.checkpoint_seconds)):
+                      or (tc.checkpoint_seconds is not None
+                          and time.perf_counter() - saved >= tc.checkpoint_seconds)):
                     checkpoint()
                 if step >= max_steps or step == phase.start + phase.steps:
                     break
