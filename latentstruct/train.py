@@ -3,6 +3,9 @@
 ``train(cfg) -> metrics`` claims the run directory (a run another launcher is running is skipped), then reads top to
 bottom: build → loop → evaluate under no_grad → write; a crashed run is recorded as ``status: failed``. ``main`` is
 the ``@hydra.main`` wrapper; the command line is checked before it (:func:`latentstruct.config.check_command_line`).
+A stop signal (SIGTERM, SIGINT, SIGUSR1/2) saves a checkpoint at the current step and records ``status: interrupted``
+(the next run of it resumes there); a non-finite loss or gradient fails the run naming the value
+(:mod:`latentstruct.guards`).
 
 What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
 directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
@@ -299,6 +302,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
     model.train()
     progress = Progress(max_steps, step, partial(_position, phases), evaluations, elapsed=elapsed, desc=out.name,
                         bar=tc.progress and sys.stderr.isatty(), log_seconds=tc.log_seconds)
+
     def checkpoint() -> None:  # the whole state after `step` steps: resuming from it continues bit-exactly
         nonlocal saved
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
