@@ -47,6 +47,6 @@ def test_the_report_counts_each_section_and_flags_a_miss(tmp_path):
     args = suite.argparse.Namespace(quick=False, kills=1, stops_per_run=2, seed=0, examples=1)
     text = "\n".join(suite._report(found, [], [], args, 60.0))
     assert "TARGETS MISSED" in text
-    assert "| kills and stop signals at random steps, resumed | 3 | 1 | 1 | 0 |" in text
-    assert "| concurrent launchers on one sweep | 3 | 1 | 0 | 0 |" in text
+    assert "| kills and stop signals at random steps, resumed | 3 | 2 | 1 | 0 |" in text  # counted in stops
+    assert "| concurrent launchers on one sweep | 3 | 3 | 0 | 0 |" in text  # counted in launchers
     assert "| t | sigterm | 1 | " in text and "**lost**" in text

@@ -39,7 +39,8 @@ Verdicts (:func:`check`)
   3. the format's own ambiguities, listed in the case (:attr:`Case.undetectable`): a GloVe line with one more field
      is a word containing a space (840B has such words); a cut inside the last field of an SNLI TSV line (a sentence)
      or of a GloVe line (a number) that leaves its newline is a shorter sentence or another number; a sparse ARFF
-     row without one of its entries is a row with that value 0;
+     row without one of its entries is a row with that value 0; in the formats whose official files end without a
+     newline (CoNLL-2003, the Mulan ARFF files), a truncation just before a line's newline leaves a complete file;
 * ``silent``: the read succeeded with records different from the valid file's and none of the rules above applies.
 
 A wrong label *inside* the label set (an SST 3 written 4) is undetectable by any reader and is not a mutation here.
@@ -499,7 +500,15 @@ def _glove_rule(mutation: str, params: dict[str, Any], data: bytes) -> bool:
     return _cut_in_last_field(b" ")(mutation, params, data)
 
 
+def _cut_before_line_end(mutation: str, params: dict[str, Any], data: bytes) -> bool:
+    """Rule 3 for the formats whose official files end without a newline (CoNLL-2003, the Mulan ARFF files, read
+    with ``final_newline=False``): a truncation just before a line's ``\n`` leaves a complete last line."""
+    return mutation == "truncate" and data[params["at"]:params["at"] + 1] == b"\n"
+
+
 def _sparse_rule(mutation: str, params: dict[str, Any], data: bytes) -> bool:
+    if _cut_before_line_end(mutation, params, data):
+        return True
     return mutation == "wrong_field_count" and not params["extra"]  # an entry left out is a value 0
 
 
@@ -543,6 +552,7 @@ CASES: dict[str, Case] = {
     "conll": Case(
         lambda folder: _write(folder / "train.txt", _CONLL), _read_conll,
         _text_mutations(_not_docstart, b" ", rb"(\S+)$", [b"B-XYZ", b"X", b"B-", b"I-per", b"PER"]),
+        undetectable=_cut_before_line_end,
     ),
     "twpos": Case(
         lambda folder: _write(folder / "oct27.train", _TWPOS), _read_twpos,
@@ -551,6 +561,7 @@ CASES: dict[str, Case] = {
     "arff_dense": Case(
         lambda folder: _write(folder / "toy.arff", _ARFF_DENSE), _read_arff,
         _text_mutations(_arff_data, b",", rb",([^,]*)$", [b"2", b"-1", b"0.5", b"?", b"x"]),
+        undetectable=_cut_before_line_end,
     ),
     "arff_sparse": Case(
         lambda folder: _write(folder / "toy.arff", _ARFF_SPARSE), _read_arff,
