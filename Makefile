@@ -110,7 +110,7 @@ table-energy-ner: ## seed 004 Table 3: 9 methods x NER / NER+ x 3 seeds on CoNLL
 table-energy-pos: ## seed 004 Table 9: 9 methods x 3 seeds on Twitter POS -> results/energy/pos.md, pos_curves.png
 	@$(MAKE) --no-print-directory table T=energy/pos
 
-reliability: install ## fault-injection suite: kills, stop signals, kills mid-write, concurrent launchers, damaged files, bad values -> results/reliability.md (~10 min)
+reliability: install ## fault-injection suite: kills, stop signals, kills mid-write, concurrent launchers, damaged files, bad values -> results/reliability.md (~12 min)
 	$(BIN)/python -m latentstruct.reliability --out results/reliability.md
 
 report: install ## results/README.md: a line per table (status vs the paper's protocol, cells within tolerance, headline) from the JSON beside each table
