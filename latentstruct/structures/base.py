@@ -8,11 +8,13 @@ All methods are batched over the first dimension of ``scores``.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from latentstruct.structures.parts import dense_to_parts
 
-__all__ = ["Structure", "gumbel_like"]
+__all__ = ["Structure", "check_num_samples", "gumbel_like"]
 
 
 def gumbel_like(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -21,6 +23,13 @@ def gumbel_like(scores: torch.Tensor, generator: torch.Generator | None = None) 
     tiny = torch.finfo(scores.dtype).tiny
     neg_log_u = -torch.log(u.clamp_min(tiny))
     return -torch.log(neg_log_u.clamp_min(tiny))
+
+
+def check_num_samples(num_samples: int) -> int:
+    """``num_samples`` as a positive int (``exact_sample``'s M), or a ValueError."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral) or num_samples < 1:
+        raise ValueError(f"num_samples must be None or an int >= 1, got {num_samples!r}")
+    return int(num_samples)
 
 
 class Structure:
@@ -94,8 +103,12 @@ class Structure:
         scores: torch.Tensor,
         lengths: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        num_samples: int | None = None,
     ) -> torch.Tensor:
         """z ~ p(z | s) ∝ exp <s, z> exactly (what the score-function estimator needs).
+
+        ``num_samples``: None draws one sample per example, shaped like ``scores``; an integer M draws M independent
+        samples per example, ``[M, batch, *part_shape]`` (:meth:`repeat_samples` for a structure without a faster way).
 
         Part-level perturb-and-MAP is exact only when every vertex has one part (Categorical); structures with an
         exact sampler override this.
@@ -104,6 +117,17 @@ class Structure:
             f"{type(self).__name__} has no exact Gibbs sampler; perturb-and-MAP with part-level noise "
             "(`sample`) is not one"
         )
+
+    @staticmethod
+    def repeat_samples(draw, scores, lengths, generator, num_samples: int) -> torch.Tensor:
+        """M = ``num_samples`` draws per example in one call of ``draw(scores, lengths, generator)`` on the batch
+        repeated M times (sample m of example b at row m · batch + b), reshaped to ``[M, batch, *part_shape]``."""
+        m = check_num_samples(num_samples)
+        batch = scores.shape[0]
+        many = scores.unsqueeze(0).expand(m, *scores.shape).reshape(m * batch, *scores.shape[1:])
+        if lengths is not None:
+            lengths = torch.as_tensor(lengths, device=scores.device).reshape(-1).repeat(m)
+        return draw(many, lengths, generator).view(m, batch, *scores.shape[1:])
 
     @staticmethod
     def score(z: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

@@ -113,8 +113,14 @@ class BinaryTree(Structure):
         scores: torch.Tensor,
         lengths: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        num_samples: int | None = None,
     ) -> torch.Tensor:
-        """z ~ p(z | s) ∝ exp <s, z> exactly (top-down sampling from the inside chart); 0/1 like ``map``."""
+        """z ~ p(z | s) ∝ exp <s, z> exactly (top-down sampling from the inside chart); 0/1 like ``map``.
+
+        ``num_samples`` M: ``[M, batch, ...]`` (the batch repeated M times, ``Structure.repeat_samples``).
+        """
+        if num_samples is not None:
+            return self.repeat_samples(self.exact_sample, scores, lengths, generator, num_samples)
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
             pointers, _ = _cky(s, "sample", generator)

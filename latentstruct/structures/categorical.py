@@ -29,7 +29,9 @@ class Categorical(Structure):
     def sparsemap(self, scores, lengths=None):
         return sparsemax(scores, dim=-1)
 
-    def exact_sample(self, scores, lengths=None, generator=None):
+    def exact_sample(self, scores, lengths=None, generator=None, num_samples=None):
+        if num_samples is not None:
+            return self.repeat_samples(self.exact_sample, scores, lengths, generator, num_samples)
         # Gumbel-max: with one part per vertex perturb-and-MAP samples the Gibbs distribution exactly.
         return self.sample(scores, lengths, generator)
 

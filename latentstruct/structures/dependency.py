@@ -73,6 +73,14 @@ as strided views (``as_strided``) of the chart, without copies; the two complete
 (their planes are a fixed distance apart), so they are reduced together. The inside (max or log-sum-exp), outside
 and tangent passes all use these views; none is recorded by autograd, so in-place writes are free.
 
+Exact sampling (``exact_sample``) is the same walk with random splits (top-down sampling from the inside chart, the
+inside-algorithm counterpart of forward filtering, backward sampling): the inside pass keeps, for every item
+R = ⊕_k A_k ⊗ B_k, the softmax weights p_k of its splits, and every item's split k is drawn with probability p_k
+(inverse CDF), M times per example for ``num_samples`` M from one inside pass; the root's child (single root) is drawn
+from q. ``_backtrack`` then keeps the splits of the items the drawn tree uses. Exactness: a tree is one derivation, and
+the product of the p_k along it telescopes, exp(s(A) + s(B) (+ arc) − s(R)) per item, to exp <s, z> / Z. Cost: one
+inside pass plus O(n³ M B) comparisons, no host sync.
+
 ``map`` then walks down from the top item(s) to the arcs of the best derivation, width by width, as scatters over
 the whole batch on the scores' device (``_backtrack``). Ties are broken by ``max``, which returns the first maximal
 index: every item takes its smallest split point k, and a single root its smallest child, so the tree is the one a
@@ -97,7 +105,7 @@ from typing import Annotated
 import torch
 
 from latentstruct.ranges import AtLeast
-from latentstruct.structures.base import Structure
+from latentstruct.structures.base import Structure, check_num_samples
 
 __all__ = ["ProjectiveDepTree", "tree_parts"]
 
@@ -112,7 +120,8 @@ class ProjectiveDepTree(Structure):
     the vertices to trees in which the root has exactly one child.
 
     ``map`` is Eisner's O(n³) algorithm with back-pointers; ``log_partition`` the inside algorithm in log space
-    (differentiable twice); ``marginals`` its gradient by inside-outside (differentiable once; module docstring).
+    (differentiable twice); ``marginals`` its gradient by inside-outside (differentiable once); ``exact_sample``
+    top-down sampling from the inside chart (module docstring).
 
     Args:
         multiroot: allow several children of the root (false: exactly one).
@@ -154,6 +163,34 @@ class ProjectiveDepTree(Structure):
         """log Σ_z exp <s, z> over projective trees, shape ``[batch]``; differentiable (twice)."""
         s, lengths = _prepare(scores, lengths)
         return _LogPartition.apply(s, lengths, self.multiroot)
+
+    def exact_sample(
+        self,
+        scores: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        num_samples: int | None = None,
+    ) -> torch.Tensor:
+        """z ~ p(z | s) ∝ exp <s, z> over projective trees, exactly: 0/1 ``[batch, n+1, n+1]`` in the scores' dtype
+        (``[M, batch, n+1, n+1]`` for ``num_samples`` M), no gradient.
+
+        Top-down sampling from the inside chart (module docstring): one inside pass for the batch, then every item's
+        split is drawn from its softmax weights, M times, and :func:`_backtrack` keeps the splits of the items the
+        drawn tree uses. ``generator`` must live on the scores' device.
+        """
+        with torch.no_grad():
+            s, lengths = _prepare(scores.detach(), lengths)
+            m = 1 if num_samples is None else check_num_samples(num_samples)
+            _, root_weights, steps = _log_inside(s, lengths, self.multiroot)
+            choices = [(_draw(e_in, m, generator), _draw(e_c, m, generator)) for e_in, _, e_c, _ in steps]
+            root_child = None
+            if root_weights is not None:  # [n, B] → [1, n, 1, B]: a split dimension of size n
+                root_child = _draw(root_weights.view(1, *root_weights.shape[:1], 1, -1).transpose(1, 2), m, generator)
+                root_child = root_child.view(-1) + 1
+            z = _backtrack(choices, root_child, lengths.repeat(m)).to(scores.dtype)
+            if num_samples is None:
+                return z
+            return z.view(m, *scores.shape)
 
     def enumerate(self, n: int) -> torch.Tensor:
         """Every projective tree over ``n`` words, ``[V, n+1, n+1]`` (brute force over the n^n head assignments).
@@ -409,6 +446,21 @@ def _log_inside(s: torch.Tensor, lengths: torch.Tensor, multiroot: bool):
     left, right = _root_factors(chart, lengths)
     candidates = (left + s[:, 0, 1:].T + right).masked_fill(_not_words(lengths, size - 1), float("-inf"))
     return torch.logsumexp(candidates, 0), torch.softmax(candidates, 0), steps
+
+
+def _draw(weights: torch.Tensor, m: int, generator: torch.Generator | None) -> torch.Tensor:
+    """For every item of split weights ``[P, K, w, B]`` (nonnegative, unnormalised: the e of :func:`_softmax_`), m
+    independent split offsets drawn ∝ the weights, ``[P, K, 1, m B]`` int64 (sample j of example b at j B + b).
+
+    Inverse CDF: the first t with cumsum_t ≥ u · total, u uniform on (0, 1]. With u > 0 a zero weight is never
+    drawn, and u · total ≤ total (the last cumsum) keeps t < w. An item whose weights are all 0 gets t = 0 (such
+    items belong to no tree of positive probability).
+    """
+    cdf = weights.cumsum(2).unsqueeze(3)  # [P, K, w, 1, B]
+    shape = (*weights.shape[:2], 1, m, weights.shape[3])
+    u = 1.0 - torch.rand(shape, generator=generator, dtype=weights.dtype, device=weights.device)
+    t = (cdf < u * cdf[:, :, -1:]).sum(2, keepdim=True)  # [P, K, 1, m, B]
+    return t.view(*weights.shape[:2], 1, m * weights.shape[3])
 
 
 def _outside(adjoint: torch.Tensor, steps: list) -> torch.Tensor:

@@ -95,6 +95,28 @@ differentiable). Part scores of -inf are floored there at lo - n (hi - lo) - n l
 finite part scores), which changes Z by a relative e^-40 at most when some tree has a finite score (and gives a
 finite, very low value instead of -inf when none has).
 
+Exact sampling (``exact_sample``). Multiple roots: Wilson's algorithm (Wilson, 1996) in its cycle-popping form
+(Propp & Wilson, 1998). Every word v has a walk step to a head h drawn with probability
+Q[v, h] = w[h, v] / Σ_h' w[h', v]
+(w = exp s, shifted per column); the root 0 (and padding) are absorbing. Every word draws a head; while the head graph
+has cycles, every word on a cycle draws again (all cycles of all examples at once: found by pointer jumping, as in
+the MAP). Wilson's cycle-popping theorem: the popped cycles and the final tree do not depend on the order of the pops,
+and the tree has probability ∝ Π_v Q[v, head(v)] = Π_v w[head(v), v] / Π_v Σ_h w[h, v] ∝ exp <s, z>, exactly the
+Gibbs distribution. Expected cost: tr (I − Q)⁻¹ head draws in all (the expected number of visits of the words by the
+walks before absorption; Wilson, 1996), each O(N), and as many rounds as the deepest stack of pops.
+Single root: the root's child j is drawn first from its exact marginal μ[0, j] (the Matrix-Tree marginals above;
+P(child = j) = μ[0, j] for single-rooted trees); given j, the tree minus the arc 0 → j is a random arborescence of the
+words rooted at j with weight Π w, sampled by the same cycle popping with j absorbing and no root arcs. No rejection.
+
+Wilson's cost blows up when the scores are peaked (two words that prefer each other by Δ nats over every way out make
+walks of ~e^Δ steps). So each example (each sample, given its root child) first computes its expected number of draws
+tr (I − Q)⁻¹ = Σ_v (K⁻¹)[v, v] D_v, K = diag(D) − Wᵀ over the free words, D_v = Σ_h w[h, v] (one batched ``inv_ex``);
+where it exceeds 20 draws per word, or cannot be computed, it samples by the chain rule instead: word by word, v's head
+is drawn from its marginal given the heads already drawn (the Matrix-Tree marginals of the scores with v's other
+heads forbidden, −inf), n marginal calls, O(n⁴). The choice depends on the scores (and the drawn root child) only,
+never on the walks, so both paths are exact; it changes only the cost. Forbidden arcs get weight 0 on both paths
+(in the log-space elimination they are floored as above: a relative e^-40 on Z at most).
+
 References: Y. J. Chu, T. H. Liu (1965), "On the shortest arborescence of a directed graph". J. Edmonds (1967), "Optimum
 branchings". W. Tutte (1948), "The dissection of equilateral triangles into equilateral triangles". H. Gabow, R. Tarjan
 (1984), "Efficient algorithms for a family of matroid intersection problems". R. Tarjan (1977), "Finding optimum
@@ -105,6 +127,10 @@ algorithms", HLT-EMNLP. T. Koo, A. Globerson, X. Carreras, M. Collins (2007), "S
 matrix-tree theorem", EMNLP. R. McDonald, G. Satta (2007), "On the complexity of non-projective data-driven dependency
 parsing", IWPT. D. Smith, N. Smith (2007), "Probabilistic models of nonprojective dependency trees", EMNLP. R. Zmigrod,
 T. Vieira, R. Cotterell (2020), "Please mind the root: decoding arborescences for dependency parsing", EMNLP.
+D. B. Wilson (1996), "Generating random spanning trees more quickly than the cover time", STOC. J. G. Propp,
+D. B. Wilson (1998), "How to get a perfectly random sample from a generic Markov chain and generate a random spanning
+tree of a directed graph", Journal of Algorithms. R. Zmigrod, T. Vieira, R. Cotterell (2021), "Efficient sampling of
+dependency structures", EMNLP (Wilson's algorithm and the chain rule for dependency trees).
 """
 
 from __future__ import annotations
@@ -117,7 +143,7 @@ import numpy as np
 import torch
 
 from latentstruct.ranges import AtLeast
-from latentstruct.structures.base import Structure
+from latentstruct.structures.base import Structure, check_num_samples
 from latentstruct.structures.dependency import _is_tree, arc_parts, tree_parts
 
 __all__ = ["NonProjectiveDepTree"]
@@ -125,6 +151,9 @@ __all__ = ["NonProjectiveDepTree"]
 
 # Examples whose slogdet has an estimated error n ε κ₁(L) above this (in log Z) are recomputed by elimination.
 _MAX_ERROR = 1e-9
+# Wilson's algorithm runs where its expected number of successor draws, tr (I - Q)⁻¹, is at most this many per word;
+# elsewhere (peaked scores, where random walks get stuck in cycles) the chain rule over the marginals does.
+_WILSON_DRAWS_PER_WORD = 20.0
 # log of a weight that is exactly 0 in float64 (non-parts in the elimination); finite, so that no gradient is NaN.
 _LOG_ZERO = -1e30
 
@@ -140,7 +169,8 @@ class NonProjectiveDepTree(Structure):
     ``map`` is Chu-Liu-Edmonds by rounds over the whole batch (O(n²) per round, at most n rounds); ``log_partition``
     the Matrix-Tree theorem (batched ``slogdet`` in float64 with a per-column max-shift, O(n³), with an exact
     log-space elimination for the examples where the determinant would cancel); ``marginals`` the closed form through
-    the inverse Laplacian (the elimination's gradient for those examples), differentiable twice. ``sample``
+    the inverse Laplacian (the elimination's gradient for those examples), differentiable twice; ``exact_sample``
+    Wilson's algorithm (the chain rule over the marginals where it would be slow). ``sample``
     (perturb-and-MAP) and ``sparsemap`` (the generic active-set solver) come from the base class. Formulas and
     accuracy: see the module docstring.
 
@@ -219,6 +249,31 @@ class NonProjectiveDepTree(Structure):
                 (exact,) = torch.autograd.grad(log_z.sum(), sub, create_graph=scores.requires_grad)
             mu = mu.index_put((rows,), exact.to(scores.dtype))
         return mu
+
+    def exact_sample(
+        self,
+        scores: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        num_samples: int | None = None,
+    ) -> torch.Tensor:
+        """z ~ p(z | s) ∝ exp <s, z> over all trees, exactly: 0/1 ``[batch, n+1, n+1]`` in the scores' dtype
+        (``[M, batch, n+1, n+1]`` for ``num_samples`` M), no gradient.
+
+        Wilson's algorithm (cycle popping) rooted at 0; for a single root, the root's child is drawn first from its
+        marginal and the rest is a random arborescence of the words rooted at it. Examples whose expected number of
+        draws is large (peaked scores) use the chain rule over the Matrix-Tree marginals instead (module docstring,
+        "Exact sampling"). Part scores must be finite or −inf, with some tree of finite score. ``generator`` must live
+        on the scores' device; everything runs on it.
+        """
+        with torch.no_grad():
+            s, lengths, part = _prepare(scores.detach(), lengths)
+            m = 1 if num_samples is None else check_num_samples(num_samples)
+            heads = _sample_heads(self, s, lengths, part, m, generator)
+            words = part[:, 0].to(scores.dtype).repeat(m, 1)  # [mB, N]: 1 on the words
+            z = torch.zeros(heads.shape[0], *s.shape[1:], dtype=scores.dtype, device=s.device)
+            z.scatter_(1, heads.unsqueeze(1), words.unsqueeze(1))
+            return z if num_samples is None else z.view(m, *scores.shape)
 
     def enumerate(self, n: int) -> torch.Tensor:
         """Every tree over ``n`` words, ``[V, n+1, n+1]`` (brute force over the (n+1)^n head assignments).
@@ -559,3 +614,108 @@ def _rounds(t, xp):
         own = on_cycle & (xp.take(comp, got_v) != ids)
         into_u, into_v = xp.where(own, enter_u, got_u), xp.where(own, enter_v, got_v)
     return (into_u % size).reshape(-1, size)
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+
+
+def _categorical(cdf: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``cdf`` ``[R, K]`` (cumulative nonnegative weights), drawn ∝ the weights: the first k
+    with cdf[k] ≥ u · cdf[-1], u uniform on (0, 1], so a zero weight is never drawn; ``[R]`` int64."""
+    u = 1.0 - torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    return (cdf < u * cdf[:, -1:]).sum(-1).clamp_max(cdf.shape[-1] - 1)
+
+
+def _sample_heads(
+    structure: NonProjectiveDepTree,
+    s: torch.Tensor,
+    lengths: torch.Tensor,
+    part: torch.Tensor,
+    m: int,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Heads ``[m B, N]`` (long; 0 for the root symbol and padding) of m exact samples per example (sample j of
+    example b in row j B + b), from prepared scores; the algorithms of the module docstring, "Exact sampling"."""
+    batch, size, _ = s.shape
+    rows = batch * m
+    example = torch.arange(rows, device=s.device) % batch
+    nodes = torch.arange(size, device=s.device)
+    s = s.to(torch.float64)
+    logits = s.masked_fill(~part, -torch.inf)
+    column_max = logits.amax(1, keepdim=True)
+    weights = torch.exp(logits - torch.where(torch.isfinite(column_max), column_max, 0.0))  # w[b, h, v], 0 off parts
+    fixed = (nodes.view(1, -1) > lengths.view(-1, 1))[example]  # [rows, N]: padding; then the root(s)
+    fixed[:, 0] = True
+    child = None
+    if not structure.multiroot:  # the root's child j ~ μ[0, ·]; the rest is a tree of the words rooted at j
+        root_marginals = structure.marginals(s, lengths)[:, 0].clamp_min(0.0)
+        child = _categorical(root_marginals.cumsum(-1)[example], generator)
+        fixed[torch.arange(rows, device=s.device), child] = True
+        weights = weights.clone()
+        weights[:, 0] = 0.0  # the walk never steps to the root symbol
+    cdf = weights.transpose(1, 2).cumsum(-1)  # cdf[b, v, h]: the successor (head) distribution of v, cumulative
+    slow = _expected_draws(cdf[..., -1][example], weights.transpose(1, 2)[example], fixed) > (
+        _WILSON_DRAWS_PER_WORD * lengths[example]
+    )
+    parent = _cycle_popping(cdf, example, fixed | slow.view(-1, 1), generator)
+    if bool(slow.any()):
+        rows_slow = slow.nonzero().squeeze(1)
+        sub = s[example[rows_slow]].masked_fill(~part[example[rows_slow]], -torch.inf)
+        if child is not None:  # condition on the root child already drawn
+            keep = torch.zeros_like(sub[:, 0], dtype=torch.bool).scatter_(1, child[rows_slow].view(-1, 1), True)
+            sub[:, 0] = sub[:, 0].masked_fill(~keep, -torch.inf)
+        parent[rows_slow] = _chain_rule(structure, sub, lengths[example[rows_slow]], generator)
+    return torch.where(parent == nodes, 0, parent)
+
+
+def _expected_draws(total: torch.Tensor, into: torch.Tensor, fixed: torch.Tensor) -> torch.Tensor:
+    """The expected number of successor draws of Wilson's algorithm, tr (I - Q)⁻¹ over the nodes not ``fixed``
+    (Q[v, h] = w[h, v] / total[v] the walk's transitions), ``[rows]`` (inf where the system is singular).
+
+    (I - Q)⁻¹ = K⁻¹ diag(total) with K = diag(total) - Wᵀ over the free nodes (the fixed ones get an identity row
+    and column), so the trace is Σ_v K⁻¹[v, v] total[v]."""
+    free = ~fixed
+    pair = free.unsqueeze(2) & free.unsqueeze(1)
+    eye = torch.eye(total.shape[-1], dtype=total.dtype, device=total.device)
+    k = torch.where(pair, torch.diag_embed(total) - into, 0.0) + torch.where(fixed.unsqueeze(2), eye, 0.0)
+    inverse, info = torch.linalg.inv_ex(k)
+    draws = (inverse.diagonal(dim1=1, dim2=2) * total * free).sum(-1)
+    return torch.where((info == 0) & (draws >= 0), draws, torch.inf)  # NaN or negative (round-off): too slow
+
+
+def _cycle_popping(
+    cdf: torch.Tensor, example: torch.Tensor, fixed: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Wilson's algorithm in its cycle-popping form: every free node draws a successor (head) from its row of
+    ``cdf``; while the successor graph has cycles, every node on a cycle draws again. Fixed nodes point to
+    themselves (they end the walks). Returns the successors ``[rows, N]``."""
+    rows, size = fixed.shape
+    parent = torch.arange(size, device=cdf.device).repeat(rows, 1)
+    flat_cdf = cdf.reshape(-1, size)
+    doublings = max(1, (size - 1).bit_length())  # 2^doublings ≥ N: parent^(2^k) maps every node onto a cycle
+    redraw = ~fixed
+    while True:
+        row, node = redraw.nonzero(as_tuple=True)
+        if row.numel() == 0:
+            return parent
+        parent[row, node] = _categorical(flat_cdf[example[row] * size + node], generator)
+        jump = parent
+        for _ in range(doublings):
+            jump = jump.gather(1, jump)
+        redraw = torch.zeros_like(fixed).scatter_(1, jump, True) & ~fixed  # the nodes on cycles
+
+
+def _chain_rule(
+    structure: NonProjectiveDepTree, sub: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Heads ``[R, N]`` of one exact sample per row of scores ``sub`` ``[R, N, N]`` (−inf where forbidden): word by
+    word, draw v's head from its marginal given the heads drawn so far, then forbid v's other heads."""
+    size = sub.shape[-1]
+    parent = torch.zeros(sub.shape[:2], dtype=torch.long, device=sub.device)
+    for v in range(1, size):
+        mu = structure.marginals(sub, lengths)[:, :, v].clamp_min(0.0)  # [R, N]: v's head distribution
+        head = _categorical(mu.cumsum(-1), generator)
+        parent[:, v] = head
+        keep = torch.zeros_like(mu, dtype=torch.bool).scatter_(1, head.view(-1, 1), True)
+        sub[:, :, v] = sub[:, :, v].masked_fill(~keep, -torch.inf)
+    return parent

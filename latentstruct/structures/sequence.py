@@ -92,8 +92,14 @@ class SequenceTagging(Structure):
         scores: torch.Tensor,
         lengths: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        num_samples: int | None = None,
     ) -> torch.Tensor:
-        """y ~ p(y | s) ∝ exp <s, z(y)> exactly (forward filtering, backward sampling); 0/1 like ``map``."""
+        """y ~ p(y | s) ∝ exp <s, z(y)> exactly (forward filtering, backward sampling); 0/1 like ``map``.
+
+        ``num_samples`` M: ``[M, batch, ...]`` (the batch repeated M times, ``Structure.repeat_samples``).
+        """
+        if num_samples is not None:
+            return self.repeat_samples(self.exact_sample, scores, lengths, generator, num_samples)
         with torch.no_grad():
             s, lengths = self._prepare(scores.detach(), lengths)
             alpha, pointers = _forward(s, lengths, semiring="sample", generator=generator)

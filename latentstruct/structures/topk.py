@@ -85,12 +85,16 @@ class TopK(Structure):
         scores: torch.Tensor,
         lengths: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        num_samples: int | None = None,
     ) -> torch.Tensor:
         """z ~ p(z) ∝ exp <s, z> over k-subsets, exactly: k-hot ``[batch, n]`` in the scores' dtype, no gradient.
 
         Backward through the prefix tables E[j, ·]; one uniform per position from ``generator`` (which must live on
-        the scores' device).
+        the scores' device). ``num_samples`` M: ``[M, batch, ...]`` (the batch repeated M times,
+        ``Structure.repeat_samples``).
         """
+        if num_samples is not None:
+            return self.repeat_samples(self.exact_sample, scores, lengths, generator, num_samples)
         valid = self._valid(scores, lengths)
         batch, n = scores.shape
         k = self.k

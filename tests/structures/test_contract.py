@@ -205,15 +205,77 @@ def test_sample_has_the_perturb_and_map_distribution(case):
     assert total_variation(ours, vertices, p) < 0.04
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", BY_CASE)
-def test_exact_sample_is_gibbs(case):
+def test_exact_sample_is_gibbs(case, dtype):
     if type(case.structure).exact_sample is Structure.exact_sample:
         with pytest.raises(NotImplementedError):
             case.structure.exact_sample(_scores(case, case.sample_size, batch=1))
         return
-    scores = _scores(case, case.sample_size, batch=1, seed=6, scale=1.0)
+    scores = _scores(case, case.sample_size, batch=1, seed=6, scale=1.0, dtype=dtype)
     vertices = _vertices(case.name, case.sample_size)
     ours = _samples(case.structure.exact_sample, scores, seed=2)
+    assert ours.dtype == dtype and ours.shape == (DRAWS, *scores.shape[1:])
+    assert total_variation(ours, vertices, gibbs(scores.double(), vertices)[0]) < 0.03
+
+
+SAMPLERS = [c for c in BY_CASE if type(c.values[0].structure).exact_sample is not Structure.exact_sample]
+TREES = [c for c in BY_CASE if c.values[0].name.startswith(("projective", "nonprojective"))]
+
+
+@pytest.mark.parametrize("case", [c for c in SAMPLERS if c.values[0].crop is not None])
+def test_exact_sample_with_lengths_and_num_samples_is_gibbs(case):
+    """M = DRAWS samples of a padded batch in one call: ``[M, batch, *parts]``, 0 on padding (which holds junk), and
+    the cropped samples of the short example have the Gibbs distribution of its cropped scores."""
+    n, length = case.sample_size + 2, case.sample_size
+    scores = _scores(case, n, batch=2, seed=9, scale=1.0)
+    alone = case.crop(scores[:1], length).clone()
+    scores = 1e3 * torch.randn_like(scores)  # junk everywhere, then the real parts of example 0
+    case.crop(scores[:1], length).copy_(alone)
+    lengths = torch.tensor([length, n])
+    ours = case.structure.exact_sample(scores, lengths, torch.Generator().manual_seed(4), num_samples=DRAWS)
+    assert ours.shape == (DRAWS, *scores.shape) and ours.dtype == scores.dtype
+    inside = case.crop(ours[:, 0], length)
+    assert ours[:, 0].abs().sum() == inside.abs().sum(), "padding not 0"
+    vertices = _vertices(case.name, length)
+    assert total_variation(inside, vertices, gibbs(alone, vertices)[0]) < 0.03
+
+
+@pytest.mark.parametrize("case", SAMPLERS)
+def test_exact_sample_is_reproducible_and_num_samples_shapes(case):
+    n = max(case.sizes)
+    scores = _scores(case, n, batch=3, seed=11)
+    method = case.structure.exact_sample
+    a, b = (method(scores, generator=torch.Generator().manual_seed(5)) for _ in range(2))
+    assert torch.equal(a, b) and a.shape == scores.shape
+    many = method(scores, generator=torch.Generator().manual_seed(5), num_samples=4)
+    assert torch.equal(many, method(scores, None, torch.Generator().manual_seed(5), 4))
+    assert many.shape == (4, *scores.shape)
+    vertices = _vertices(case.name, n).flatten(1)
+    assert (many.flatten(2).double()[..., None, :] == vertices).all(-1).any(-1).all(), "a sample is not a vertex"
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="num_samples"):
+            method(scores, num_samples=bad)
+
+
+@pytest.mark.parametrize("case", TREES)
+def test_a_uniform_sampler_fails_the_gibbs_test(case):
+    """The Gibbs test has power: DRAWS trees drawn uniformly (a wrong sampler) are far above its tolerance."""
+    scores = _scores(case, case.sample_size, batch=1, seed=6, scale=1.0)
+    vertices = _vertices(case.name, case.sample_size)
+    pick = torch.randint(vertices.shape[0], (DRAWS,), generator=torch.Generator().manual_seed(2))
+    assert total_variation(vertices[pick], vertices, gibbs(scores, vertices)[0]) > 0.1
+
+
+@pytest.mark.parametrize("case", [c for c in TREES if c.values[0].name.startswith("nonprojective")])
+def test_nonprojective_chain_rule_sampler_is_gibbs(case, monkeypatch):
+    """The chain-rule sampler (peaked scores, where Wilson's walks would be slow) on every example, forced."""
+    from latentstruct.structures import nonprojective
+
+    monkeypatch.setattr(nonprojective, "_WILSON_DRAWS_PER_WORD", 0.0)
+    scores = _scores(case, case.sample_size, batch=1, seed=6, scale=1.0)
+    vertices = _vertices(case.name, case.sample_size)
+    ours = case.structure.exact_sample(scores, generator=torch.Generator().manual_seed(3), num_samples=DRAWS)[:, 0]
     assert total_variation(ours, vertices, gibbs(scores, vertices)[0]) < 0.03
 
 
