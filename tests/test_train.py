@@ -395,3 +395,14 @@ def test_seconds_per_epoch_times_the_last_phase_only(tmp_path, monkeypatch):
                   "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
     assert record["seconds_per_step"] == 5.5  # (4 × 10 + 4 × 1) / 8
     assert record["seconds_per_epoch"] == 2.0  # 2 steps per epoch of phase 1
+
+
+@pytest.mark.parametrize("estimator", ["blackbox", "imle", "perturbed", "sfe_rloo"])
+def test_the_map_oracle_estimators_and_rloo_train_on_the_synthetic_task(tmp_path, estimator):
+    """Issue #21's estimators end to end: a few steps of the default synthetic task, each with its settings set."""
+    settings = {"blackbox": ["estimator.lam=5"], "imle": ["estimator.samples=2", "estimator.noise_k=1"],
+                "perturbed": ["estimator.sigma=0.5", "estimator.samples=3"], "sfe_rloo": ["estimator.samples=3"]}
+    record = _run(tmp_path, f"estimator={estimator}", *settings[estimator], "trainer.max_steps=4",
+                  "trainer.eval_every=2")
+    assert record["status"] == "completed"
+    assert set(record["metrics"]) >= {"valid/acc", "test/acc"}

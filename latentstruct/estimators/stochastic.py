@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from latentstruct.estimators.base import Estimator, Tempered, missing_downstream, surrogate
+from latentstruct.estimators.perturbation import repeat_batch
 from latentstruct.estimators.surrogate import straight_through
 from latentstruct.ranges import AtLeast, Between
 from latentstruct.structures.base import gumbel_like
@@ -43,12 +44,15 @@ class PerturbAndMap(StGumbel):
 class Sfe(Estimator):
     """Score-function estimator (REINFORCE; Williams, 1992), over a structure or over a sequential policy.
 
-    *Structure* (the §5 interface): forward z ~ p(z | s); the gradient w.r.t. s is
+    *Structure* (the §5 interface): M = ``samples`` draws z_{m,b} ~ p(z | s_b) per example (``exact_sample`` on the
+    batch repeated M times along its first dimension, row m·B + b = draw m of example b); the gradient w.r.t. s is
 
-        (1/B) Σ_b A_b ∇_s log p(z_b | s_b) = (1/B) Σ_b A_b (z_b - Marg(s_b)),     A_b = L_b - b_b,
+        (1/B) Σ_b (1/M) Σ_m A_{m,b} ∇_s log p(z_{m,b} | s_b) = (1/B) Σ_b (1/M) Σ_m A_{m,b} (z_{m,b} - Marg(s_b)),
 
-    with L_b = downstream(z)_b the example's own loss (not the batch mean). The decoder's own parameters get their
-    usual gradient through the sampled z.
+    A_{m,b} = L_{m,b} - b_{m,b}, with L_{m,b} = downstream(z_m)_b the example's own loss on draw m (not the batch
+    mean; one ``downstream`` call per draw). The forward value is the first draw z_1 (the decoder gets one vertex per
+    example), so the decoder's own parameters get their usual gradient through z_1 alone; the other draws only
+    improve the scores' gradient. With M = 1 this is the plain one-sample estimator.
 
     *Sequential policy* (:meth:`policy_loss`): the caller samples actions a_t ~ π(· | state_t) (e.g. the merges of
     :class:`~latentstruct.models.tree_parsers.MergeParser`), evaluates the example's loss L_b on them, and adds the
@@ -64,30 +68,41 @@ class Sfe(Estimator):
       that one step b depends on the sample through its 1/B share of the mean; every later value is the past's
       only). The state is a buffer, so a resumed run continues with the same control variate;
     * ``self_critical``: b_b = the loss of the MAP structure (the greedy policy) for the same example, without
-      gradient (Rennie et al., 2017): A_b < 0 exactly when the sample beats the greedy choice.
+      gradient (Rennie et al., 2017): A_b < 0 exactly when the sample beats the greedy choice;
+    * ``rloo``: the leave-one-out mean of the example's other draws, b_{m,b} = (1/(M-1)) Σ_{j≠m} L_{j,b} (Kool et al.,
+      2019, "Buy 4 REINFORCE samples, get a baseline for free!"): A_{m,b} = M/(M-1) (L_{m,b} - mean_j L_{j,b}).
+      Independent of draw m, so unbiased; it needs ``samples`` ≥ 2, and a structure (a sequential policy's caller
+      draws one sample per example).
 
     ``normalize_advantage`` divides A by max(1, σ), σ² a running mean (decay ``norm_decay``, from 1) of the batch
     variance of A: Havrylov et al. (2019)'s "gradient normalisation".
 
     Args:
-        baseline: control variate: none, moving_average or self_critical.
+        baseline: control variate: none, moving_average, self_critical or rloo (leave-one-out, samples ≥ 2).
         decay: decay of the moving-average baseline.
         entropy_weight: sequential policies: weight β of the entropy bonus (sum of the per-step entropies).
         normalize_advantage: divide the advantage by max(1, its running std).
         norm_decay: decay of the advantage's running variance.
+        samples: M, draws per example on a structure (exact_sample on the batch repeated M times); the scores'
+            gradient averages over them, the decoder is fed the first.
     """
 
-    BASELINES = ("none", "moving_average", "self_critical")
+    BASELINES = ("none", "moving_average", "self_critical", "rloo")
 
-    def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none",
+    def __init__(self, baseline: Literal["none", "moving_average", "self_critical", "rloo"] = "none",
                  decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9, entropy_weight: float = 0.0,
                  normalize_advantage: bool = False, norm_decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9,
-                 eval_latent: Literal["map", "relaxed"] = "relaxed"):
+                 samples: Annotated[int, AtLeast(1)] = 1, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)
         if baseline not in self.BASELINES:
             raise ValueError(f"baseline must be one of {self.BASELINES}, got {baseline!r}")
         if not 0 <= decay < 1 or not 0 <= norm_decay < 1:
             raise ValueError(f"decay and norm_decay must be in [0, 1), got {decay}, {norm_decay}")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+        if baseline == "rloo" and samples < 2:
+            raise ValueError(f"baseline=rloo (leave-one-out) needs samples >= 2 draws per example, got {samples}")
+        self.samples = int(samples)
         self.baseline, self.decay = baseline, float(decay)
         self.entropy_weight, self.normalize_advantage = float(entropy_weight), bool(normalize_advantage)
         self.norm_decay = float(norm_decay)
@@ -101,18 +116,19 @@ class Sfe(Estimator):
             raise missing_downstream(type(self).__name__, "to evaluate each sample's loss")
         if self.entropy_weight:
             raise ValueError("entropy_weight is for sequential policies (policy_loss), not for a structure")
-        s = scores.detach()
-        z = structure.exact_sample(s, lengths)
+        s, n = scores.detach(), self.samples
+        z_all = structure.exact_sample(repeat_batch(s, n), repeat_batch(lengths, n)).reshape(n, *s.shape)
         with torch.no_grad():
-            losses = downstream(z).detach()
+            losses = torch.stack([downstream(z_m).detach() for z_m in z_all])  # [M, B]
         advantage = self.advantage(losses, lambda: downstream(structure.map(s, lengths)))
 
         def backward_fn(_gamma):
             with torch.no_grad():
-                grad_log_p = z - structure.marginals(s, lengths)
-                return advantage.view(-1, *[1] * (s.dim() - 1)) * grad_log_p / s.shape[0]
+                grad_log_p = z_all - structure.marginals(s, lengths)  # [M, B, ...]
+                weighted = advantage.view(*advantage.shape, *[1] * (s.dim() - 1)) * grad_log_p
+                return weighted.mean(0) / s.shape[0]
 
-        return surrogate(scores, z, backward_fn)
+        return surrogate(scores, z_all[0], backward_fn)
 
     def policy_loss(self, log_probs: torch.Tensor, mask: torch.Tensor, losses: torch.Tensor,
                     entropy: torch.Tensor | None = None, greedy: Callable[[], torch.Tensor] | None = None,
@@ -125,14 +141,27 @@ class Sfe(Estimator):
         """
         if old_log_probs is not None:
             raise ValueError("old_log_probs (a behaviour policy) is PPO's: use estimator=ppo")
+        self._one_draw_policy()
         return reinforce_loss(log_probs, mask, -self.advantage(losses, greedy), None, entropy, self.entropy_weight)
+
+    def _one_draw_policy(self):
+        if self.samples > 1 or self.baseline == "rloo":
+            raise ValueError("samples > 1 and baseline=rloo are for a structure's scores: a sequential policy's "
+                             "caller draws one sample per example (use samples=1 and another baseline)")
 
     @torch.no_grad()
     def advantage(self, losses: torch.Tensor, greedy: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
-        """A = L − b ``[B]`` (detached; the class docstring gives b), divided by max(1, running std) when
-        ``normalize_advantage``. Updates the running statistics: call it once per training step."""
+        """A = L − b, shaped like ``losses``: ``[B]``, or ``[M, B]`` for M draws per example (detached; the class
+        docstring gives b; ``greedy()`` is ``[B]``), divided by max(1, running std) when ``normalize_advantage``.
+        Updates the running statistics: call it once per training step."""
         losses = losses.detach()
-        if self.baseline == "self_critical":
+        if self.baseline == "rloo":
+            m = losses.shape[0] if losses.dim() == 2 else 1
+            if m < 2:
+                raise ValueError(f"baseline=rloo needs losses [M, B] of M >= 2 draws per example, got shape "
+                                 f"{tuple(losses.shape)}")
+            advantage = losses - (losses.sum(0, keepdim=True) - losses) / (m - 1)
+        elif self.baseline == "self_critical":
             if greedy is None:
                 raise ValueError("the self_critical baseline needs the loss of the greedy choice (`greedy`)")
             advantage = losses - greedy().detach()
@@ -166,6 +195,7 @@ class Ppo(Sfe):
     is :class:`Sfe`'s. PPO has no rule for a structure's scores (no behaviour policy): use ``sfe`` there.
 
     Args:
+        baseline: control variate: none, moving_average or self_critical (one sequence per example: no rloo).
         clip: ε of the clipped probability ratio (Havrylov et al. 2019: 0.2).
         refresh: training steps between refreshes of the behaviour policy (the PPO updates per sample; Havrylov et
             al. 2019: 15 per batch).
@@ -176,7 +206,9 @@ class Ppo(Sfe):
                  normalize_advantage: bool = False, norm_decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9,
                  clip: Annotated[float, Between(0, 1, lo_open=True, hi_open=True)] = 0.2,
                  refresh: Annotated[int, AtLeast(1)] = 15, eval_latent: Literal["map", "relaxed"] = "relaxed"):
-        super().__init__(baseline, decay, entropy_weight, normalize_advantage, norm_decay, eval_latent)
+        super().__init__(baseline, decay, entropy_weight, normalize_advantage, norm_decay, eval_latent=eval_latent)
+        if baseline == "rloo":
+            raise ValueError("ppo draws one sequence per example: baseline=rloo is sfe's, on a structure")
         if not 0 < clip < 1 or refresh < 1:
             raise ValueError(f"need 0 < clip < 1 and refresh >= 1, got {clip}, {refresh}")
         self.clip, self.refresh = float(clip), int(refresh)

@@ -6,9 +6,12 @@ import pytest
 import torch
 
 from latentstruct.estimators import (
+    Blackbox,
     Direct,
     GumbelSoftmax,
+    Imle,
     Marginals,
+    Perturbed,
     Sfe,
     Sparsemap,
     Spigot,
@@ -54,6 +57,11 @@ ESTIMATORS = [
     Sfe(baseline="moving_average"),
     Direct(),
     Direct(epsilon=0.5, sigma=0.0),
+    Sfe(baseline="rloo", samples=3),
+    Blackbox(),
+    Imle(),
+    Imle(noise="gumbel", samples=2),
+    Perturbed(samples=3),
 ]
 # Estimators that need the marginals (or, for SFE, exact Gibbs samples), which not every structure has.
 NEEDS_MARGINALS = (SteS, SpigotCe, SpigotEg, Marginals, GumbelSoftmax, StGumbel)
@@ -68,8 +76,13 @@ def _unsupported(structure, est):
     return None
 
 
+def _id(est):
+    return "-".join(str(x) for x in (type(est).__name__, getattr(est, "baseline", ""), getattr(est, "noise", ""),
+                                     getattr(est, "samples", "")))
+
+
 @pytest.mark.parametrize("name", STRUCTURES)
-@pytest.mark.parametrize("est", ESTIMATORS, ids=lambda e: f"{type(e).__name__}-{getattr(e, 'baseline', '')}")
+@pytest.mark.parametrize("est", ESTIMATORS, ids=_id)
 def test_estimator_runs_on_structure(name, est):
     structure, shape = STRUCTURES[name]
     torch.manual_seed(0)
@@ -114,3 +127,24 @@ def test_sfe_on_trees_uses_exact_samples():
         s = torch.randn(2, 4, 4, requires_grad=True)
         z = Sfe()(s, structure, None, lambda mu: mu.flatten(1).sum(-1))
         assert z.shape == s.shape and set(z.unique().tolist()) <= {0.0, 1.0}
+
+
+@pytest.mark.parametrize("name", [n for n in STRUCTURES if n != "categorical"])
+@pytest.mark.parametrize("est", [Imle(samples=3), Perturbed(samples=3), Sfe(baseline="rloo", samples=3)], ids=_id)
+def test_several_draws_keep_each_examples_length(name, est):
+    """The draws are the batch repeated along its first dimension, lengths included: every draw of example b is a
+    vertex of b's length, so the mean of the draws has as many parts as MAP(s_b) (all vertices of a length do)."""
+    structure, shape = STRUCTURES[name]
+    longest = shape[1] - 1 if "projective" in name else shape[1]
+    lengths = torch.tensor([longest, longest - 1, longest - 2])
+    torch.manual_seed(2)
+    s = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    if _unsupported(structure, est) is not None:
+        return
+    z = est.train()(s, structure, lengths, lambda mu: mu.flatten(1).sum(-1) ** 2)
+    parts = structure.map(s.detach(), lengths).flatten(1).sum(-1)
+    torch.testing.assert_close(z.flatten(1).sum(-1), parts)
+    if isinstance(structure, TopK):  # k parts at every length: check the padding instead
+        assert (z[torch.arange(shape[1]) >= lengths.view(-1, 1)] == 0).all()
+    else:
+        assert len(set(parts.tolist())) > 1  # the lengths do differ
