@@ -159,30 +159,39 @@ def reference(task: str, workdir: Path) -> tuple[Path, float]:
 def kill_and_resume(task: str, kind: str, kills: int, rng: random.Random, workdir: Path,
                     checkpoint_every: int = 7) -> Fault:
     """Stop ``task`` ``kills`` times at random moments of its training with ``kind`` (sigkill, sigterm, sigint,
-    sigusr1), launching it again after each, then once more to its end; compare with the uninterrupted run."""
+    sigusr1), launching it again after each, then once more to its end; compare with the uninterrupted run.
+
+    The moment is uniform in the first 0.8 / ``kills`` of the reference run's training time after the launch says
+    its plan. A run that ends before its first fault (the machine got faster) is started over in a new directory
+    with half the window, up to four times."""
     ref_dir, seconds = reference(task, workdir)
-    run_dir = workdir / kind / f"{task}-{rng.randrange(10**6)}"
     overrides = [*TASKS[task], f"trainer.checkpoint_every={checkpoint_every}"]
-    log = workdir / "logs" / f"{run_dir.parent.name}-{run_dir.name}.txt"
     signum = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT,
               "sigusr1": signal.SIGUSR1}[kind]
-    injected, problems = 0, []
-    for attempt in range(kills):
-        resume = ["trainer.resume=true"] if kind == "sigkill" else []  # a stopped run resumes by itself
-        proc = _launch(overrides + resume, run_dir, log)
-        end = time.monotonic() + 300
-        while _plan_lines(run_dir) <= attempt and proc.poll() is None and time.monotonic() < end:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.8 * seconds / kills))
-        if proc.poll() is not None:  # it finished first: no fault this time
-            continue
-        proc.send_signal(signum)
-        code = proc.wait()
-        injected += 1
-        if kind != "sigkill":
-            record = _record(run_dir)
-            if code != 128 + signum or record.get("status") not in ("interrupted", "completed"):
-                problems.append(f"exit {code}, status {record.get('status')}")
+    window = 0.8 * seconds / kills
+    for _ in range(4):
+        run_dir = workdir / kind / f"{task}-{rng.randrange(10**6)}"
+        log = workdir / "logs" / f"{run_dir.parent.name}-{run_dir.name}.txt"
+        injected, problems = 0, []
+        for attempt in range(kills):
+            resume = ["trainer.resume=true"] if kind == "sigkill" else []  # a stopped run resumes by itself
+            proc = _launch(overrides + resume, run_dir, log)
+            end = time.monotonic() + 300
+            while _plan_lines(run_dir) <= attempt and proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, window))
+            if proc.poll() is not None:  # it finished first: no fault this time
+                break
+            proc.send_signal(signum)
+            code = proc.wait()
+            injected += 1
+            if kind != "sigkill":
+                record = _record(run_dir)
+                if code != 128 + signum or record.get("status") not in ("interrupted", "completed"):
+                    problems.append(f"exit {code}, status {record.get('status')}")
+        if injected:
+            break
+        window /= 2
     final = _launch(overrides + ["trainer.resume=true"], run_dir, log)
     final.wait()
     same, detail = _same(run_dir, ref_dir)
