@@ -280,7 +280,7 @@ def figure(df: pd.DataFrame, structures: list[str], path: Path) -> None:
         for _, r in part.iterrows():
             ax.annotate(r.estimator, (r.ms, r.cosine), fontsize=6, xytext=(2, 2), textcoords="offset points")
         ax.set_xscale("log")
-        ax.set_ylim(-1.05, 1.05)
+        ax.set_ylim(min(-0.05, float(part.cosine.min()) - 0.05), 1.02)
         ax.set_title(s, fontsize=9)
         ax.set_xlabel("ms per call")
         ax.set_ylabel("cosine with the exact gradient")
