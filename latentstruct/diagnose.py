@@ -221,10 +221,9 @@ def _grid(df: pd.DataFrame, metric: str, options: list[str], structures: list[st
 
 
 def report(df: pd.DataFrame, skipped: dict, options: list[str], structures: list[str], args,
-           seconds: float) -> list[str]:
-    from latentstruct.records import environment
-
-    env = environment(torch.device("cpu"))
+           seconds: float, env: dict) -> list[str]:
+    """The Markdown of ``results/lab/gradients.md``; ``env``: :func:`latentstruct.records.environment` at the start
+    (before the files are rewritten, which would make the tree look dirty)."""
     sizes = ", ".join(f"{s} n = {STRUCTURES[s][1]} ({len(STRUCTURES[s][0].enumerate(STRUCTURES[s][1]))} vertices)"
                       for s in structures)
     lines = [
@@ -303,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/lab/gradients.md"))
     args = parser.parse_args(argv)
+    from latentstruct.records import environment
+
+    env = environment(torch.device("cpu"))
     torch.set_num_threads(1)
     options = args.estimators or estimator_options()
     start = time.perf_counter()
@@ -311,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
-    args.out.write_text("\n".join(report(df, skipped, options, args.structures, args, seconds)) + "\n")
+    args.out.write_text("\n".join(report(df, skipped, options, args.structures, args, seconds, env)) + "\n")
     figure(df, args.structures, args.out.with_suffix(".png"))
     print(f"wrote {args.out}, {args.out.with_suffix('.csv')} and {args.out.with_suffix('.png')} ({seconds:.0f} s)")
     return 0
