@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 __all__ = ["RESUMABLE", "CLAIM", "Claim", "claim", "describe_claim", "flatten", "flat_experiment", "write_json",
+           "remove_partial_writes",
            "read_record", "write_history", "save_checkpoint", "load_checkpoint", "environment"]
 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
@@ -59,6 +60,19 @@ def _atomic(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: the run files written through a temporary file (``.<name>.<random>``) that a killed writer may leave behind
+_WRITTEN = ("metrics.json", "history.csv", "checkpoint.pt")
+
+
+def remove_partial_writes(run_dir: Path) -> list[Path]:
+    """Remove the temporary files of writes that never finished (a process killed mid-write leaves one beside the
+    file it was replacing, which is whole); call it only while holding the run's claim. Returns those removed."""
+    removed = [p for name in _WRITTEN for p in Path(run_dir).glob(f".{name}.*") if p.is_file()]
+    for p in removed:
+        p.unlink(missing_ok=True)
+    return removed
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -50,6 +50,7 @@ from latentstruct.records import (
     flatten,
     load_checkpoint,
     read_record,
+    remove_partial_writes,
     save_checkpoint,
     write_history,
     write_json,
@@ -226,6 +227,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             return {"status": "in_progress", "claimed_by": held.holder}
         if held.holder:
             log.info("%s: taking over the claim of %s, which is gone", out, describe_claim(held.holder))
+        for partial in remove_partial_writes(out):  # the run is ours: no one else is writing them
+            log.info("%s: removed %s, left by a write that was killed", out, partial.name)
         try:
             validate(cfg)
             record = read_record(out) or {}

@@ -37,6 +37,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_one_before(workdir, short_t
     fault = faults.kill_during_write(short_task, "checkpoint.pt", 2, workdir)
     assert fault.survived, fault.detail
     assert "the one before: whole (step 7)" in fault.detail and fault.steps == [7]
+    assert "left 1 half-written file, removed by the resumed run" in fault.detail
 
 
 def test_the_report_counts_each_section_and_flags_a_miss(tmp_path):

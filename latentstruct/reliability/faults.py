@@ -202,14 +202,15 @@ def kill_and_resume(task: str, kind: str, kills: int, rng: random.Random, workdi
 
 
 _WRITER = """
-import os, signal, sys
+import os, signal, sys, tempfile
 import latentstruct.records as records
 target, nth, real, seen = sys.argv[1], int(sys.argv[2]), records._atomic, {"n": 0}
 def dying(path, write):
     if os.path.basename(str(path)) == target:
         seen["n"] += 1
         if seen["n"] == nth:  # write the new file beside the old one, keep half of it, and die before the rename
-            tmp = str(path) + ".partial"
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(str(path)), prefix="." + os.path.basename(str(path)) + ".")
+            os.close(fd)
             write(tmp)
             with open(tmp, "r+b") as f:
                 f.truncate(max(1, os.path.getsize(tmp) // 2))
@@ -249,11 +250,15 @@ def kill_during_write(task: str, target: str, nth: int, workdir: Path) -> Fault:
                 whole = f"whole ({json.loads(before.read_text()).get('status')})"
         except Exception as err:  # noqa: BLE001 — a damaged file is the finding
             return Fault("write", f"write:{target}", task, False, 1, detail=f"{target} damaged: {err}")
+    left = sorted(p.name for p in run_dir.glob(f".{target}.*"))
     final = _launch(overrides + ["trainer.resume=true"], run_dir, log)
     final.wait()
     same, detail = _same(run_dir, ref_dir)
+    if list(run_dir.glob(f".{target}.*")):
+        same, detail = False, f"the half-written {left} is still there; {detail}"
     return Fault("write", f"write:{target}", task, same, lost=int(not same),
-                 detail=f"killed in write {nth} of {target}; the one before: {whole}; {detail}",
+                 detail=f"killed in write {nth} of {target} (left {len(left)} half-written file, removed by the "
+                        f"resumed run); the one before: {whole}; {detail}",
                  steps=_resumed_steps(run_dir))
 
 
