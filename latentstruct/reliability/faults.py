@@ -186,9 +186,12 @@ def kill_and_resume(task: str, kind: str, kills: int, rng: random.Random, workdi
             code = proc.wait()
             injected += 1
             if kind != "sigkill":
-                record = _record(run_dir)
-                if code != 128 + signum or record.get("status") not in ("interrupted", "completed"):
-                    problems.append(f"exit {code}, status {record.get('status')}")
+                # stopped: exit 128 + signal, status interrupted; or the signal came after the last step: the run
+                # completed and the signal was handed on to its default action (exit -signal)
+                status = _record(run_dir).get("status")
+                if (status, code) not in (("interrupted", 128 + signum), ("completed", 128 + signum),
+                                          ("completed", -signum), ("completed", 0)):
+                    problems.append(f"exit {code}, status {status}")
         if injected:
             break
         window /= 2
