@@ -124,13 +124,13 @@ class LatentClassifier(Task):
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
         """Accuracy and, when the true latent ``z`` is known, how well the MAP latent recovers it; all ×100.
 
-        A class-index ``z`` (the synthetic clusters): ``v_measure`` of the MAP cluster, also under the name
-        ``recovery``; a model without a latent predicts one constant cluster, whose V-measure is 0 by definition.
+        A class-index ``z`` (the synthetic clusters): ``v_measure`` of the MAP cluster (exactly as for Table 2; a
+        model without a latent predicts one constant cluster, whose V-measure is 0 by definition).
         A vertex ``z`` ``[N, *part_shape]`` (the planted structures), with a latent (predicted or gold):
         ``recovery``, the part F1 of the MAP vertex against z* (micro over the examples; for trees the attachment or
         span score, as every vertex has the same number of parts), and ``exact``, the rate of MAP = z*; for a
-        categorical z (one part shape dimension, one-hot) ``recovery`` is the V-measure of the argmax (clusters are
-        identified up to a permutation), and for sequence tags ``v_measure`` is that of the tag at each position.
+        categorical z (one part shape dimension, one-hot) ``recovery`` and ``v_measure`` are the V-measure of the
+        argmax (clusters are identified up to a permutation), and for sequence tags ``v_measure`` is that of the tag at each position.
         A model without a latent (``latent=none``) reports no recovery.
         """
         was_training = self.training
@@ -157,7 +157,6 @@ class LatentClassifier(Task):
             metrics["v_measure"] = 100 * float(
                 v_measure_score(torch.cat(true_z).cpu().numpy(), torch.cat(clusters).cpu().numpy())
             )
-            metrics["recovery"] = metrics["v_measure"]
         elif true_z and all(v is not None for v in vertices):
             metrics.update(recovery_metrics(torch.cat(vertices), torch.cat(true_z)))
         return metrics
@@ -165,13 +164,14 @@ class LatentClassifier(Task):
 
 def recovery_metrics(pred: torch.Tensor, true: torch.Tensor) -> dict[str, float]:
     """How well vertices ``pred`` ``[N, *part_shape]`` recover ``true`` (0/1), ×100: ``recovery`` (part F1, micro;
-    for a categorical latent, shape ``[N, n]``, the V-measure of the argmax), ``exact`` (the rate of pred = true) and,
+    for a categorical latent, shape ``[N, n]``, the V-measure of the argmax, also as ``v_measure``), ``exact`` (the rate of pred = true) and,
     for sequence tags ``[N, n, T, T]``, ``v_measure`` of the tag at each position."""
     pred, true = pred.detach().cpu() > 0.5, true.detach().cpu() > 0.5
     flat_pred, flat_true = pred.flatten(1), true.flatten(1)
     metrics = {"exact": 100 * float((flat_pred == flat_true).all(1).float().mean())}
     if true.dim() == 2 and bool((true.sum(1) == 1).all()):  # categorical: a cluster per example
         metrics["recovery"] = 100 * float(v_measure_score(true.int().argmax(1).numpy(), pred.int().argmax(1).numpy()))
+        metrics["v_measure"] = metrics["recovery"]
         return metrics
     overlap, sizes = float((flat_pred & flat_true).sum()), float(flat_pred.sum() + flat_true.sum())
     metrics["recovery"] = 100 * 2 * overlap / sizes if sizes else 100.0
