@@ -130,7 +130,8 @@ class LatentClassifier(Task):
         ``recovery``, the part F1 of the MAP vertex against z* (micro over the examples; for trees the attachment or
         span score, as every vertex has the same number of parts), and ``exact``, the rate of MAP = z*; for a
         categorical z (one part shape dimension, one-hot) ``recovery`` and ``v_measure`` are the V-measure of the
-        argmax (clusters are identified up to a permutation), and for sequence tags ``v_measure`` is that of the tag at each position.
+        argmax (clusters are identified up to a permutation), and for sequence tags ``v_measure`` is that of the
+        tag at each position.
         A model without a latent (``latent=none``) reports no recovery.
         """
         was_training = self.training
@@ -164,8 +165,8 @@ class LatentClassifier(Task):
 
 def recovery_metrics(pred: torch.Tensor, true: torch.Tensor) -> dict[str, float]:
     """How well vertices ``pred`` ``[N, *part_shape]`` recover ``true`` (0/1), ×100: ``recovery`` (part F1, micro;
-    for a categorical latent, shape ``[N, n]``, the V-measure of the argmax, also as ``v_measure``), ``exact`` (the rate of pred = true) and,
-    for sequence tags ``[N, n, T, T]``, ``v_measure`` of the tag at each position."""
+    for a categorical latent, shape ``[N, n]``, the V-measure of the argmax, also as ``v_measure``), ``exact`` (the
+    rate of pred = true) and, for sequence tags ``[N, n, T, T]``, ``v_measure`` of the tag at each position."""
     pred, true = pred.detach().cpu() > 0.5, true.detach().cpu() > 0.5
     flat_pred, flat_true = pred.flatten(1), true.flatten(1)
     metrics = {"exact": 100 * float((flat_pred == flat_true).all(1).float().mean())}
