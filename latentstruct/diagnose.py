@@ -203,8 +203,7 @@ def run(options: list[str], structures: list[str], losses: list[str], batch: int
     return pd.DataFrame(rows), skipped
 
 
-def _grid(df: pd.DataFrame, metric: str, options: list[str], structures: list[str],
-          skipped: dict, fmt: str) -> list[str]:
+def _grid(df: pd.DataFrame, metric: str, options: list[str], structures: list[str], fmt: str) -> list[str]:
     """A Markdown table, estimator rows × structure columns, of ``metric`` averaged over the losses."""
     mean = df.groupby(["estimator", "structure"])[metric].mean() if len(df) else pd.Series(dtype=float)
     lines = ["| estimator | " + " | ".join(structures) + " |", "|---" * (len(structures) + 1) + "|"]
@@ -244,16 +243,16 @@ def report(df: pd.DataFrame, skipped: dict, options: list[str], structures: list
         "the expected-loss gradient, which it does not set out to estimate",
         "",
         "## Cosine of one call's gradient with the exact one (mean over draws)", "",
-        *_grid(df, "cosine", options, structures, skipped, ".3f"),
+        *_grid(df, "cosine", options, structures, ".3f"),
         "", "## Cosine of the mean gradient (over the draws) with the exact one", "",
-        *_grid(df, "cosine_of_mean", options, structures, skipped, ".3f"),
+        *_grid(df, "cosine_of_mean", options, structures, ".3f"),
         "", "## Relative bias of the mean gradient, ‖ḡ − g*‖ / ‖g*‖", "",
         f"(with {args.draws} draws an unbiased estimator still shows about sqrt(variance / {args.draws}))", "",
-        *_grid(df, "bias", options, structures, skipped, ".3g"),
+        *_grid(df, "bias", options, structures, ".3g"),
         "", "## Relative variance of one call, E‖g − ḡ‖² / ‖g*‖²", "",
-        *_grid(df, "variance", options, structures, skipped, ".3g"),
+        *_grid(df, "variance", options, structures, ".3g"),
         "", f"## Cost of one call (forward and backward, batch of {args.batch}), ms", "",
-        *_grid(df, "ms", options, structures, skipped, ".2f"),
+        *_grid(df, "ms", options, structures, ".2f"),
         "", "## Not run", "",
     ]
     lines += [f"- `{o}` on {s}: {why}" for (o, s), why in sorted(skipped.items())]

@@ -29,7 +29,7 @@ def short_task(monkeypatch):
 def test_a_sigkilled_run_resumes_to_the_uninterrupted_end(workdir, short_task):
     fault = faults.kill_and_resume(short_task, "sigkill", 1, random.Random(3), workdir)
     assert fault.survived, fault.detail
-    assert fault.detail.startswith("1 stops") and len(fault.steps) == 1  # it was killed once, then resumed
+    assert fault.injected == 1 and fault.detail.startswith("1 stops") and len(fault.steps) == 1  # killed once
 
 
 @pytest.mark.slow
@@ -42,9 +42,9 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_one_before(workdir, short_t
 
 def test_the_report_counts_each_section_and_flags_a_miss(tmp_path):
     found = [faults.Fault("kill", "sigkill", "t", True, detail="2 stops; identical history and metrics",
-                          steps=[5, 9]),
+                          steps=[5, 9], injected=2),
              faults.Fault("kill", "sigterm", "t", False, 1, detail="1 stops; metrics differ"),
-             faults.Fault("launchers", "launchers:3", "t", True, detail="6 runs")]
+             faults.Fault("launchers", "launchers:3", "t", True, detail="6 runs", injected=3)]
     args = suite.argparse.Namespace(quick=False, kills=1, stops_per_run=2, seed=0, examples=1)
     text = "\n".join(suite._report(found, [], [], args, 60.0))
     assert "TARGETS MISSED" in text

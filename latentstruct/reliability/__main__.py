@@ -112,16 +112,14 @@ def _report(found, damaged, refused, args, seconds: float) -> list[str]:
     ]
     # faults are counted as stops (kills), launcher processes (launchers), runs and files (the others)
     kills = by["kill"]
-    stops = {id(f): int(f.detail.split(" stops")[0]) for f in kills}
-    lines.append(_row("kills and stop signals at random steps, resumed", sum(stops.values()),
-                      sum(stops[id(f)] for f in kills if f.survived), sum(f.lost for f in kills), 0,
+    lines.append(_row("kills and stop signals at random steps, resumed", sum(f.injected for f in kills),
+                      sum(f.injected for f in kills if f.survived), sum(f.lost for f in kills), 0,
                       "identical history and metrics"))
     lines.append(_row("kills during a record file's write", len(by["write"]), sum(f.survived for f in by["write"]),
                       sum(f.lost for f in by["write"]), 0, "the file before survives; identical resume"))
     launch = by["launchers"]
-    launchers = {id(f): int(f.kind.split(":")[1]) for f in launch}
-    lines.append(_row("concurrent launchers on one sweep", sum(launchers.values()),
-                      sum(launchers[id(f)] for f in launch if f.survived), sum(f.lost for f in launch),
+    lines.append(_row("concurrent launchers on one sweep", sum(f.injected for f in launch),
+                      sum(f.injected for f in launch if f.survived), sum(f.lost for f in launch),
                       sum(f.duplicated for f in launch), "every run exactly once"))
     lines.append(_row("non-finite values", len(by["non_finite"]), sum(f.survived for f in by["non_finite"]), "—",
                       "—", "one line naming the value"))
@@ -137,7 +135,7 @@ def _report(found, damaged, refused, args, seconds: float) -> list[str]:
               "by itself.", "",
               "| task | fault | stops | resumed at steps | result |", "|---|---|---|---|---|"]
     for f in kills:
-        lines.append(f"| {f.task} | {f.kind} | {f.detail.split(' stops')[0]} | {', '.join(map(str, f.steps))} | "
+        lines.append(f"| {f.task} | {f.kind} | {f.injected} | {', '.join(map(str, f.steps))} | "
                      f"{'survived' if f.survived else '**lost**'}: {f.detail.split('; ', 1)[-1]} |")
     lines += ["", "## Kills during a write", "",
               "The process writes a record file beside the old one and dies (SIGKILL) half-way through, before the "
@@ -145,7 +143,7 @@ def _report(found, damaged, refused, args, seconds: float) -> list[str]:
     lines += [f"| {f.kind.split(':')[1]} | {'survived' if f.survived else '**lost**'}: {f.detail} |"
               for f in by["write"]]
     lines += ["", "## Concurrent launchers", "", "| launchers | result |", "|---|---|"]
-    lines += [f"| {f.kind.split(':')[1]} | {'every run once' if f.survived else '**missed**'}: {f.detail} |"
+    lines += [f"| {f.injected} | {'every run once' if f.survived else '**missed**'}: {f.detail} |"
               for f in launch]
     lines += ["", "## Non-finite values", "", "| case | the line |", "|---|---|"]
     lines += [f"| {f.kind} | {'' if f.survived else '**not clear** '}`{f.detail}` |" for f in by["non_finite"]]

@@ -81,6 +81,7 @@ class Fault:
     duplicated: int = 0
     detail: str = ""
     steps: list[int] = field(default_factory=list)
+    injected: int = 1  # faults this record stands for: the stops of a killed run, the launchers of a sweep
 
 
 def _env() -> dict[str, str]:
@@ -201,7 +202,7 @@ def kill_and_resume(task: str, kind: str, kills: int, rng: random.Random, workdi
     if problems:
         same, detail = False, "; ".join(problems) + "; " + detail
     return Fault("kill", kind, task, same, lost=int(not same), detail=f"{injected} stops; {detail}",
-                 steps=_resumed_steps(run_dir))
+                 steps=_resumed_steps(run_dir), injected=injected)
 
 
 _WRITER = """
@@ -286,7 +287,8 @@ def concurrent_launchers(launchers: int, seeds: list[int], workdir: Path) -> Fau
     duplicated = sum(n > 1 for n in trained.values())
     ok = lost == 0 and duplicated == 0 and all(c == 0 for c in codes)
     return Fault("launchers", f"launchers:{launchers}", "synthetic_spigot", ok, lost, duplicated,
-                 detail=f"{len(seeds)} runs; trained {sorted(trained.values())} times; exit codes {codes}")
+                 detail=f"{len(seeds)} runs; trained {sorted(trained.values())} times; exit codes {codes}",
+                 injected=launchers)
 
 
 def non_finite(workdir: Path) -> list[Fault]:

@@ -327,8 +327,8 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     if len(missing):
         lines += ["", "Cells without completed runs: "
                   + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
-    stopped = ~used["completed"] & (used["status"] != "interrupted") if len(used) else None
-    failed = used[stopped].drop_duplicates("run_dir") if len(used) else used
+    failing = ~used["completed"] & (used["status"] != "interrupted") if len(used) else None  # interrupted: resumable
+    failed = used[failing].drop_duplicates("run_dir") if len(used) else used
     if len(failed):
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
         lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
