@@ -42,7 +42,7 @@ BENCH_LAYERS_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner \
-	table-energy-pos table-spigot-sst table-spigot-snli report reliability table-lab-gradients bench-structures bench-layers clean
+	table-energy-pos table-spigot-sst table-spigot-snli report reliability table-lab-gradients table-lab-matrix bench-structures bench-layers clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -112,6 +112,9 @@ table-energy-pos: ## seed 004 Table 9: 9 methods x 3 seeds on Twitter POS -> res
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient -> results/lab/gradients.md, .csv, .png
 	$(BIN)/python -m latentstruct.diagnose --out results/lab/gradients.md
+
+table-lab-matrix: install ## every estimator x planted structure, lr/eta chosen on valid, 4 seeds; reruns only what is missing -> results/lab/matrix.md, .csv, .png
+	+$(BIN)/python -m latentstruct.report.matrix --runs $(RUNS) --results $(RESULTS) --jobs $(JOBS) $(DRY)
 
 reliability: install ## fault-injection suite: kills, stop signals, kills mid-write, concurrent launchers, damaged files, bad values -> results/reliability.md (~12 min)
 	$(BIN)/python -m latentstruct.reliability --out results/reliability.md

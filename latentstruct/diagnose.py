@@ -231,6 +231,9 @@ def report(df: pd.DataFrame, skipped: dict, options: list[str], structures: list
         f"Written by `make table-lab-gradients` (`python -m latentstruct.diagnose --draws {args.draws} --batch "
         f"{args.batch} --seed {args.seed}`); the method is in `latentstruct/diagnose.py`'s docstring.",
         "",
+        f"**Status:** {df.groupby(['estimator', 'structure']).ngroups if len(df) else 0} estimator × structure cells "
+        f"measured against the exact gradient, {len(skipped)} not applicable (listed at the end).",
+        "",
         f"- git commit: {env['git_commit']}{' (dirty)' if env['git_dirty'] else ''}; torch {env['torch']}; "
         f"hardware: CPU ({platform.machine()}); generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
         f" in {seconds / 60:.1f} min",

@@ -5,7 +5,8 @@
 Every ``<table>.json`` under ``--results`` that :mod:`latentstruct.report.status` wrote becomes a line: the table
 (linked), its status against the paper's protocol and what differs, the runs behind it, the cells within tolerance,
 the headline computed from its numbers, and its figures. A benchmark's Markdown (results/bench/) gets a line with
-its own status line. Nothing in the page is typed by hand: rerun this after ``make table``.
+its own status line, and so does each page of the lab (results/lab/). Nothing in the page is typed by hand: rerun
+this after ``make table``.
 """
 
 from __future__ import annotations
@@ -109,15 +110,21 @@ def render(results: str | Path = "results") -> str:
             )
             + " |"
         )
-    bench = sorted((results / "bench").glob("*.md")) if (results / "bench").is_dir() else []
-    if bench:
-        lines += ["", "## Benchmarks", ""]
-        for path in bench:
-            text = path.read_text()
-            title = next((line[2:] for line in text.splitlines() if line.startswith("# ")), path.stem)
-            found = re.search(r"^\*\*Status:[^\n]*", text, re.M)
-            lines.append(f"- [{title}](bench/{path.name}): {found[0] if found else 'no status line'}")
+    lines += _pages(results, "bench", "Benchmarks")
+    lines += _pages(results, "lab", "The lab: beyond the papers")
     return "\n".join(lines) + "\n"
+
+
+def _pages(results: Path, folder: str, heading: str) -> list[str]:
+    """A section linking the Markdown pages of ``results/<folder>``, each with its title and status line."""
+    pages = sorted((results / folder).glob("*.md")) if (results / folder).is_dir() else []
+    lines = ["", f"## {heading}", ""] if pages else []
+    for path in pages:
+        text = path.read_text()
+        title = next((line[2:] for line in text.splitlines() if line.startswith("# ")), path.stem)
+        found = re.search(r"^\*\*Status:[^\n]*", text, re.M)
+        lines.append(f"- [{title}]({folder}/{path.name}): {found[0] if found else 'no status line'}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
