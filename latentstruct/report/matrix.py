@@ -34,7 +34,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -58,7 +58,7 @@ class Cell:
     row: str
     setting: str
     overrides: tuple[tuple[str, str], ...]
-    grid: tuple[str, ...] = field(default=())
+    grid: tuple[str, ...] = ()
 
 
 def _pairs(overrides: list[str]) -> list[tuple[str, str]]:
@@ -104,15 +104,18 @@ def find(runs: pd.DataFrame, overrides) -> pd.DataFrame:
     """The runs (of :func:`latentstruct.report.tables.load_runs`) a job's overrides describe (module docstring)."""
     if not len(runs):
         return runs
-    match = {}
-    for key, value in overrides:
-        column = _column(runs, key)
+    return filter_runs(runs, {_column(runs, key): _number(value) for key, value in overrides})
+
+
+def _number(value: str):
+    """An override's value as the records hold it: a number where it reads as one (``0.01``, ``301``), else text."""
+    try:
+        return int(value)
+    except ValueError:
         try:
-            match[column] = float(value) if column not in ("choices.experiment", "seed") else value
+            return float(value)
         except ValueError:
-            match[column] = value
-    match = {k: (int(v) if k == "seed" else v) for k, v in match.items()}
-    return filter_runs(runs, match)
+            return value
 
 
 def _job(cell: Cell, point, seed: int) -> tuple[tuple[str, str], ...]:
@@ -136,7 +139,7 @@ def pending(jobs, runs: pd.DataFrame) -> list:
 
 def launches(jobs) -> list[list[tuple[str, str]]]:
     """Group jobs into launches: one launch sweeps the :data:`SWEPT` values of jobs that share everything else, as
-    long as the jobs are the whole product of those values (else it splits on the first swept key that varies).
+    long as the jobs are the whole product of those values (else it splits on the swept key with the fewest values).
     Each launch is a list of (key, value or ``v1,v2,...``) overrides."""
     groups: dict[tuple, list] = {}
     for job in jobs:
@@ -173,7 +176,9 @@ def select(spec: dict, cell: Cell, runs: pd.DataFrame) -> tuple[tuple[tuple[str,
                 continue
             return None, "not run yet"
         value = float(done[column].iloc[0]) if column in done else math.nan
-        if value > best_value:
+        if math.isnan(value):  # a completed run without the metric: no basis for choosing it
+            failed += 1
+        elif value > best_value:
             best, best_value = point, value
     if best is None:
         return None, f"all {failed} grid points failed"
