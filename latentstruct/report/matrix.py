@@ -1,7 +1,8 @@
 """The estimator × structure matrix (issue #22): seed 001's Table 2 protocol on every planted structure.
 
     python -m latentstruct.report.matrix [--spec experiments/lab_matrix.yaml] [--runs multirun] [--results results]
-        [--jobs 2] [--seeds 301,302] [--args 'trainer.max_steps=20'] [--report-only] [--dry-run]
+        [--jobs 2] [--seeds 301,302] [--rows spigot,spigot_ce] [--args 'trainer.max_steps=20'] [--report-only]
+        [--dry-run]
 
 (``make table-lab-matrix``.) The spec (``experiments/lab_matrix.yaml``, not a paper table spec of
 ``experiments/<paper>/``) names the structures (its ``settings``, each a ``planted_<structure>`` experiment), the
@@ -475,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at a time (default: the cores)")
     parser.add_argument("--seeds", default="", help="the seeds of step 3, e.g. 301,302 (default: the spec's)")
     parser.add_argument("--args", default="", help="more Hydra overrides of every run, shell-quoted")
+    parser.add_argument("--rows", default="", help="run only these rows of the spec, e.g. spigot,spigot_ce (default: "
+                        "all; the table always shows every row)")
     parser.add_argument("--report-only", action="store_true", help="launch nothing: the table from the runs there are")
     parser.add_argument("--dry-run", action="store_true", help="print the launches, run nothing")
     args = parser.parse_args(argv)
@@ -483,10 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir = Path(args.runs, spec["sweep_dir"])
     extra = shlex.split(args.args)
     start = time.perf_counter()
+    rows = args.rows.split(",") if args.rows else [r["name"] for r in spec["rows"]]
+    unknown = set(rows) - {r["name"] for r in spec["rows"]}
+    if unknown:
+        sys.exit(f"error: --rows names no row of {args.spec}: {', '.join(sorted(unknown))}")
+    todo = {**spec, "rows": [r for r in spec["rows"] if r["name"] in rows]}
     for setting in [] if args.report_only else [s["name"] for s in spec["settings"]]:  # a structure at a time
-        grid, _ = plan(spec, load_runs(runs_dir), seeds, setting)
+        grid, _ = plan(todo, load_runs(runs_dir), seeds, setting)
         _run(grid, runs_dir, args.jobs, extra, args.dry_run, f"{setting} grid")
-        _, rest = plan(spec, load_runs(runs_dir), seeds, setting)
+        _, rest = plan(todo, load_runs(runs_dir), seeds, setting)
         _run(rest, runs_dir, args.jobs, extra, args.dry_run, f"{setting} seeds")
     if args.dry_run:
         return 0
