@@ -19,8 +19,8 @@ the jobs of a structure that share all but their swept values grouped into one l
 ``<runs>/<sweep_dir>``. A run is found by its record, never by its directory name (each override ``key=value``
 matches the run's ``choices.<key>``, a config group, or else its ``<key>``), and a job whose run has completed is not
 launched again, so the command reruns only what is missing (a failed run is launched again; ``--report-only``: no
-runs at all). The structures go one at a time, each through steps 1-3, so an interrupted benchmark leaves whole
-structures behind it. Then the table:
+runs at all). Step 1 goes a structure at a time; step 3 a seed at a time over every cell, so a benchmark stopped
+part-way leaves every cell with the same number of seeds. Then the table:
 ``results/lab/matrix.md`` (median ± s.e. of test accuracy and recovery ×100 per cell, best per column in bold),
 ``matrix.csv`` (every cell with its chosen point and per-seed values) and ``matrix.png`` (the recovery heat map).
 """
@@ -46,7 +46,7 @@ __all__ = ["Cell", "cells", "grid_points", "find", "pending", "launches", "selec
 
 SPEC = "experiments/lab_matrix.yaml"
 #: keys whose values a launch sweeps (the rest of a job's overrides must be shared by the jobs of one launch)
-SWEPT = ("latent", "estimator", "decoder", "optim.lr", "estimator.eta", "trainer.seed")
+SWEPT = ("+experiment", "latent", "estimator", "decoder", "optim.lr", "estimator.eta", "trainer.seed")
 #: how every launch runs: local parallel jobs, one thread each, no progress bars, a finished run skipped
 LAUNCHER = ("hydra/launcher=joblib", "hydra.launcher.n_jobs={jobs}", "trainer.threads=1", "trainer.progress=false",
             "trainer.resume=true")
@@ -60,6 +60,7 @@ class Cell:
     setting: str
     overrides: tuple[tuple[str, str], ...]
     grid: tuple[str, ...] = ()
+    values: tuple[tuple[str, tuple], ...] = ()  # the row's own values of grid keys (``grid_values``), if any
 
 
 def _pairs(overrides: list[str]) -> list[tuple[str, str]]:
@@ -81,7 +82,8 @@ def cells(spec: dict) -> list[Cell]:
             if ("only" in row and name not in row["only"]) or name in row.get("skip", ()):
                 continue
             overrides = [("+experiment", setting["experiment"]), *_pairs(row.get("overrides", []))]
-            out.append(Cell(row["name"], name, tuple(overrides), tuple(row.get("grid", ()))))
+            own = tuple((k, tuple(v)) for k, v in (row.get("grid_values") or {}).items())
+            out.append(Cell(row["name"], name, tuple(overrides), tuple(row.get("grid", ())), own))
     return out
 
 
@@ -91,8 +93,10 @@ def _value(value) -> str:
 
 
 def grid_points(spec: dict, cell: Cell) -> list[tuple[tuple[str, str], ...]]:
-    """The cell's grid points in grid order, each a tuple of (key, value) overrides (one empty point without keys)."""
-    values = [[(key, _value(v)) for v in spec["grid"][key]] for key in cell.grid]
+    """The cell's grid points in grid order, each a tuple of (key, value) overrides (one empty point without keys);
+    a row's ``grid_values`` replace the spec's values of those keys."""
+    own = dict(cell.values)
+    values = [[(key, _value(v)) for v in own.get(key, spec["grid"][key])] for key in cell.grid]
     return [tuple(point) for point in itertools.product(*values)]
 
 
@@ -494,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     for setting in [] if args.report_only else [s["name"] for s in spec["settings"]]:  # a structure at a time
         grid, _ = plan(todo, load_runs(runs_dir), seeds, setting)
         _run(grid, runs_dir, args.jobs, extra, args.dry_run, f"{setting} grid")
-        _, rest = plan(todo, load_runs(runs_dir), seeds, setting)
-        _run(rest, runs_dir, args.jobs, extra, args.dry_run, f"{setting} seeds")
+    for seed in [] if args.report_only else seeds:  # then a seed at a time, every cell's
+        _, rest = plan(todo, load_runs(runs_dir), [seed])
+        _run(rest, runs_dir, args.jobs, extra, args.dry_run, f"seed {seed}")
     if args.dry_run:
         return 0
     runs = load_runs(runs_dir)
