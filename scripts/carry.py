@@ -22,9 +22,10 @@ ListOps, kilobytes for the synthetic tasks. So records always travel, and checkp
   ``latentstruct.records.FINAL_WEIGHTS``, no optimizer state). A checkpoint that does not fit stays behind and is lost
   with the machine: that interrupted run starts over at its next launch, that completed run's report step cannot run
   here. ``pack.json`` and the last line of pack say which.
-* **unpack** puts what came back into the sweep directory here: the records, then the checkpoints. A run completed
-  here is never replaced by an unfinished one; a completed run keeps no older checkpoint of its own (it would hold the
-  weights of an earlier step). It prints how many runs are completed, interrupted or left to run.
+* **unpack** puts what came back into the sweep directory here: the records, then the checkpoints; the session's log
+  goes to ``<runs>/device_logs/``. A run completed here is never replaced; a run that completed on the device keeps no
+  older checkpoint of its own (it would hold the weights of an earlier step). It prints how many runs are completed
+  or interrupted, and which checkpoints were left on the device.
 * **stage** packs the same way, for the next device call, into ``.device/state/<paper>-<table>/``: the records (so
   that completed runs are skipped there) and the interrupted runs' checkpoints that fit in what that call may carry
   beside the working tree, the wheels and the table's data (``--budget-mib``; by default computed from their sizes).
@@ -66,6 +67,7 @@ CARRY_BYTES = 64 * MIB
 RECORDS = "records.tar.gz"
 PARTS = "checkpoints.tar"
 PACK_JSON = "pack.json"
+SESSION_LOG = "session.log"
 CHECKPOINT = "checkpoint.pt"
 #: files of a run directory that never travel in the records: the checkpoint (apart), the claim; and the temporary
 #: files of unfinished writes (latentstruct.records writes through ``.<name>.<random>``)
@@ -159,7 +161,7 @@ def _records_tar(sweep: Path, runs: list[Run], manifest: dict, log_file: Path | 
         info.size, info.mtime = len(data), int(time.time())
         tar.addfile(info, io.BytesIO(data))
         if log_file is not None and Path(log_file).is_file():
-            tar.add(log_file, arcname=Path(log_file).name)
+            tar.add(log_file, arcname=SESSION_LOG)
     return out.stat().st_size
 
 
@@ -281,6 +283,12 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
         sweep = runs_root / manifest["sweep"]
         kept = {rel for rel in manifest["runs"] if _status(sweep / rel) == "completed"}  # never replaced
         for member in tar.getmembers():
+            if member.name == SESSION_LOG:  # the device session's log, kept beside the runs
+                logs = runs_root / "device_logs"
+                logs.mkdir(parents=True, exist_ok=True)
+                stamp = manifest["packed"].replace(" UTC", "").replace(" ", "_").replace(":", "")
+                name = f"{manifest['table'].replace('/', '-')}_{stamp}.log"
+                (logs / name).write_bytes(tar.extractfile(member).read())
             if not member.name.startswith("runs/") or not member.isfile():
                 continue
             rel = member.name.removeprefix("runs/")

@@ -57,7 +57,9 @@ def test_pack_takes_the_records_and_what_fits_and_unpack_puts_them_back(tmp_path
     (sweep / "far" / "claim.json").write_text("{}")
     (sweep / "far" / ".metrics.json.x1y2").write_text("half")
     out = tmp_path / "out"
-    manifest = carry.pack(table, tmp_path / "device", out, files=5, part_bytes=8192, log=lambda _: None)
+    (tmp_path / "session").write_text("the device's log\n")
+    manifest = carry.pack(table, tmp_path / "device", out, files=5, part_bytes=8192, log_file=tmp_path / "session",
+                          log=lambda _: None)
     fates = {rel: v["checkpoint"] for rel, v in manifest["runs"].items()}
     assert fates == {"drawn": "final weights", "far": "checkpoint", "near": "checkpoint", "big": "left behind",
                      "other_seed": None, "killed": "checkpoint"}
@@ -75,6 +77,8 @@ def test_pack_takes_the_records_and_what_fits_and_unpack_puts_them_back(tmp_path
     assert not (here / "far" / "claim.json").exists() and not list((here / "far").glob(".metrics.json.*"))
     assert (here / "big" / "train.log").is_file() and not (here / "big" / "checkpoint.pt").exists()
     assert (here / "other_seed" / "checkpoint.pt").read_bytes() == b"mine"
+    (log,) = (local / "device_logs").glob("spigot-table3_sst_*.log")
+    assert log.read_text() == "the device's log\n"
     weights = torch.load(here / "drawn" / "checkpoint.pt", weights_only=False)
     assert weights[FINAL_WEIGHTS] and "optimizer" not in weights and torch.equal(weights["model"]["w"],
                                                                                  torch.arange(4.0))
