@@ -146,7 +146,7 @@ def _batches(split: dict, batch_size, seed: int, drop_last: bool):
                                    drop_last=drop_last)
 
 
-def _count_syncs(step) -> int:
+def count_syncs(step) -> int:
     """The synchronising CUDA calls ``step()`` makes (torch's sync debug mode, as warnings)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -206,7 +206,7 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
             step()
         if device.type == "cuda" and index == len(phases) - 1:
             _sync(device)
-            cell.syncs_per_step = _count_syncs(step)
+            cell.syncs_per_step = count_syncs(step)
         _sync(device)
         timed, chunk, start = 0, 1, time.perf_counter()
         while True:
