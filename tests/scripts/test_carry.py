@@ -221,3 +221,15 @@ def test_the_deadline_cli_passes_the_command_through(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "scripts.carry", "deadline", "60", "--claims", str(tmp_path), "--",
                            sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
     assert proc.returncode == 3, proc.stderr
+
+
+def test_a_run_never_resumes_from_the_final_weights_packed_for_a_report(tmp_path, caplog):
+    args = ["+experiment=synthetic_spigot", "dataset.n_train=50", "dataset.n_valid=20", "dataset.n_test=20",
+            "trainer.max_steps=4", "trainer.progress=false", f"paths.output_dir={tmp_path}"]
+    first = train(compose(*args))
+    carry._final_weights(tmp_path / "checkpoint.pt", tmp_path / "checkpoint.pt")  # what pack sends back
+    (tmp_path / "metrics.json").write_text(json.dumps({"status": "interrupted", "step": 4}))
+    with caplog.at_level(logging.INFO, logger="latentstruct"):
+        again = train(compose(*args))
+    assert "holds only the final weights of a finished run; starting over" in caplog.text
+    assert again["metrics"] == first["metrics"] and again["steps"] == 4
