@@ -9,19 +9,20 @@
 that ``latentstruct.report.reproduce`` gives it. The device tool brings back at most 8 files of at most 16 MiB, 64 MiB
 together, and a call carries at most 64 MiB: the working tree, the bundle's folders and the folders named in
 ``carry`` together. A run's record (metrics.json, history.csv, .hydra/, train.log) takes a few kB; its checkpoint is
-the model, the optimizer state and the RNG states: about 58 MB for SST and CoNLL-2003 (5 M trainable parameters, most
-of them the random-initialised embeddings, and Adam's two moments), 7 MB for the multi-label energy models, 4 MB for
+the model, the optimizer state and the RNG states: 58 MiB for SST and CoNLL-2003 (5 M trainable parameters, most of
+them the random-initialised embeddings, and Adam's two moments), 7 MiB for the multi-label energy models, 4 MiB for
 ListOps, kilobytes for the synthetic tasks. So records always travel, and checkpoints as they fit:
 
 * **pack** writes ``records.tar.gz`` — every run directory of the table without its checkpoint, with ``pack.json``
-  (each run's status, step and what became of its checkpoint) and ``--log`` — and then one tar of checkpoints split
-  into parts ``checkpoints.tar.000``, ``.001``, ... of at most 16 MiB, as many as fit in the 7 files and the 64 MiB
-  left: first those of the interrupted runs (their next launch resumes from them), the one that went furthest first;
-  then, for the completed runs that a report step of the table reads weights from (the SST tree drawings: the spec's
-  seed of each row; the ListOps trees: every run), their final weights alone (model, configuration, step, history:
-  ``latentstruct.records.FINAL_WEIGHTS``, no optimizer state). A checkpoint that does not fit stays behind and is lost
-  with the machine: that interrupted run starts over at its next launch, that completed run's report step cannot run
-  here. ``pack.json`` and the last line of pack say which.
+  (each run's status, step and what became of its checkpoint) and ``--log`` — and then one tar of checkpoints, each
+  gzip-compressed (level 1: ~6% off float32 weights), split into parts ``checkpoints.tar.000``, ``.001``, ... of at
+  most 16 MiB, as many as fit in the 7 files and the 64 MiB left: first those of the interrupted runs (their next
+  launch resumes from them), the one that went furthest first; then, for the completed runs that a report step of the
+  table reads weights from (the SST tree drawings: the spec's seed of each row; the ListOps trees: every run), their
+  final weights alone (model, configuration, step, history: ``latentstruct.records.FINAL_WEIGHTS``, no optimizer
+  state). A checkpoint that does not fit stays behind and is lost with the machine: that interrupted run starts over
+  at its next launch, that completed run's report step cannot run here. ``pack.json`` and the last line of pack say
+  which.
 * **unpack** puts what came back into the sweep directory here: the records, then the checkpoints; the session's log
   goes to ``<runs>/device_logs/``. A run completed here is never replaced; a run that completed on the device keeps no
   older checkpoint of its own (it would hold the weights of an earlier step). It prints how many runs are completed
@@ -36,15 +37,17 @@ ListOps, kilobytes for the synthetic tasks. So records always travel, and checkp
   seconds), then kills what is left of the group (idle launcher workers). Exit status: the command's, or 124 when it
   was stopped.
 
-The ~58 MB checkpoints are what limits the text tables: one of them fills a call's way back, and a call carries one
-at most beside the working tree, the wheels and the data. So size each session (runs at a time, seeds, methods) so
-that runs finish in it: docs/gpu.md.
+The 58 MiB checkpoints (54 MiB compressed) are what limits the text tables: one of them fills a call's way back, and
+a call carries one at most beside the working tree (4.3 MiB), the wheels and the table's data. So an SST or NER run
+that does not finish within one session can only go on in the next if it is the one interrupted run that travels;
+size each session (runs at a time, seeds, methods) so that runs finish in it: docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import gzip
 import io
 import json
 import os
@@ -62,7 +65,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 #: what a device call brings back (files, bytes per file, bytes in all) and what it carries
-BACK_FILES, PART_BYTES, BACK_BYTES = 8, 16 * MIB, 64 * MIB
+BACK_FILES, PART_BYTES, BACK_BYTES = 8, 16 * MIB - 64 * 1024, 64 * MIB  # parts a little under the limit
 CARRY_BYTES = 64 * MIB
 RECORDS = "records.tar.gz"
 PARTS = "checkpoints.tar"
@@ -177,6 +180,14 @@ def _final_weights(path: Path, into: Path) -> Path:
     return into
 
 
+def _gzip(path: Path, into: Path) -> Path:
+    """``path`` gzip-compressed at level 1 into ``into``: float32 weights and Adam moments shrink by ~6% (SST's 58 MiB
+    checkpoint to 54 MiB, which a device call can then carry beside the working tree, the wheels and the data)."""
+    with open(path, "rb") as f, gzip.open(into, "wb", compresslevel=1) as g:
+        shutil.copyfileobj(f, g, 4 * MIB)
+    return into
+
+
 def _write_parts(entries: list[tuple[str, Path]], out: Path, part_bytes: int) -> list[Path]:
     """One tar of ``(arcname, file)`` entries, split into ``out/checkpoints.tar.NNN`` of at most ``part_bytes``."""
     parts: list[Path] = []
@@ -245,12 +256,17 @@ def pack(table: str, runs_root: str | Path, out: str | Path, *, budget: int = BA
         records = _records_tar(sweep, runs, manifest, log_file, out / RECORDS)
         room = min(budget - records - 64 * 1024, (files - 1) * part_bytes) - 1024  # the tar's end blocks
         chosen, used = [], 0
-        for r, path, kind in candidates:
-            size = _tar_bytes(path.stat().st_size) + 1024  # a pax header may precede the entry
+        for i, (r, path, kind) in enumerate(candidates):
+            if used + path.stat().st_size // 2 > room:  # no checkpoint compresses to half: not worth trying
+                continue
+            packed = _gzip(path, Path(tmp) / f"{i}.gz")
+            size = _tar_bytes(packed.stat().st_size) + 1024  # a pax header may precede the entry
             if used + size <= room:
-                chosen.append((f"{r.rel}/{CHECKPOINT}", path))
+                chosen.append((f"{r.rel}/{CHECKPOINT}.gz", packed))
                 manifest["runs"][r.rel]["checkpoint"] = kind
                 used += size
+            else:
+                packed.unlink()
         for old in out.glob(f"{PARTS}.*"):
             old.unlink()
         parts = _write_parts(chosen, out, part_bytes) if chosen else []
@@ -308,14 +324,14 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
     if parts:
         with _Joined(parts) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
-                rel = member.name.removesuffix(f"/{CHECKPOINT}")
+                rel = member.name.removesuffix(f"/{CHECKPOINT}.gz")
                 if rel in kept or not member.isfile() or not _inside(sweep, member.name):
                     continue
-                target = sweep / member.name
+                target = sweep / rel / CHECKPOINT
                 target.parent.mkdir(parents=True, exist_ok=True)
                 tmp = target.with_name(f".{CHECKPOINT}.unpack")
-                with tar.extractfile(member) as f, open(tmp, "wb") as g:
-                    shutil.copyfileobj(f, g)
+                with tar.extractfile(member) as f, gzip.open(f) as z, open(tmp, "wb") as g:
+                    shutil.copyfileobj(z, g, 4 * MIB)
                 os.replace(tmp, target)
     changed = [rel for rel in kept if manifest["runs"][rel]["status"] != "completed"]
     for rel in sorted(changed):
