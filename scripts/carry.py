@@ -416,6 +416,10 @@ def stage(table: str, runs_root: str | Path, out: str | Path | None = None, budg
     budget = carry_budget(table) if budget is None else budget
     if out.exists():
         shutil.rmtree(out)
+    if not sweep_dir(table, runs_root).is_dir():
+        log(f"no runs of {table} under {runs_root} yet: the first call carries no state")
+        log(f"carry: {json.dumps(carry_list(table)[:-1])}")
+        return {}
     manifest = pack(table, runs_root, out, budget=budget, files=10**6, weights=False, log=log)
     log(f"carry: {json.dumps(carry_list(table))}  (state: {budget / MIB:.1f} MiB at most)")
     return manifest

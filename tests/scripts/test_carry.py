@@ -24,6 +24,8 @@ from latentstruct.train import train
 from scripts import carry
 from tests.helpers import compose
 
+MIB_10 = 10 * carry.MIB
+
 
 def _run(sweep: Path, name: str, status: str | None, step: int | None = None, ckpt: int | bytes | None = None,
          seed: int = 301, experiment: str = "sst_spigot") -> Path:
@@ -208,6 +210,13 @@ def test_the_carry_list_names_the_wheels_the_stamp_the_tables_data_and_its_state
     assert paths[:2] == [".device/wheels", ".device/commit.txt"]
     assert paths[2:-1] == [f".device/data/{d}" for d in data]
     assert paths[-1] == f".device/state/{table.replace('/', '-')}"
+
+
+def test_stage_before_any_run_carries_no_state(tmp_path):
+    said = []
+    assert carry.stage("spigot/table2", tmp_path, tmp_path / "state", budget=MIB_10, log=said.append) == {}
+    assert not (tmp_path / "state").exists()
+    assert said[-1] == 'carry: [".device/wheels", ".device/commit.txt"]'
 
 
 def test_the_cli_says_what_is_wrong_in_one_line(tmp_path, capsys):
