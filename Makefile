@@ -56,10 +56,10 @@ help: ## list the targets
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,sweep,slurm]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,sweep,slurm,wandb]'
 	touch $@
 
-install: $(BIN)/.installed ## create .venv (if absent) and install torch, then latentstruct with its dev, sweep and slurm extras
+install: $(BIN)/.installed ## create .venv (if absent) and install torch, then latentstruct with its dev, sweep, slurm and wandb extras
 
 run: install ## install if needed, then run the default experiment (synthetic clusters, SPIGOT, CPU, < 1 min)
 	$(BIN)/python -m latentstruct.train
