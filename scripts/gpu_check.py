@@ -134,7 +134,7 @@ def _installed(metadata, name: str) -> str | None:
 
 def cuda_tests(out: Path, seconds: float) -> dict:
     """``pytest -m cuda`` on tests/, its report in ``out/tests.xml``; the counts from pytest's last line."""
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-rs",
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "-rs",  # -q: pyproject's
            f"--junitxml={out / 'tests.xml'}", "tests"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds)
@@ -329,9 +329,10 @@ def structures(device: str, out: Path, bench_path: Path | None, seconds: float) 
 
 
 def timing(device: str, out: Path, clock: Clock) -> dict:
-    """Step 6: bench/tables.py until the deadline (on the CPU: two configurations of two tables, two steps each)."""
-    small = [] if device == "cuda" else ["--tables", "spigot/table3_sst", "energy/pos", "--max-configs", "2",
-                                         "--max-steps", "2", "--min-seconds", "0", "--warmup", "1"]
+    """Step 6: bench/tables.py until the deadline (on the CPU: three configurations of the multi-label table, one of
+    them in two phases, two steps each)."""
+    small = [] if device == "cuda" else ["--tables", "energy/mlc", "--max-configs", "3", "--max-steps", "2",
+                                         "--min-seconds", "0", "--warmup", "1", "--threads", "1"]
     cmd = [sys.executable, "bench/tables.py", "--device", device, "--out", str(out / "timing.json"),
            "--deadline", f"{clock.deadline:.0f}", *small]
     try:
