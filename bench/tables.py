@@ -292,16 +292,31 @@ def run(args) -> dict:
               f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s){'  ' + cell.error if cell.error else ''}", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    _estimate(all_cells)
+        if args.out is not None:  # after each configuration: a sheet survives a command killed at its limit
+            _write(args.out, _sheet(all_cells, device, args, started))
+    return _sheet(all_cells, device, args, started)
+
+
+def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) -> dict:
+    """The sheet of ``all_cells`` as timed so far, the untimed ones estimated (on copies)."""
     from latentstruct.records import environment
 
+    cells = [Cell(**asdict(c)) for c in all_cells]
+    _estimate(cells)
     return {"device": device.type, **environment(device), "torch_threads": torch.get_num_threads(),
             "cpu_cores": os.cpu_count(),
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
             "options": {k: getattr(args, k) for k in ("warmup", "min_seconds", "max_steps", "max_configs")},
             "session_minutes": SESSION_MINUTES,
-            "tables": summarise(all_cells), "configs": [asdict(c) for c in all_cells]}
+            "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
+
+
+def _write(path: Path, sheet: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(sheet, indent=1) + "\n")
+    tmp.replace(path)
 
 
 # -------------------------------------------------------------------------------------------------------- report
@@ -363,8 +378,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     sheet = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(sheet, indent=1) + "\n")
+    _write(args.out, sheet)
     print(f"wrote {args.out} ({sheet['seconds']:.0f} s)")
     return 0
 

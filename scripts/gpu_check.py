@@ -1,7 +1,7 @@
 """The GPU machine's check: one command of under ten minutes (``scripts/gpu_check.sh`` runs it once the bundle is
 installed; docs/gpu.md is the runbook).
 
-    OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 9]
+    OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 8]
     python -m scripts.gpu_check --device cuda --out DIR --deadline UNIX_SECONDS [--bench-path DIR]   # what it runs
 
 Its steps, in order, each given what is left of the time and recorded (status, seconds, note) in ``env.json``:
@@ -336,7 +336,7 @@ def timing(device: str, out: Path, clock: Clock) -> dict:
     cmd = [sys.executable, "bench/tables.py", "--device", device, "--out", str(out / "timing.json"),
            "--deadline", f"{clock.deadline:.0f}", *small]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, timeout=max(30.0, clock.left() + 120))
+        proc = subprocess.run(cmd, cwd=ROOT, timeout=max(30.0, clock.left() + 45))  # its sheet is written as it goes
     except subprocess.TimeoutExpired:
         return {"status": "timeout"}
     return {"status": "ok" if proc.returncode == 0 else "failed"}
@@ -371,10 +371,11 @@ def check(device: str, out: Path, deadline: float, bench_path: Path | None, bund
                 steps[name] = {"status": "failed", "note": f"{type(err).__name__}: {err}"}
         steps[name]["seconds"] = round(time.time() - started, 1)
         _log(f"{name}: {steps[name]['status']} in {steps[name]['seconds']:.0f} s {steps[name].get('note', '')}")
+        # after every step: if the command is killed at its limit, what is done is still described
+        (out / "env.json").write_text(json.dumps({**info, "steps": steps}, indent=1) + "\n")
     for name in ("syncs.json", "timing.json"):  # every file exists, even for a skipped step
         if not (out / name).exists():
             (out / name).write_text("null\n")
-    (out / "env.json").write_text(json.dumps({**info, "steps": steps}, indent=1) + "\n")
     return 0 if all(s["status"] in ("ok", "skipped") for s in steps.values()) else 1
 
 
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, help="the folder of the results ($OUT)")
-    parser.add_argument("--deadline", type=float, help="a Unix time to be done by (default: 9 minutes from now)")
+    parser.add_argument("--deadline", type=float, help="a Unix time to be done by (default: 8 minutes from now)")
     parser.add_argument("--bench-path", type=Path, help="where the bench references were installed")
     parser.add_argument("--bundle", type=Path, default=ROOT / ".device")
     args = parser.parse_args(argv)
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --device cuda but torch sees no CUDA device (use --device cpu for the dry run)",
                   file=sys.stderr)
             return 2
-    return check(args.device, args.out, args.deadline or time.time() + 540, args.bench_path, args.bundle)
+    return check(args.device, args.out, args.deadline or time.time() + 480, args.bench_path, args.bundle)
 
 
 if __name__ == "__main__":

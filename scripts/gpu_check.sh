@@ -3,7 +3,7 @@
 # (.device, make device-bundle), then scripts/gpu_check.py's steps (CUDA tests, every experiment on the device, host
 # round trips, bench/structures, the timing sheet). Everything goes to $OUT (8 files), the log to $OUT/check.log.
 #
-#   OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 9]
+#   OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 8]
 #
 # --device cpu is the dry run here: every step but the CUDA ones, in a venv that sees only the GPU image's packages
 # (scripts/bundle.py venv) with the bundle installed into it. PYTHON: the interpreter to start from (default python3;
@@ -11,12 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=cuda
-minutes=9
+minutes=8  # the steps' deadline; the install before it and the files after it fit in 10
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
     --minutes) minutes=$2; shift 2 ;;
-    *) echo "usage: OUT=<dir> $0 [--device cuda|cpu] [--minutes 9]" >&2; exit 2 ;;
+    *) echo "usage: OUT=<dir> $0 [--device cuda|cpu] [--minutes 8]" >&2; exit 2 ;;
   esac
 done
 : "${OUT:?set OUT to the folder that collects the results}"
