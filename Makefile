@@ -18,6 +18,10 @@ T ?=
 SEEDS ?=
 ARGS ?=
 RESULTS ?= results
+# ONLY=steps: the tables of the runs already there, no run launched (runs brought back from a GPU machine);
+# ONLY=sweeps: the runs alone. FROM: a folder of files a device call brought back (make gpu-results, gpu-unpack).
+ONLY ?=
+FROM ?=
 export SEEDS ARGS
 DRY = $(if $(findstring n,$(firstword -$(MAKEFLAGS))),--dry-run)
 $(if $(filter table,$(MAKECMDGOALS)),$(if $(T),,$(error usage: make table T=<paper>/<table> [SEEDS=...] [ARGS='...'] (make help lists T))))
@@ -42,7 +46,8 @@ BENCH_LAYERS_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner \
-	table-energy-pos table-spigot-sst table-spigot-snli report reliability table-lab-gradients table-lab-matrix bench-structures bench-layers clean
+	table-energy-pos table-spigot-sst table-spigot-snli report reliability table-lab-gradients table-lab-matrix bench-structures bench-layers \
+	device-bundle gpu-check-dry gpu-results gpu-unpack gpu-stage clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -51,10 +56,10 @@ help: ## list the targets
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check $(TORCH)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,sweep,slurm]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,sweep,slurm,wandb]'
 	touch $@
 
-install: $(BIN)/.installed ## create .venv (if absent) and install torch, then latentstruct with its dev, sweep and slurm extras
+install: $(BIN)/.installed ## create .venv (if absent) and install torch, then latentstruct with its dev, sweep, slurm and wandb extras
 
 run: install ## install if needed, then run the default experiment (synthetic clusters, SPIGOT, CPU, < 1 min)
 	$(BIN)/python -m latentstruct.train
@@ -67,7 +72,7 @@ lint: install ## ruff on the package and the tests
 
 table: install ## any table from its spec: make table T=spigot/table3_sst SEEDS=301 ARGS='trainer.max_epochs=2'
 	+$(BIN)/python -m latentstruct.report.reproduce $(T) --seeds "$$SEEDS" --args "$$ARGS" --runs $(RUNS) \
-		--results $(RESULTS) --jobs $(JOBS) $(DRY)
+		--results $(RESULTS) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(DRY)
 	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
 
 table-spigot-synthetic: spigot-table2 spigot-inner-steps ## seed 001 Table 2 + Figures 2-3 into results/spigot/
@@ -134,6 +139,25 @@ bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs Su
 bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
 	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \
 		--out results/bench/layers.md
+
+# ---- a GPU machine through the device tool (docs/gpu.md)
+device-bundle: install ## the wheels a GPU machine with torch lacks, the bench references, the data, a commit stamp -> .device/ (git-ignored; needs the package index)
+	$(BIN)/python scripts/bundle.py build --out .device
+
+gpu-check-dry: device-bundle ## scripts/gpu_check.sh --device cpu: the GPU check's dry run here, in a venv of the GPU image's packages + the bundle (OUT=<dir>, default a new temporary one)
+	out=$${OUT:-$$(mktemp -d)}; OUT=$$out PYTHON=$(BIN)/python scripts/gpu_check.sh --device cpu && echo "the check's files: $$out"
+
+gpu-results: ## results/bench/gpu.md and structures_cuda.md from the files gpu_check.sh brought back (FROM=<dir>)
+	$(if $(FROM),,$(error usage: make gpu-results FROM=<the folder of gpu_check.sh's files>))
+	$(BIN)/python scripts/gpu_report.py $(FROM) --out results/bench
+
+gpu-unpack: ## the run records and checkpoints gpu_table.sh brought back into multirun/ (FROM=<dir>); then make table T=... ONLY=steps
+	$(if $(FROM),,$(error usage: make gpu-unpack FROM=<the folder of gpu_table.sh's files>))
+	$(BIN)/python -m scripts.carry unpack $(FROM) --runs $(RUNS)
+
+gpu-stage: ## what the next gpu_table.sh call on T carries: T's records and the interrupted runs' checkpoints that fit -> .device/state/ (prints the carry list)
+	$(if $(T),,$(error usage: make gpu-stage T=<paper>/<table>))
+	$(BIN)/python -m scripts.carry stage $(T) --runs $(RUNS)
 
 clean: ## remove caches and single-run outputs (keeps .venv and multirun/)
 	rm -rf outputs .pytest_cache .ruff_cache

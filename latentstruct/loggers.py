@@ -54,7 +54,11 @@ class WandbLogger(NoLogger):
 
     def __init__(self, output_dir: str, run_config: dict | None = None, project: str = "latentstruct",
                  mode: Literal["offline", "online", "disabled"] = "offline"):
-        import wandb  # imported here: heavy, and only this logger needs it
+        try:
+            import wandb  # imported here: heavy, and only this logger needs it
+        except ImportError:
+            raise ImportError("logger=wandb needs the wandb package: pip install 'latentstruct[wandb]' "
+                              "(make install includes it)") from None
 
         self.run = wandb.init(project=project, mode=mode, dir=output_dir, config=run_config, reinit=True)
 

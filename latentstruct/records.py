@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["RESUMABLE", "CLAIM", "Claim", "claim", "describe_claim", "flatten", "flat_experiment", "write_json",
-           "remove_partial_writes",
-           "read_record", "write_history", "save_checkpoint", "load_checkpoint", "environment"]
+__all__ = ["RESUMABLE", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
+           "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
+           "load_checkpoint", "environment"]
 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
 # computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
@@ -96,6 +96,11 @@ def write_history(path: Path, history: list[dict[str, float]]) -> None:
     _atomic(Path(path), lambda tmp: pd.DataFrame(history).to_csv(tmp, index=False))
 
 
+#: the key, true, of a checkpoint that keeps only a completed run's final weights (model, config, step, history), as
+#: ``scripts/carry.py`` packs them for the report steps that read weights: such a checkpoint cannot resume a run
+FINAL_WEIGHTS = "final_weights_only"
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     _atomic(Path(path), lambda tmp: torch.save(state, tmp))
 
@@ -104,7 +109,13 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     return torch.load(path, map_location=device, weights_only=False)
 
 
+#: where a checkout without git (a copy of the tree on a GPU machine) finds its commit: ``<sha>`` or ``<sha>+dirty``,
+#: as ``scripts/bundle.py`` stamps it (the scripts that run there export it from ``.device/commit.txt``)
+COMMIT_ENV = "LATENTSTRUCT_GIT_COMMIT"
+
+
 def _git_commit() -> tuple[str, bool | None]:
+    """The checkout's commit and whether tracked files differ from it; without git, :data:`COMMIT_ENV`'s stamp."""
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -118,7 +129,11 @@ def _git_commit() -> tuple[str, bool | None]:
         ).stdout.strip()
         return sha, bool(dirty)
     except (OSError, subprocess.CalledProcessError):
-        return "unknown", None
+        stamp = os.environ.get(COMMIT_ENV, "").strip()
+        if not stamp:
+            return "unknown", None
+        sha, _, dirty = stamp.partition("+")
+        return sha, dirty == "dirty"
 
 
 def environment(device: torch.device) -> dict[str, Any]:

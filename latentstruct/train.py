@@ -43,6 +43,7 @@ from latentstruct.data.base import iterate_batches, num_batches
 from latentstruct.guards import Interrupted, NonFinite, StopSignals, diagnose
 from latentstruct.progress import Progress
 from latentstruct.records import (
+    FINAL_WEIGHTS,
     RESUMABLE,
     claim,
     describe_claim,
@@ -280,8 +281,11 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
     step, history, elapsed = 0, [], 0.0
     loss_sum, loss_count = 0.0, 0  # since the last evaluation, summed on the device: no host sync per step
     ckpt_path = out / "checkpoint.pt"
-    if resume and ckpt_path.exists():
-        ckpt = load_checkpoint(ckpt_path, device)
+    ckpt = load_checkpoint(ckpt_path, device) if resume and ckpt_path.exists() else None
+    if ckpt is not None and ckpt.get(FINAL_WEIGHTS):  # a finished run's weights, packed for the reports
+        log.info("%s: its checkpoint holds only the final weights of a finished run; starting over", out)
+        ckpt = None
+    if ckpt is not None:
         _check_same_run(ckpt["config"], config, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])

@@ -13,6 +13,9 @@ The root is ``paths.data_dir`` as the package resolves it (``$LATENTSTRUCT_DATA`
 - A marked test cannot be skipped for any other reason: such a skip is reported as a failure.
 - A ``LATENTSTRUCT_DATA`` that names no directory stops the session before any test runs.
 - The session ends with the number of real-data tests that ran and that were skipped, by dataset.
+
+A test that needs a GPU is marked ``@pytest.mark.cuda`` and skipped where torch sees no CUDA device;
+``scripts/gpu_check.sh`` runs them all on the GPU machine (``pytest -m cuda``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.stash[_ROOT]
+    no_cuda = pytest.mark.skip(reason="needs CUDA") if not torch.cuda.is_available() else None
     for item in items:
+        if no_cuda is not None and item.get_closest_marker("cuda"):
+            item.add_marker(no_cuda)
         marker = item.get_closest_marker(MARK)
         if marker is None:
             continue

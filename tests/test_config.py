@@ -110,14 +110,26 @@ def _paper_experiments() -> list[str]:
 
 
 def test_every_paper_row_composes_under_its_flat_name():
-    """Every experiment (the paper rows' among them) composes and validates: its keys, choices and ranges."""
+    """Every experiment (the paper rows' among them) composes and validates: its keys, choices and ranges; each as
+    the GPU runs compose it, with trainer.device=cuda (scripts/gpu_table.sh), which none overrides."""
     names = _paper_experiments()
     assert len(names) > 50 and all("/" not in name for name in names)
     every = {e for family in config.experiments().values() for e in family}
     assert set(names) <= every
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         for name in sorted(every):
-            config.validate(compose("train", overrides=[f"+experiment={name}"]))
+            cfg = compose("train", overrides=[f"+experiment={name}", "trainer.device=cuda"])
+            config.validate(cfg)
+            assert cfg.trainer.device == "cuda", name
+
+
+def test_the_device_does_not_name_a_sweeps_run_directories():
+    """A run's directory says what it computes, not where: the same here and on a GPU machine (trainer.device=cuda),
+    so that the runs brought back (make gpu-unpack) are the sweep's own, skipped or resumed by make table."""
+    from tests.helpers import compose as with_hydra
+
+    keys = with_hydra("+sweep=spigot_sst", "trainer.device=cuda", hydra=True).hydra.job.config.override_dirname
+    assert "trainer.device" in keys.exclude_keys
 
 
 def test_the_nested_experiment_names_are_aliases_of_the_flat_ones():

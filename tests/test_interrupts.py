@@ -71,6 +71,22 @@ def test_a_stop_signal_checkpoints_the_step_and_the_next_run_resumes_bit_exactly
     pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "stopped"))
 
 
+@pytest.mark.cuda
+def test_on_cuda_a_stopped_run_resumes_to_the_history_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    """The same stop and resumption on the GPU (the checkpoint holds the CUDA generators' states too): bit-exact, as
+    on the CPU, for this task's operations (linear layers, a categorical latent, SFE's draws on the device)."""
+    on_gpu = [*COMMON, "trainer.device=cuda"]
+    full = _run(tmp_path, *on_gpu, name="full")
+    with monkeypatch.context() as m:
+        _at_step(m, 12, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        with pytest.raises(Interrupted):
+            _run(tmp_path, *on_gpu, name="stopped")
+    assert _record(tmp_path / "stopped")["hardware"] == full["hardware"] != "cpu"
+    resumed = _run(tmp_path, *on_gpu, name="stopped")
+    assert resumed["metrics"] == full["metrics"] and resumed["steps"] == 30
+    pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "stopped"), check_exact=True)
+
+
 def test_checkpoint_every_lets_a_killed_run_resume_between_evaluations(tmp_path, monkeypatch):
     full = _run(tmp_path, *COMMON, name="full")
     steps_seen = []

@@ -19,6 +19,9 @@ its ``reproduce`` block (the format is documented in ``experiments/spigot/table2
 
 Every path under ``results/`` goes under ``--results`` instead, so a trial run can write elsewhere. Runs are found
 by their records, never by directory names. ``--dry-run`` prints the commands without running them (``make -n``).
+``--only sweeps`` runs the sweeps alone (what ``scripts/gpu_table.sh`` runs on a GPU machine), ``--only steps`` the
+steps alone, on the runs already there (``make table ONLY=steps``: the tables of runs brought back from a GPU, with no
+run launched here).
 Paths are relative to the repository root, where ``make`` runs.
 """
 
@@ -37,7 +40,7 @@ import yaml
 from latentstruct.report.figures import SPEC_FIGURES
 from latentstruct.report.tables import load_spec, output_path
 
-__all__ = ["LAUNCHER", "Command", "spec_path", "commands", "main"]
+__all__ = ["LAUNCHER", "Command", "spec_path", "commands", "sweep_root", "main"]
 
 # How every sweep runs: local parallel jobs, one thread each, no progress bars, resuming (and skipping) finished runs.
 LAUNCHER = (
@@ -140,28 +143,40 @@ def _made_by(spec: Path) -> str:
 
 
 def commands(
-    spec: str | Path, seeds: str = "", args: str = "", runs: str = "multirun", results: str = "results", jobs: int = 1
+    spec: str | Path, seeds: str = "", args: str = "", runs: str = "multirun", results: str = "results", jobs: int = 1,
+    only: str | None = None,
 ) -> list[Command]:
     """The commands that reproduce the table ``spec`` (a name such as ``spigot/table3_sst`` or a spec file):
-    its sweeps with ``seeds`` and the overrides ``args`` (a shell-quoted string), then its steps (module docstring)."""
+    its sweeps with ``seeds`` and the overrides ``args`` (a shell-quoted string), then its steps (module docstring);
+    ``only="sweeps"`` or ``"steps"``: those alone (runs on a GPU machine; tables from the runs already there)."""
     spec = spec_path(spec)
     plan = load_spec(spec).get("reproduce")
     if not plan:
         raise ValueError(_made_by(spec))
     sweeps = [s["sweep"] for s in plan["sweeps"]]
     common, scoped = _scoped(shlex.split(args), sweeps)
-    where = {_sweep_dir(name, runs) for name in sweeps}
-    if len(where) != 1:
-        raise ValueError(f"{spec}: its sweeps write to different directories ({', '.join(sorted(where))})")
-    run_dir = where.pop()
+    run_dir = sweep_root(spec, runs)
     python = [sys.executable, "-m"]
     out = []
-    for sweep in plan["sweeps"]:
+    for sweep in plan["sweeps"] if only != "steps" else []:
         given = ([f"trainer.seed={seeds}"] if seeds else []) + common + scoped[sweep["sweep"]]
         launcher = [s.format(jobs=sweep.get("jobs", jobs), runs=runs) for s in LAUNCHER]
         overrides = [f"+sweep={sweep['sweep']}", *_sweep_overrides(sweep, given), *launcher]
         out.append(Command([*python, "latentstruct.train", "--multirun", *overrides], bool(sweep.get("may_fail"))))
-    return out + [Command([*python, *_step(step, spec, run_dir, results)]) for step in plan.get("steps") or []]
+    steps = (plan.get("steps") or []) if only != "sweeps" else []
+    return out + [Command([*python, *_step(step, spec, run_dir, results)]) for step in steps]
+
+
+def sweep_root(spec: str | Path, runs: str = "multirun") -> str:
+    """The directory under ``runs`` that holds every run of the table ``spec`` (its sweeps share one)."""
+    spec = spec_path(spec)
+    plan = load_spec(spec).get("reproduce")
+    if not plan:
+        raise ValueError(_made_by(spec))
+    where = {_sweep_dir(s["sweep"], runs) for s in plan["sweeps"]}
+    if len(where) != 1:
+        raise ValueError(f"{spec}: its sweeps write to different directories ({', '.join(sorted(where))})")
+    return where.pop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="multirun", help="root of the sweeps' run directories (default multirun)")
     parser.add_argument("--results", default="results", help="written instead of results/ (default results)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at a time (default: the cores)")
+    parser.add_argument("--only", choices=("sweeps", "steps"),
+                        help="run only the sweeps (the runs), or only the steps (tables from the runs already there)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     try:
-        todo = commands(args.spec, args.seeds, args.args, args.runs, args.results, args.jobs)
+        todo = commands(args.spec, args.seeds, args.args, args.runs, args.results, args.jobs, args.only)
     except (OSError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     for command in todo:

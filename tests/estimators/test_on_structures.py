@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -107,6 +109,39 @@ def test_estimator_runs_on_structure(name, est):
     out = est(s, structure, None, downstream)
     if not est.relaxed:
         assert torch.equal(out, structure.map(s))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("est", ESTIMATORS, ids=_id)
+def test_estimator_runs_on_cuda_as_on_the_cpu(name, est):
+    """On CUDA every estimator keeps its tensors (and its buffers, moved as a model's are) on the device; one that
+    draws nothing gives the CPU's latent and gradient."""
+    structure, shape = STRUCTURES[name]
+    if _unsupported(structure, est) is not None:
+        return
+    s = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    c = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def run(device: str, seed: int):
+        module, w = copy.deepcopy(est).to(device).train(), c.to(device)
+        x = s.to(device).requires_grad_(True)
+        torch.manual_seed(seed)  # the CPU's and every CUDA generator
+
+        def downstream(mu):
+            return (mu * w).flatten(1).sum(-1) ** 2
+
+        z = module(x, structure, None, downstream)
+        (grad,) = torch.autograd.grad(downstream(z).mean(), x)
+        return z.detach(), grad
+
+    z, grad = run("cuda", 0)
+    assert z.is_cuda and grad.is_cuda and torch.isfinite(grad).all()
+    other = run("cuda", 1)
+    if torch.equal(z, other[0]) and torch.equal(grad, other[1]):  # no draws: the CPU's numbers
+        cpu = run("cpu", 0)
+        torch.testing.assert_close(z.cpu(), cpu[0])
+        torch.testing.assert_close(grad.cpu(), cpu[1])
 
 
 def test_spigot_k1_on_trees_is_map_minus_sparsemap():

@@ -5,6 +5,8 @@ on the real MLC models against autograd through an unrolled inner optimisation."
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
 
 import pytest
@@ -396,3 +398,35 @@ def test_implicit_gradient_on_mlc_models_matches_unrolled_inner_training():
     flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
     assert torch.allclose(flat(implicit), flat(unrolled), atol=1e-9, rtol=1e-7)
     assert (flat(explicit) - flat(unrolled)).norm() > 0.02 * flat(unrolled).norm()
+
+
+@pytest.mark.cuda
+def test_the_implicit_gradient_through_the_sequence_networks_lstms_runs_on_cuda_as_on_the_cpu():
+    """Seed 004's implicit gradient differentiates ∇_θ L_aux again through the inference network's LSTM (Hessian-vector
+    products). On CUDA, with cuDNN off as the NER task runs that step (cuDNN's LSTM backward has no derivative), it
+    gives the CPU's gradient (float64)."""
+    torch.manual_seed(4)
+    vocab, tags, lengths = 12, 4, torch.tensor([5, 3, 2])
+    features = BiLSTMFeatures(vocab, emb_dim=6, hidden=3, freeze=False).double()
+    energy = SequenceEnergy(features.out_dim, tags).double()
+    infnet = SequenceInferenceNet(BiLSTMFeatures(vocab, emb_dim=6, hidden=3, freeze=False), tags).double()
+    ids = torch.randint(1, vocab, (3, 5), generator=_gen(40))
+    gold = F.one_hot(torch.randint(0, tags, (3, 5), generator=_gen(41)), tags).to(DT)
+
+    def implicit(device: str) -> list[torch.Tensor]:
+        f, e, a = (copy.deepcopy(m).to(device) for m in (features, energy, infnet))
+        x, n, y = ids.to(device), lengths.to(device), gold.to(device)
+        off = torch.backends.cudnn.flags(enabled=False) if device == "cuda" else contextlib.nullcontext()
+        with off:
+            feats = f(x, n)
+            logits = a.logits(x, n)
+            y_bar = torch.softmax(logits, -1)
+            aux = auxiliary_loss(sequence_nll(logits, y, n), e(feats, y_bar, n), 0.5)
+            prim = ssvm_loss(e(feats, y_bar, n), e(feats, y, n), torch.full((3,), 5.0, dtype=DT, device=device))
+            return implicit_gradient(prim, aux, list(a.parameters()), [*f.parameters(), *e.parameters()], terms=5)
+
+    on_cpu, on_gpu = implicit("cpu"), implicit("cuda")
+    assert any(g.abs().sum() > 0 for g in on_cpu)
+    for cpu, gpu in zip(on_cpu, on_gpu, strict=True):
+        assert gpu.is_cuda
+        torch.testing.assert_close(gpu.cpu(), cpu)

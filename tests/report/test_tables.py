@@ -459,6 +459,16 @@ def test_figure3_is_drawn_with_its_spec_so_that_its_markdown_opens_with_the_stat
         "--runs", "R/spigot_inner_steps", "--out", "results/spigot/figure3_inner_steps.png"]
 
 
+def test_only_sweeps_or_only_steps_splits_a_reproduction_where_the_runs_and_the_tables_are_made_apart(monkeypatch):
+    """A GPU machine runs the sweeps alone (scripts/gpu_table.sh); here the steps alone make the tables of the runs
+    that came back (make table ONLY=steps)."""
+    monkeypatch.chdir(REPO)
+    every = _argv("spigot/table3_sst", runs="R")
+    assert _argv("spigot/table3_sst", runs="R", only="sweeps") == every[:1]
+    assert _argv("spigot/table3_sst", runs="R", only="steps") == every[1:]
+    assert reproduce.sweep_root("spigot/table3_sst", "R") == "R/spigot_sst"
+
+
 def test_table3_sst_runs_what_its_make_target_ran(monkeypatch, capsys):
     """The commands of `make table-spigot-sst` before the table specs drove it, except the tree drawings, now one
     command that selects each method's seed-301 run from the run records."""

@@ -331,7 +331,7 @@ def test_batch_of_sentences_of_thirty_words():
     assert torch.equal(sample.sum((1, 2)), (lengths - 1).float())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_matches_cpu():
     struct = BinaryTree()
     lengths = torch.tensor([5, 3, 1])

@@ -366,3 +366,15 @@ def test_base_class_exact_sample_raises_and_sparsemap_is_the_generic_solver():
     for call in (lambda: bare.map(scores), lambda: bare.log_partition(scores), lambda: bare.enumerate(3)):
         with pytest.raises(NotImplementedError):
             call()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_matches_cpu(dtype):
+    scores = torch.randn(5, 7, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    for method in (CAT.map, CAT.marginals, CAT.sparsemap, CAT.log_partition):
+        on_gpu = method(scores.cuda())
+        assert on_gpu.is_cuda and on_gpu.dtype == dtype
+        torch.testing.assert_close(on_gpu.cpu(), method(scores))
+    z = CAT.sample(scores.cuda(), generator=torch.Generator(device="cuda").manual_seed(0))
+    assert z.is_cuda and torch.equal(z.sum(-1).cpu(), torch.ones(5, dtype=dtype))

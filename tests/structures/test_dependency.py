@@ -364,7 +364,7 @@ def test_float32_marginals_and_their_backward_track_float64(multiroot):
         torch.testing.assert_close(single, double, atol=1e-4, rtol=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("multiroot", ROOTS)
 def test_cuda_matches_cpu(multiroot):
     struct = ProjectiveDepTree(multiroot)

@@ -296,7 +296,7 @@ def test_lengths_equal_the_cropped_problems():
 # --------------------------------------------------------------------------------------------------------- CUDA
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_matches_cpu(dtype):
     lengths = torch.tensor([5, 3, 1])

@@ -73,3 +73,17 @@ def test_absolute_deviation_sums_match_the_pairwise_matrix():
     w = torch.randn_like(direct)
     grads = [torch.autograd.grad((v * w).sum(), s)[0] for v in (fast, direct)]
     torch.testing.assert_close(*grads)
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu():
+    s = torch.randn(3, 6, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    g = torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for device in ("cpu", "cuda"):
+        x = s.detach().to(device).requires_grad_(True)
+        p = neuralsort(x, tau=0.5)
+        (p * g.to(device)).sum().backward()
+        grads.append((p.detach().cpu(), x.grad.cpu(), relaxed_topk(x.detach(), 2, tau=0.5).cpu()))
+    for cpu, cuda in zip(*grads, strict=True):
+        torch.testing.assert_close(cuda, cpu, atol=1e-5, rtol=1e-5)

@@ -489,7 +489,7 @@ def test_map_of_sixty_words(multiroot):
         _assert_valid_tree(zb, multiroot, length)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("scale", [2.0, 1000.0])
 @pytest.mark.parametrize("multiroot", ROOTS)
 def test_cuda_matches_cpu(multiroot, scale):

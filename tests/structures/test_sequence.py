@@ -363,7 +363,7 @@ def test_batch_of_sequences_of_thirty_positions():
     assert torch.equal(sample.sum((-2, -1)), live)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_matches_cpu():
     struct = SequenceTagging(3)
     lengths = torch.tensor([5, 3, 1])

@@ -291,7 +291,7 @@ def test_non_finite_scores_rejected():
         sparsemap(CAT, torch.tensor([[0.0, -torch.inf]]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_matches_cpu():
     s = _scores((8, 20), 0.5, seed=70, dtype=torch.float32)
     g = _scores((8, 20), seed=71, dtype=torch.float32)

@@ -336,7 +336,7 @@ def test_lengths_equal_to_k():
 # --------------------------------------------------------------------------------------------------------- CUDA
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_matches_cpu(dtype):
     topk = TopK(3)

@@ -285,6 +285,22 @@ def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
     assert sweep.hydra.sweeper.params["dataset.features"] == "false,true"
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("experiment", ["cd", "ssvm", "crf"])
+def test_the_method_phase_trains_on_cuda(tmp_path, experiment):
+    """On CUDA the implicit step differentiates twice through A's LSTM with cuDNN off (its LSTM backward has no
+    derivative); the CRF's forward algorithm runs on the device too."""
+    data_dir = write_conll(tmp_path / "data")
+    cfg = _toy_cfg(data_dir, tmp_path / "run", experiment, "trainer.device=cuda")
+    if cfg.trainer.phases:
+        cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
+    else:
+        cfg.trainer.max_epochs = 1
+    record = train(cfg)
+    assert record["status"] == "completed" and record["hardware"] != "cpu"
+    assert record["steps"] == 3 * (1 + bool(cfg.trainer.phases))
+
+
 TOY_DIMS = {"vocab_size": 12, "num_tags": 4}
 
 

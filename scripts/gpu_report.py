@@ -1,0 +1,167 @@
+"""``make gpu-results FROM=<dir>``: the files scripts/gpu_check.sh left in $OUT, brought back by the device tool, into
+``results/bench/gpu.md`` (with ``gpu.json``, the raw sheets together) and ``results/bench/structures_cuda.md``
+(with its ``.json``, as bench/structures.py wrote them there).
+
+    python scripts/gpu_report.py DIR [--out results/bench]
+
+gpu.md opens with its status (every step of the check ok, or which were not), the machine and the commit; then the
+steps, the CUDA tests (counts and every failure), the experiments trained on the device (per family; the repeats,
+bit for bit or not; the joblib sweep), the host round trips per structure operation, and the timing sheet
+(bench/tables.py: seconds per step, epoch and evaluation of every table's configuration, device-hours per table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.tables import render as render_timing  # noqa: E402
+
+NEEDED = ("env.json", "experiments.json", "timing.json")
+
+
+def _load(source: Path, name: str):
+    path = source / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def tests_summary(path: Path) -> tuple[Counter, list[str]]:
+    """Counts of passed / failed / skipped tests in a pytest junit file, and a line per failure."""
+    counts, failures = Counter(), []
+    if not path.is_file():
+        return counts, ["no tests.xml: the tests step did not finish"]
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            failures.append(f"{name}: {(bad.get('message') or '').splitlines()[0][:300] if bad.get('message') else ''}")
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts, failures
+
+
+def markdown(source: Path) -> list[str]:
+    """gpu.md's lines from the files in ``source`` (module docstring)."""
+    env = _load(source, "env.json")
+    experiments = _load(source, "experiments.json") or {}
+    syncs = _load(source, "syncs.json")
+    timing = _load(source, "timing.json")
+    steps = env.get("steps", {})
+    bad = [f"{name} {s['status']}" for name, s in steps.items() if s["status"] not in ("ok", "skipped")]
+    device = env.get("gpu") or "CPU (dry run)"
+    lines = [
+        "# The GPU check",
+        "",
+        f"**Status: {'every step ok' if not bad else 'not every step ok: ' + ', '.join(bad)}** — "
+        f"`scripts/gpu_check.sh` on {device}, its results as it wrote them (docs/gpu.md: how to run it, how to read "
+        "this).",
+        "",
+        f"- machine: {env.get('nvidia_smi') or device}; {env.get('cpu_cores')} CPU cores",
+        f"- torch {env.get('torch')}, CUDA {env.get('cuda')}, cuDNN {env.get('cudnn')}, Python {env.get('python')}",
+        f"- git commit: {env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''} "
+        f"(the bundle's stamp: {env.get('bundle_commit')})",
+        f"- bundle as installed there: {', '.join(f'{k} {v}' for k, v in (env.get('bundle') or {}).items())}",
+        "- regenerate with: `make device-bundle`, `scripts/gpu_check.sh` through the device tool, then "
+        "`make gpu-results FROM=<the files it brought back>`",
+        "",
+        "## Steps",
+        "",
+        "| step | status | seconds | note |",
+        "|---|---|---|---|",
+        *[f"| {name} | {s['status']} | {s.get('seconds', '—')} | {s.get('note', '')} |" for name, s in steps.items()],
+    ]
+    counts, failures = tests_summary(source / "tests.xml")
+    lines += ["", "## CUDA tests (`pytest -m cuda`)", "",
+              f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped.", ""]
+    lines += [f"- FAILED {f}" for f in failures]
+    lines += _experiments(experiments)
+    lines += _syncs(syncs)
+    lines += ["", "## Timing sheet (`bench/tables.py`)", ""]
+    if timing:
+        lines += [f"One run at a time on {timing.get('hardware')}, torch {timing.get('torch')}; a run's device-seconds "
+                  "= its steps per phase × s/step + its evaluations × s/eval (checkpoints and data loading left out); "
+                  "≈: estimated from the timed configurations of the same experiment. **sessions, at least**: the "
+                  f"longest run over {timing.get('session_minutes')} minutes, or the device-hours over "
+                  f"{timing.get('cpu_cores')} runs at once for {timing.get('session_minutes')} minutes, whichever is "
+                  f"more (a lower bound: runs at once share the GPU). Timed in {timing.get('seconds', 0):.0f} s.", ""]
+        lines += render_timing(timing)
+    else:
+        lines.append("No timing sheet: the timing step did not run.")
+    lines += ["", "## Determinism settings in force", "",
+              *[f"- {k}: {v}" for k, v in (env.get("determinism") or {}).items()],
+              "", "docs/gpu.md says what is and is not bit-reproducible on a GPU."]
+    return lines
+
+
+def _experiments(sheet: dict) -> list[str]:
+    runs = sheet.get("runs", [])
+    lines = ["", "## Every experiment on the device", "",
+             "Two steps, or one epoch of each phase, on subsets of the bundle's data (scripts/gpu_check.py TINY).", "",
+             "| family | trained | not trained | seconds |", "|---|---|---|---|"]
+    for family in dict.fromkeys(r["family"] for r in runs):
+        mine = [r for r in runs if r["family"] == family]
+        missed = ", ".join(f"{r['experiment']} ({r['status']})" for r in mine if r["status"] != "completed")
+        lines.append(f"| {family} | {sum(r['status'] == 'completed' for r in mine)} of {len(mine)} | "
+                     f"{missed or '—'} | {sum(r['seconds'] for r in mine if 'seconds' in r):.0f} |")
+    failed = [r for r in runs if r["status"] != "completed"]
+    lines += [""] + [f"- {r['experiment']}: {r.get('error', r['status'])}" for r in failed]
+    repeats = sheet.get("repeats", [])
+    if repeats:
+        lines += ["", "Trained twice from the same seed, on the device: is the history the same bit for bit?", "",
+                  "| experiment | identical | largest difference |", "|---|---|---|"]
+        lines += [f"| {r['experiment']} | {'yes' if r['identical'] else 'no' if r['identical'] is False else '—'} | "
+                  f"{r.get('max_abs_difference') if r.get('max_abs_difference') is not None else r.get('note', '—')} |"
+                  for r in repeats]
+    sweep = sheet.get("launcher_sweep") or {}
+    lines += ["", f"Two runs through `python -m latentstruct.train -m` with the joblib launcher: {sweep.get('status')}"
+              f" ({', '.join(map(str, sweep.get('runs', []))) or 'no runs'})."]
+    return lines
+
+
+def _syncs(rows) -> list[str]:
+    lines = ["", "## Host round trips per structure operation", ""]
+    if not rows:
+        return lines + ["Not counted (CUDA only)."]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    lines += ["Synchronising CUDA calls of one call (batch 8, n = 10), counted by torch's sync debug mode.", "",
+              "| structure | " + " | ".join(ops) + " |", "|---" * (len(ops) + 1) + "|"]
+    for name in dict.fromkeys(r["structure"] for r in rows):
+        cells = {r["op"]: str(r["syncs"]) if "syncs" in r else "error" for r in rows if r["structure"] == name}
+        lines.append(f"| {name} | " + " | ".join(cells.get(op, "—") for op in ops) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/gpu_report.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", type=Path, help="the folder of gpu_check.sh's files")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    args = parser.parse_args(argv)
+    missing = [name for name in NEEDED if not (args.source / name).is_file()]
+    if missing:
+        print(f"error: {', '.join(missing)} not in {args.source}: not the files of scripts/gpu_check.sh",
+              file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu.md").write_text("\n".join(markdown(args.source)) + "\n")
+    raw = {name: _load(args.source, name) for name in ("env.json", "experiments.json", "syncs.json", "timing.json")}
+    (args.out / "gpu.json").write_text(json.dumps(raw, indent=1) + "\n")
+    written = [args.out / "gpu.md", args.out / "gpu.json"]
+    for path in sorted(args.source.glob("structures_*.md")) + sorted(args.source.glob("structures_*.json")):
+        written.append(Path(shutil.copyfile(path, args.out / path.name)))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""bench/tables.py without timing anything that matters: the grids it times are the sweeps' jobs, one configuration
+is timed through train.py's parts on the CPU, and the sheet renders (the benchmark itself runs in gpu_check.sh)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import ROOT
+
+_spec = importlib.util.spec_from_file_location("bench_tables", ROOT / "bench" / "tables.py")
+bench = sys.modules["bench_tables"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+@pytest.mark.parametrize("table,configs,runs", [
+    ("spigot/table3_sst", 9, 27),  # 9 methods x 3 seeds
+    ("spigot/table2", 26, 104),  # glob(synthetic_*) = 13 methods x K in {3, 10} x 4 seeds
+    ("energy/mlc", 14, 42),  # the spec's dataset=bibtex,delicious replaces the sweep's default
+    ("direct/sorting", 24, 240),  # seeds range(301,311)
+    ("listops/table", 14, 42),  # two sweeps
+])
+def test_the_grid_is_the_sweeps_jobs_without_their_seeds(table, configs, runs):
+    cells = bench.cells(table)
+    assert len(cells) == configs and sum(c.seeds for c in cells) == runs
+    assert len({tuple(c.overrides) for c in cells}) == configs and all(c.experiment for c in cells)
+    if table == "energy/mlc":
+        assert {o for c in cells for o in c.overrides if o.startswith("dataset=")} == {"dataset=bibtex",
+                                                                                      "dataset=delicious"}
+
+
+def test_a_configuration_is_timed_per_phase_and_the_sheet_renders():
+    args = argparse.Namespace(warmup=1, min_seconds=0.0, max_steps=2)
+    cell = bench.cells("spigot/table2")[0]
+    cell.overrides += ["dataset.n_train=200", "dataset.n_valid=50", "dataset.n_test=50"]
+    bench.time_cell(cell, torch.device("cpu"), {}, args)
+    assert cell.status == "timed" and cell.steps == [10000] and cell.evaluations == 20  # eval every 500 steps
+    assert cell.s_per_step[0] > 0 and cell.run_seconds == pytest.approx(10000 * cell.s_per_step[0]
+                                                                        + 20 * cell.s_eval)
+    other = bench.Cell("spigot/table2", cell.sweep, ["+experiment=x"], 4, cell.experiment)  # a sibling, untimed
+    lost = bench.Cell("spigot/table2", cell.sweep, ["+experiment=y"], 4, "y")
+    everything = [cell, other, lost]
+    bench._estimate(everything)
+    assert other.status == "estimated" and other.run_seconds == cell.run_seconds and lost.status == "untimed"
+    (summary,) = bench.summarise(everything)
+    assert summary["runs"] == 12 and not summary["complete"] and summary["sessions_at_least"] is None
+    assert summary["device_hours"] == pytest.approx(8 * cell.run_seconds / 3600)
+    sheet = {"tables": [summary], "configs": [vars(c) for c in everything]}
+    lines = bench.render(sheet)
+    assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 4 |") and "(lower bound)" in lines[2]
+    assert any(line.startswith("| +experiment=x | 4 |") and "≈ " in line for line in lines)

@@ -1,0 +1,50 @@
+"""scripts/gpu_check.py's pieces on the CPU (the whole check is scripts/gpu_check.sh, dry run: make gpu-check-dry) and
+scripts/gpu_report.py on made-up results."""
+
+from __future__ import annotations
+
+import json
+
+from latentstruct.config import experiments
+from scripts import gpu_check, gpu_report
+
+
+def test_every_family_has_small_settings_and_a_short_schedule():
+    assert set(experiments()) <= set(gpu_check.TINY)
+    assert gpu_check._schedule(gpu_check._compose(["+experiment=mlc_cd"])) == [
+        "trainer.phases.0.epochs=1", "trainer.phases.1.epochs=1"]
+    assert gpu_check._schedule(gpu_check._compose(["+experiment=synthetic_spigot"])) == ["trainer.max_steps=2"]
+
+
+def test_an_experiment_trains_or_says_its_data_is_absent(tmp_path, monkeypatch):
+    done = gpu_check.run_experiment("synthetic_spigot", "cpu", tmp_path / "run")
+    assert done["status"] == "completed" and done["steps"] == 2 and done["hardware"] == "cpu"
+    monkeypatch.setenv("LATENTSTRUCT_DATA", str(tmp_path))
+    blocked = gpu_check.run_experiment("sst_baseline", "cpu", tmp_path / "sst")
+    assert blocked["status"] == "blocked" and blocked["error"].startswith("FileNotFoundError: ")
+
+
+def test_the_report_reads_the_checks_files(tmp_path):
+    steps = {"tests": {"status": "ok", "seconds": 50}, "syncs": {"status": "failed", "note": "boom", "seconds": 1}}
+    (tmp_path / "env.json").write_text(json.dumps({"gpu": "NVIDIA H100", "torch": "2.11", "steps": steps,
+                                                   "determinism": {"cudnn.deterministic": False}}))
+    (tmp_path / "experiments.json").write_text(json.dumps({"runs": [
+        {"experiment": "sst_spigot", "family": "sst", "status": "completed", "seconds": 3.0},
+        {"experiment": "snli_spigot", "family": "snli", "status": "blocked", "seconds": 0.5, "error": "no train"}],
+        "repeats": [{"experiment": "sst_spigot", "identical": False, "max_abs_difference": 1e-7}],
+        "launcher_sweep": {"status": "ok", "runs": ["NVIDIA H100", "NVIDIA H100"]}}))
+    (tmp_path / "timing.json").write_text(json.dumps({"tables": [], "configs": []}))
+    (tmp_path / "syncs.json").write_text(json.dumps([{"structure": "projective", "op": "map", "syncs": 0}]))
+    (tmp_path / "tests.xml").write_text(
+        '<testsuites><testsuite><testcase classname="a" name="t1"/><testcase classname="a" name="t2">'
+        '<failure message="wrong">x</failure></testcase><testcase classname="a" name="t3"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    (tmp_path / "structures_cuda.md").write_text("# Structures benchmark\n")
+    assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "results")]) == 0
+    text = (tmp_path / "results" / "gpu.md").read_text()
+    assert "**Status: not every step ok: syncs failed**" in text and "on NVIDIA H100" in text
+    assert "1 passed, 1 failed, 1 skipped." in text and "- FAILED a::t2: wrong" in text
+    assert "| snli | 0 of 1 | snli_spigot (blocked) | 0 |" in text and "| sst_spigot | no | 1e-07 |" in text
+    assert "| projective | 0 |" in text
+    assert (tmp_path / "results" / "structures_cuda.md").is_file() and (tmp_path / "results" / "gpu.json").is_file()
+    assert gpu_report.main([str(tmp_path / "nothing")]) == 1
