@@ -6,13 +6,17 @@ from the same noise, the bound, and every experiment and sweep running a few ste
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
+import yaml
 
 from latentstruct.config import validate
 from latentstruct.estimators import Direct, Exact, GumbelSoftmax, Sfe, StGumbel
 from latentstruct.models.vae import Decoder, DiscreteHead, DiscreteVAE, Encoder
+from latentstruct.report.tables import filter_runs, load_spec
 from latentstruct.structures import BinaryVector, Categorical, gumbel_like
 from latentstruct.tasks.vae import UnsupervisedVAE
 from latentstruct.train import build_model, train
@@ -181,3 +185,23 @@ def test_the_sweeps_compose():
     assert sweep.hydra.sweeper.params["task.size"] == "10,50"
     bits = compose("+sweep=direct_vae_unsupervised_bits", hydra=True)
     assert bits.hydra.sweep.dir == sweep.hydra.sweep.dir
+
+
+def test_every_run_of_the_sweeps_is_one_cell_of_the_table():
+    """Each (experiment, size) the two sweeps launch falls in exactly one row and one setting of the spec."""
+    repo = Path(__file__).resolve().parents[2]
+    spec = load_spec(repo / "experiments" / "direct" / "vae_unsupervised.yaml")
+    launched = [(e, s) for e in ("direct", "gsm", "st_gumbel", "exact", "sfe") for s in (10, 50)]
+    launched += [("bits_direct", 20), ("bits_gsm", 20)]
+    for method, size in launched:
+        cfg = compose(f"+experiment=vae_unsup_{method}", f"task.size={size}", hydra=True)
+        choices = cfg.hydra.runtime.choices
+        run = {"choices.structure": choices.structure, "choices.estimator": choices.estimator, "task.size": size}
+        frame = pd.DataFrame([run])
+        rows = [r["name"] for r in spec["rows"] if len(filter_runs(frame, r["match"]))]
+        settings = [s["name"] for s in spec["settings"] if len(filter_runs(frame, s["match"]))]
+        assert len(rows) == 1 and len(settings) == 1, (method, size, rows, settings)
+    names = [s["sweep"] for s in spec["reproduce"]["sweeps"]]
+    sweeps = [yaml.safe_load((repo / "configs" / "sweep" / f"{name}.yaml").read_text()) for name in names]
+    swept = {e for sweep in sweeps for e in sweep["hydra"]["sweeper"]["params"]["+experiment"].split(",")}
+    assert swept == {f"vae_{m}" for m in methods("vae") if m.startswith("unsup_")}  # every experiment, once
