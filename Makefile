@@ -45,9 +45,10 @@ BENCH_LAYERS_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
-	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-listops table-energy-mlc table-energy-ner \
-	table-energy-pos table-spigot-sst table-spigot-snli report reliability table-lab-gradients table-lab-matrix bench-structures bench-layers \
-	device-bundle gpu-check-dry gpu-results gpu-unpack gpu-stage clean
+	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
+	table-energy-mlc table-energy-ner table-energy-pos table-spigot-sst table-spigot-snli report reliability \
+	table-lab-gradients table-lab-matrix bench-structures bench-layers device-bundle gpu-check-dry gpu-results gpu-unpack \
+	gpu-stage clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-26s %s\n", $$1, $$2}'
@@ -102,6 +103,9 @@ table-direct-knn: ## seed 002 k-NN: 5 methods x k in {1,3,5,9} on MNIST (ARGS=da
 
 table-direct-vae: ## seed 003 semi-supervised VAE: direct vs GSM x 5 label counts on MNIST -> results/direct/vae.md
 	@$(MAKE) --no-print-directory table T=direct/vae
+
+table-direct-vae-unsupervised: ## seed 003 unsupervised discrete VAE: direct, GSM, ST, exact, SFE x K=10,50; bits -> results/direct/vae_unsupervised.md
+	@$(MAKE) --no-print-directory table T=direct/vae_unsupervised
 
 table-listops: ## issue #7 ListOps: LSTM, gold trees, merge parsers, chart x 7 estimators -> results/listops/
 	@$(MAKE) --no-print-directory table T=listops/table

@@ -364,6 +364,9 @@ class TrainerConf:
     resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
     force: bool = _help("re-run even if metrics.json says completed", False)
     threads: int | None = _help("torch CPU threads; null = torch's default", None, AtLeast(1))
+    flush_denormal: bool = _help("flush denormal floats to zero on the CPU (torch.set_flush_denormal): a relaxation's "
+                                 "tiny weights (Gumbel-softmax at low τ) otherwise slow CPU arithmetic several times",
+                                 False)
     progress: bool = _help("show a progress bar when stderr is a terminal; false, or output that is not a terminal: "
                            "log lines instead (trainer.log_seconds)", True)
     log_seconds: int | None = _help(

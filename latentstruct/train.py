@@ -266,6 +266,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
     tc = cfg.trainer
     if tc.threads:
         torch.set_num_threads(tc.threads)
+    torch.set_flush_denormal(bool(tc.flush_denormal))  # per run: a sweep's worker process runs several
     _seed_everything(tc.seed)
     device = _device(option_name(tc.device))
     env = environment(device)  # at the start: the code that runs is the code of this commit

@@ -1,8 +1,8 @@
 """Fixtures and hooks shared by every test: one CPU thread, and the real datasets.
 
 Every test starts on one torch thread: its tensors are tiny, so more threads only add overhead (several times over for
-the LSTMs, on a busy machine), and a test whose run sets ``trainer.threads`` cannot change the speed of the tests after
-it.
+the LSTMs, on a busy machine), and a test whose run sets ``trainer.threads`` (or ``trainer.flush_denormal``) cannot
+change the speed (or the arithmetic) of the tests after it.
 
 A test that reads a real dataset is marked ``@pytest.mark.real_data("sst", ...)`` (paths relative to the data root: a
 dataset folder or one file in it) and takes the root from the ``data_root`` fixture, which only marked tests may use.
@@ -109,6 +109,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 def _one_thread() -> None:
     if torch.get_num_threads() != 1:  # the first test, or one after a run that set trainer.threads
         torch.set_num_threads(1)
+    torch.set_flush_denormal(False)  # nor does a run with trainer.flush_denormal change the arithmetic after it
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ structure interface, so that it works unchanged on every structure."""
 
 from latentstruct.estimators.base import Estimator, loss_gradient, surrogate
 from latentstruct.estimators.direct import Direct
+from latentstruct.estimators.exact import Exact, expected_loss
 from latentstruct.estimators.perturbation import Blackbox, Imle, Perturbed, sum_of_gamma_like
 from latentstruct.estimators.relaxed import GumbelSoftmax, Marginals, NeuralSort, Sparsemap
 from latentstruct.estimators.stochastic import PerturbAndMap, Ppo, Sfe, StGumbel, ppo_loss, ppo_update, reinforce_loss
@@ -30,6 +31,8 @@ __all__ = [
     "SpigotCe",
     "SpigotEg",
     "Direct",
+    "Exact",
+    "expected_loss",
     "Blackbox",
     "Imle",
     "Perturbed",

@@ -65,9 +65,11 @@ from latentstruct.ranges import AtLeast
 __all__ = [
     "Decoder",
     "DiscreteHead",
+    "DiscreteVAE",
     "Encoder",
     "GMVAE",
     "PerCategory",
+    "bernoulli_log_likelihood",
     "gaussian_kl",
     "kl_uniform",
     "negative_elbo",
@@ -248,3 +250,71 @@ def negative_elbo(phi: torch.Tensor, theta: torch.Tensor, reduction: str = "mean
     if reduction == "none":
         return out
     raise ValueError(f"unknown reduction {reduction!r}; choose mean, sum or none")
+
+
+def bernoulli_log_likelihood(x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """log p(x | logits) for every pair of an image ``x`` [B, D] (in {0, 1}) and a decoder output ``logits`` [V, D]
+    that does not depend on the image (the decoder of a code alone): ``[B, V]``, as one matrix product,
+    x · (log σ(l) − log σ(−l)) + Σ log σ(−l)."""
+    on, off = F.logsigmoid(logits), F.logsigmoid(-logits)
+    return x @ (on - off).T + off.sum(-1)
+
+
+class DiscreteVAE(nn.Module):
+    r"""A VAE whose whole code is discrete (seed 003's unsupervised experiments): x → ``encoder`` → ``discrete_head``
+    → the scores φ(x, ·) of q(z|x) over a structure's parts → z → ``decoder`` → Bernoulli logits of the pixels. The
+    same three networks as :class:`GMVAE` (``encoder=gmvae``, ``scorer=gmvae``, ``decoder=gmvae``), without the
+    Gaussian code.
+
+    ``latent``: ``categorical`` — z one of ``size`` = K categories, scores ``[B, K]``, the decoder reads the one-hot
+    (K inputs); ``binary_vector`` — z ∈ {0, 1}^n, n = ``size``, scores ``[B, n, 2]`` = φ_i(x, z_i) (the unstructured
+    encoder φ(x, z) = Σ_i φ_i(x, z_i), :class:`~latentstruct.structures.BinaryVector`), the decoder reads the n bits.
+    A relaxed z (Gumbel-softmax) is read the same way: its weights of the categories, or of state 1 of each bit.
+    Prior p(z): uniform (K categories; n fair coins).
+    """
+
+    LATENTS = ("categorical", "binary_vector")
+
+    def __init__(
+        self,
+        encoder: Callable[..., nn.Module] = Encoder,
+        discrete_head: Callable[..., nn.Module] = DiscreteHead,
+        decoder: Callable[..., nn.Module] = Decoder,
+        input_dim: int = 784,
+        latent: str = "categorical",
+        size: int = 10,
+    ) -> None:
+        super().__init__()
+        if latent not in self.LATENTS:
+            raise ValueError(f"latent must be one of {self.LATENTS}, got {latent!r}")
+        self.input_dim, self.latent, self.size = input_dim, latent, size
+        self.part_shape = (size,) if latent == "categorical" else (size, 2)
+        self.encoder = encoder(input_dim=input_dim)
+        self.discrete_head = discrete_head(in_features=self.encoder.output_dim, num_parts=math.prod(self.part_shape))
+        self.decoder = decoder(in_features=size, out_features=input_dim)
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` [B, input_dim] → φ(x, ·) ``[B, *part_shape]``."""
+        return self.discrete_head(self.encoder(x)).view(x.shape[0], *self.part_shape)
+
+    def code(self, z: torch.Tensor) -> torch.Tensor:
+        """The decoder's input ``[..., size]`` for vertices or relaxed points ``[..., *part_shape]``."""
+        return z if self.latent == "categorical" else z[..., 1]
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Bernoulli logits ``[..., input_dim]`` of the pixels given z ``[..., *part_shape]``."""
+        return self.decoder(self.code(z))
+
+    def log_likelihood(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """log p(x | z) ``[B]`` for images ``x`` [B, input_dim] and their codes ``z`` [B, *part_shape]."""
+        return -F.binary_cross_entropy_with_logits(self.decode(z), x, reduction="none").sum(-1)
+
+    def vertex_log_likelihood(self, x: torch.Tensor, vertices: torch.Tensor) -> torch.Tensor:
+        """log p(x | v) ``[B, V]`` for every image and every listed code ``vertices`` [V, *part_shape]: one decoder
+        pass over the V codes (the decoder does not see the image)."""
+        return bernoulli_log_likelihood(x, self.decode(vertices))
+
+    def kl_prior(self, scores: torch.Tensor) -> torch.Tensor:
+        """KL(q(z|x) ‖ p(z)) ``[B]``: against the uniform prior, per categorical variable, summed (exact)."""
+        kl = kl_uniform(scores)
+        return kl if kl.dim() == 1 else kl.flatten(1).sum(-1)

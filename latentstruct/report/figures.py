@@ -49,8 +49,8 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["SPEC_FIGURES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render", "redraw",
-           "from_table", "main"]
+__all__ = ["SPEC_FIGURES", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render",
+           "redraw", "from_table", "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
 SPEC_FIGURES = ("setting-curves", "row-curves")
@@ -65,7 +65,9 @@ _LABELS = {
     "synthetic_spigot_eg": "SPIGOT-EG",
 }
 _PANELS = (("test/acc", "test accuracy (%)"), ("test/v_measure", "test V-measure (%)"))
-_X_LABELS = {"step": "training step", "epoch": "epoch"}
+_X_LABELS = {"step": "training step", "epoch": "epoch",
+             "seconds": "training time (s): epoch × the run's seconds per epoch, evaluations excluded"}
+ROW_CURVE_AXES = ("auto", "epoch", "step", "seconds")
 _INNER = ("synthetic_ste_i", "synthetic_spigot", "synthetic_spigot_ce", "synthetic_spigot_eg")
 
 
@@ -143,7 +145,14 @@ def _histories(runs: pd.DataFrame, metric: str) -> list[tuple[pd.Series, pd.Data
 
 def _curve(found: list[tuple[pd.Series, pd.DataFrame]], metric: str, x: str) -> tuple[pd.DataFrame, list[dict]]:
     """The median, min and max of ``metric`` per ``x`` (``step`` or ``epoch``) over the histories ``found``, and the
-    marks of their runs' phase boundaries."""
+    marks of their runs' phase boundaries. ``seconds``: per epoch, at the median over the runs of epoch × the run's
+    ``seconds_per_epoch`` (its record: training steps only, so evaluations do not count)."""
+    if x == "seconds":
+        timed = [h.assign(seconds=h["epoch"] * float(run["seconds_per_epoch"])) for run, h in found]
+        history = pd.concat(timed).dropna(subset=[metric])
+        stats = history.groupby("epoch").agg(seconds=("seconds", "median"), median=(metric, "median"),
+                                             min=(metric, "min"), max=(metric, "max")).set_index("seconds")
+        return stats, []
     history = pd.concat([h for _, h in found])
     stats = history.dropna(subset=[metric]).groupby(x)[metric].agg(["median", "min", "max"])
     return stats, _phase_marks(pd.DataFrame([run for run, _ in found]), [h for _, h in found], x)
@@ -159,15 +168,22 @@ def render(data: dict) -> Figure:
     """Draw a figure description (the ``.data.json`` written beside each PNG): a panel per entry of ``panels``, each
     with its ``series``, axis labels, x ticks and phase marks; one legend below the panels, never over the data.
 
-    ``data``: ``figure: curves``, ``title``, optional ``panel_width`` / ``height`` (inches) and ``paper_dashed`` (a
-    legend entry for the paper's dashed lines); a panel: ``title``, ``xlabel``, ``ylabel``, optional ``xticks`` and
+    ``data``: ``figure: curves``, ``title``, optional ``panel_width`` / ``height`` (inches, per panel),
+    ``columns`` (panels per row of a grid; default all in one row) and ``paper_dashed`` (a legend entry for the
+    paper's dashed lines); a panel: ``title``, ``xlabel``, ``ylabel``, optional ``xticks`` and
     ``xticklabels``, ``phases`` (``[{x, label}]``) and ``series`` (:func:`_series`: ``label``, ``color`` (the index
     of a matplotlib cycle colour), ``x``, ``y``, optional ``low`` / ``high``, ``err``, ``notes``, ``dashed``)."""
     if data.get("figure") != "curves":
         raise ValueError(f"not a curves figure description: figure={data.get('figure')!r}")
     panels = data["panels"]
-    fig = Figure(figsize=(data.get("panel_width", 5.2) * len(panels), data.get("height", 4.6)), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    columns = min(data.get("columns") or len(panels), len(panels))
+    rows = math.ceil(len(panels) / columns)
+    fig = Figure(figsize=(data.get("panel_width", 5.2) * columns, data.get("height", 4.6) * rows),
+                 layout="constrained")
+    grid = fig.subplots(rows, columns, squeeze=False).flatten()
+    for unused in grid[len(panels):]:
+        unused.set_axis_off()
+    axes = grid[: len(panels)]
     handles: dict[str, object] = {}
     for ax, panel in zip(axes, panels, strict=True):
         ys = [v for s in panel["series"] for v in s["y"] if v is not None]
@@ -404,13 +420,16 @@ def _axis_label(spec: dict, metric: str) -> str:
     return label if split.lower() in label.lower() else f"{split} {label}".strip()
 
 
-def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
+def row_curves(spec_path, runs_root, metric: str, out, x: str = "auto") -> pd.DataFrame:
     """Training curves of a table spec's runs: a panel per setting (those with completed runs), a line per row —
     ``metric`` (a column of the runs' ``history.csv``, e.g. ``valid/acc``) against the epoch, the median over the
     cell's runs with a shaded min–max band. Shows what a table's single number hides: where a method peaks,
     overfits or collapses, and where a pretraining phase ends (a dotted line where the runs have
-    ``trainer.phases``). The y axis names the metric by the spec's label. Returns the drawn curves (``setting``,
-    ``row``, ``n_runs``, the epoch or step, ``median``, ``min``, ``max``)."""
+    ``trainer.phases``). The y axis names the metric by the spec's label. ``x``: ``epoch``, ``step``, ``seconds``
+    (training time: epoch × the run's seconds per epoch, evaluations excluded; seed 003's curves against wall-clock)
+    or ``auto`` (epoch where every history has it, else step); ``epoch+seconds``: both, the epoch panels above the
+    seconds panels. Returns the drawn curves (``setting``, ``row``, ``n_runs``, the x axis, ``median``, ``min``,
+    ``max``)."""
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     runs = runs_root if isinstance(runs_root, pd.DataFrame) else load_runs(runs_root)
     runs = runs[runs["completed"]] if "completed" in runs else runs
@@ -418,25 +437,35 @@ def row_curves(spec_path, runs_root, metric: str, out) -> pd.DataFrame:
                                               metric))
              for setting in spec["settings"] for color, row in enumerate(spec["rows"])]
     cells = [cell for cell in cells if cell[3]]
-    x = "epoch" if all("epoch" in h for *_, found in cells for _, h in found) else "step"  # one axis for all panels
-    panels, curves = [], []
-    for setting in spec["settings"]:
-        series, marks, counts = [], [], []
-        for _, color, row, found in (cell for cell in cells if cell[0] is setting):
-            stats, row_marks = _curve(found, metric, x)
-            series.append(_series(row.get("label", row["name"]), color, stats.index, stats["median"],
-                                  band=(stats["min"], stats["max"])))
-            marks += [m for m in row_marks if m not in marks]
-            counts.append(len(found))
-            curves.append(stats.reset_index().assign(setting=setting["name"], row=row["name"], n_runs=len(found)))
-        if series:
-            panels.append({"title": f"{setting['name']} ({_runs_per_line(counts)})", "xlabel": _X_LABELS[x],
-                           "ylabel": _axis_label(spec, metric), "series": series, "phases": marks})
+    axes = x.split("+")
+    if any(a not in ROW_CURVE_AXES for a in axes):
+        raise ValueError(f"x must be one of {', '.join(ROW_CURVE_AXES)} or two joined by +, got {x!r}")
+    if "auto" in axes:  # one axis for all panels
+        axes = ["epoch" if all("epoch" in h for *_, found in cells for _, h in found) else "step"]
+    panels, curves, columns = [], [], 0
+    for axis in axes:
+        drawn = 0
+        for setting in spec["settings"]:
+            series, marks, counts = [], [], []
+            for _, color, row, found in (cell for cell in cells if cell[0] is setting):
+                stats, row_marks = _curve(found, metric, axis)
+                series.append(_series(row.get("label", row["name"]), color, stats.index, stats["median"],
+                                      band=(stats["min"], stats["max"])))
+                marks += [m for m in row_marks if m not in marks]
+                counts.append(len(found))
+                curves.append(stats.reset_index().assign(setting=setting["name"], row=row["name"],
+                                                         n_runs=len(found)))
+            if series:
+                panels.append({"title": f"{setting['name']} ({_runs_per_line(counts)})", "xlabel": _X_LABELS[axis],
+                               "ylabel": _axis_label(spec, metric), "series": series, "phases": marks})
+                drawn += 1
+        columns = max(columns, drawn)
     if not panels:
         raise ValueError(f"no completed run with {metric} in its history.csv in any cell of {spec['table']}")
-    title = f"{_axis_label(spec, metric)} by {_X_LABELS[x]}, median and min-max over the runs of: " \
+    by = " and by ".join(_X_LABELS[a].split(":")[0] for a in axes)
+    title = f"{_axis_label(spec, metric)} by {by}, median and min-max over the runs of: " \
             f"{spec.get('title', spec['table'])}"
-    _write({"figure": "curves", "panels": panels, "title": title, "panel_width": 6.5}, out)
+    _write({"figure": "curves", "panels": panels, "title": title, "panel_width": 6.5, "columns": columns}, out)
     return pd.concat(curves, ignore_index=True)
 
 
@@ -507,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", help="setting-curves, row-curves, from-table: the table spec (e.g. "
                                        "experiments/direct/sorting.yaml); inner-steps: the figure's spec, whose "
                                        "status line opens its Markdown")
+    parser.add_argument("--x", default="auto", help="row-curves: the x axis, " + ", ".join(ROW_CURVE_AXES)
+                        + " (seconds: epoch × the run's seconds per epoch), or two joined by + (epoch+seconds: both, "
+                          "a row of panels each)")
     parser.add_argument("--metric", help="setting-curves: one of the spec's metrics (e.g. test/acc); row-curves: a "
                                          "history.csv column (e.g. valid/acc)")
     args = parser.parse_args(argv)
@@ -531,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.figure == "setting-curves":
             setting_curves(args.spec, args.runs, args.metric, args.out)
         elif args.figure == "row-curves":
-            row_curves(args.spec, args.runs, args.metric, args.out)
+            row_curves(args.spec, args.runs, args.metric, args.out, args.x)
         elif args.figure == "inner-steps":
             inner_steps(args.runs, args.out, num_clusters=args.num_clusters, spec=args.spec)
         else:

@@ -121,6 +121,7 @@ def _step(step: dict, spec: Path, runs: str, results: str) -> list[str]:
         return ["latentstruct.report.tables", str(table), "--runs", runs, *out, *empty]
     if "figure" in step:
         by_spec = ["--spec", str(spec), "--metric", step["metric"]] if step["figure"] in SPEC_FIGURES else []
+        by_spec += ["--x", str(step["x"])] if step.get("x") else []  # row-curves: its x axis
         by_spec = ["--spec", str(spec)] if step["figure"] == "inner-steps" else by_spec  # its status line
         return ["latentstruct.report.figures", step["figure"], *by_spec, "--runs", runs, *out]
     if "listops" in step:

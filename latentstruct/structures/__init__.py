@@ -2,6 +2,7 @@
 
 from latentstruct.structures.base import Structure, gumbel_like
 from latentstruct.structures.binary_tree import BinaryTree
+from latentstruct.structures.binary_vector import BinaryVector
 from latentstruct.structures.categorical import Categorical
 from latentstruct.structures.dependency import ProjectiveDepTree
 from latentstruct.structures.matching import Matching
@@ -18,5 +19,6 @@ __all__ = [
     "BinaryTree",
     "Matching",
     "TopK",
+    "BinaryVector",
     "gumbel_like",
 ]

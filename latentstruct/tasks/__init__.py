@@ -8,8 +8,8 @@ from latentstruct.tasks.knn import KNN
 from latentstruct.tasks.listops import ListOps
 from latentstruct.tasks.sorting import Sorting
 from latentstruct.tasks.text import LatentTreeNLI, LatentTreeSST
-from latentstruct.tasks.vae import SemiSupervisedVAE
+from latentstruct.tasks.vae import SemiSupervisedVAE, UnsupervisedVAE
 
 __all__ = ["Task", "LatentClassifier", "Sorting", "KNN", "LatentTreeSST", "LatentTreeNLI", "SemiSupervisedVAE",
-           "ListOps", "BilevelEnergyTask", "MultiLabelEnergy",
+           "UnsupervisedVAE", "ListOps", "BilevelEnergyTask", "MultiLabelEnergy",
            "SequenceLabelEnergy"]

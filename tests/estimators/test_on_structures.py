@@ -25,6 +25,7 @@ from latentstruct.estimators import (
 )
 from latentstruct.structures import (
     BinaryTree,
+    BinaryVector,
     Categorical,
     Matching,
     NonProjectiveDepTree,
@@ -44,6 +45,7 @@ STRUCTURES = {
     "binary_tree": (BinaryTree(), (3, 5, 5)),
     "matching": (Matching(), (3, 4, 4)),
     "topk": (TopK(2), (3, 5)),
+    "binary_vector": (BinaryVector(), (3, 4, 2)),
 }
 ESTIMATORS = [
     SteI(0.5, steps=2),

@@ -247,6 +247,27 @@ def test_row_curves_draw_a_panel_per_setting_with_runs(tmp_path):
         figures.row_curves(spec, root, "valid/nope", tmp_path / "none.png")
 
 
+def test_row_curves_against_epochs_and_training_seconds(tmp_path):
+    """x=epoch+seconds: a row of panels per axis; the seconds are epoch × the run's seconds_per_epoch (median over
+    the runs at each epoch)."""
+    root = tmp_path / "runs"
+    for seed, per_epoch in ((1, 10.0), (2, 30.0)):
+        run = _run(root, f"a{seed}", "synthetic_spigot", acc=80 + seed, seed=seed, history=True)
+        history = pd.read_csv(run / "history.csv").assign(epoch=[0.0, 1.0, 2.0])
+        history.to_csv(run / "history.csv", index=False)
+        record = json.loads((run / "metrics.json").read_text())
+        (run / "metrics.json").write_text(json.dumps({**record, "seconds_per_epoch": per_epoch}))
+    spec = tables.load_spec(_spec(tmp_path))
+    curves = figures.row_curves(spec, root, "valid/acc", tmp_path / "both.png", x="epoch+seconds")
+    data = json.loads((tmp_path / "both.data.json").read_text())
+    assert data["columns"] == 1 and [p["xlabel"].split(" ")[0] for p in data["panels"]] == ["epoch", "training"]
+    timed = curves.dropna(subset=["seconds"])
+    assert timed["seconds"].tolist() == [0.0, 20.0, 40.0] and timed["median"].tolist() == [50, 70, 81.5]
+    assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="x must be one of"):
+        figures.row_curves(spec, root, "valid/acc", tmp_path / "bad.png", x="minutes")
+
+
 def test_inner_steps_skips_points_whose_eta_grid_is_incomplete(tmp_path):
     for steps in (1, 5):
         for eta in (0.1, 1.0):

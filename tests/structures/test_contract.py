@@ -19,6 +19,7 @@ import torch
 
 from latentstruct.structures import (
     BinaryTree,
+    BinaryVector,
     Categorical,
     Matching,
     NonProjectiveDepTree,
@@ -78,6 +79,7 @@ CASES = [
     Case("binary_tree", BinaryTree(), lambda n: (n, n), (1, 2, 3, 4, 5, 6), crop=_square, sample_size=4),
     Case("matching", Matching(), lambda n: (n, n), (1, 2, 3, 4, 5), crop=_square, has_marginals=False),
     Case("topk", TopK(2), lambda n: (n,), (2, 3, 5), crop=_prefix, min_length=2, sample_size=5),
+    Case("binary_vector", BinaryVector(), lambda n: (n, 2), (1, 2, 4), crop=_prefix, sample_size=3),
 ]
 SIZED = [pytest.param(c, n, id=f"{c.name}-n{n}") for c in CASES for n in c.sizes]
 BY_CASE = [pytest.param(c, id=c.name) for c in CASES]
