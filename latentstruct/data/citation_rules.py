@@ -15,8 +15,9 @@ taggings (sampled or argmax), never differentiated.
 Token cues (:func:`token_cues`, computed once per citation from its words alone; :data:`CUES`)
 -----------------------------------------------------------------------------------------------
 ``year`` (19xx/20xx, optionally in brackets, with a letter suffix or trailing punctuation), ``month`` (a month name
-or its abbreviation), ``pp`` (``pp.``, ``pp``, ``pages``, ``p.``), ``page_range`` (digits-digits), ``in`` (the word
-``In`` not first), ``quoted`` (a token inside a "..." or ``...'' span), ``initial`` (``A.``, ``W.-P.``, ``C.B.``),
+or its abbreviation), ``pp`` (``pp.``, ``pp``, ``pages``, ``p.``; not ``P.``, an initial), ``page_range``
+(digits-digits), ``in`` (the word ``In`` not first),
+``quoted`` (a token inside a "..." or ``...'' span), ``initial`` (``A.``, ``W.-P.``, ``C.B.``),
 ``first`` (the first token), and keyword cues: ``editor_word`` (eds., editor(s), ed.), ``tech_word`` (technical,
 report, TR), ``institution_word`` (university, dept., department, institute, laboratory), ``publisher_word`` (press,
 publishers, verlag, ...), ``venue_word`` (proceedings, proc., conference, workshop, symposium), ``journal_word``
@@ -125,7 +126,7 @@ def token_cues(tokens: Sequence[str]) -> torch.Tensor:
             quoted = False
         out[t, _C["year"]] = float(bool(_YEAR.match(word)))
         out[t, _C["month"]] = float(bare in _MONTHS)
-        out[t, _C["pp"]] = float(word.lower() in ("pp.", "pp", "pages", "p.", "pp.,"))
+        out[t, _C["pp"]] = float(word in ("pp.", "pp", "pp.,", "Pp.", "p.", "pages", "Pages"))  # "P." is an initial
         out[t, _C["page_range"]] = float(bool(_RANGE.match(word)))
         out[t, _C["in"]] = float(word == "In" and t > 0)
         out[t, _C["initial"]] = float(bool(_INITIAL.match(word)))
