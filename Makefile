@@ -46,7 +46,7 @@ BENCH_LAYERS_ARGS ?=
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
-	table-energy-mlc table-energy-ner table-energy-pos table-spigot-sst table-spigot-snli report reliability \
+	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix bench-structures bench-layers device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
@@ -118,6 +118,10 @@ table-energy-ner: ## seed 004 Table 3: 9 methods x NER / NER+ x 3 seeds on CoNLL
 
 table-energy-pos: ## seed 004 Table 9: 9 methods x 3 seeds on Twitter POS -> results/energy/pos.md, pos_curves.png
 	@$(MAKE) --no-print-directory table T=energy/pos
+
+table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/10/50 labelled Cora citations x 3 seeds -> results/energy/citation.md, citation_rules.md
+	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS)/energy/citation_rules.md
+	@$(MAKE) --no-print-directory table T=energy/citation
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient -> results/lab/gradients.md, .csv, .png
 	$(BIN)/python -m latentstruct.diagnose --out results/lab/gradients.md

@@ -23,6 +23,7 @@ from latentstruct.data.images import DATASETS
 from latentstruct.records import flatten
 from latentstruct.tasks import Task
 from latentstruct.train import train
+from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
 from tests.helpers import CONFIGS, ROOT
 from tests.helpers import compose as _compose
@@ -58,11 +59,14 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
         write_mlc(tmp_path, name, n_train=8, n_test=4)
     write_conll(tmp_path, n_train=4, n_valid=2, n_test=2)
     write_twpos(tmp_path, n=2)
+    write_cora(tmp_path, n=12)
     for option in _options(group):
         tiny = ["dataset.n_valid=2"] if group == "dataset" and option in DATASETS else []
         tiny += ["dataset.check_sizes=false"] if group == "dataset" and option in ("sst", "twpos") else []
         tiny += ["dataset.n_valid=2", "dataset.n_labelled=0"] if option.startswith("semisupervised_") else []
         tiny += ["dataset.n_train=20", "dataset.n_valid=2"] if option == "listops" else []
+        tiny += ["dataset.check_sizes=false", "dataset.n_test=3", "dataset.n_valid=2", "dataset.pool=2",
+                 "dataset.labelled=2"] if option == "cora" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
         add = "+" if group in ("energy", "infnet", "cost_net") else ""  # not in the default task's defaults list
         tiny += ["task=listops"] if group == "composer" else []  # the task whose option has a composer group

@@ -8,7 +8,8 @@ companions, e.g. an MNIST folder or an ARFF with its Mulan XML) into a folder an
 reader (called on that file; it returns a list of records that can be compared), the mutations that apply, whether
 the format is line-oriented text, and the format's own undetectable damages. Cases: ``sst``, ``snli_jsonl``,
 ``snli_tsv``, ``snli_tsv_gz``, ``glove``, ``conll``, ``twpos``, ``arff_dense``, ``arff_sparse``, ``mulan_xml``,
-``idx``, ``idx_gz``, ``cifar10``, ``listops``. There is no Cora reader in :mod:`latentstruct.data`, so no Cora case.
+``idx``, ``idx_gz``, ``cifar10``, ``listops``, ``cora_tagged`` (Cora's inline tags), ``cora_columns`` (Cora's CRF++
+columns).
 
 Mutations
 ---------
@@ -38,7 +39,8 @@ Verdicts (:func:`check`)
      the reader uses, e.g. a JSON key written twice with the same value, or the gzip header's timestamp);
   3. the format's own ambiguities, listed in the case (:attr:`Case.undetectable`): a GloVe line with one more field
      is a word containing a space (840B has such words); a cut inside the last field of an SNLI TSV line (a sentence)
-     or of a GloVe line (a number) that leaves its newline is a shorter sentence or another number; a sparse ARFF
+     or of a GloVe line (a number) that leaves its newline is a shorter sentence or another number; a Cora citation
+     cut right after one of its closing tags is a citation with fewer fields; a sparse ARFF
      row without one of its entries is a row with that value 0; in the formats whose official files end without a
      newline (CoNLL-2003, the Mulan ARFF files), a truncation just before a line's newline leaves a complete file;
 * ``silent``: the read succeeded with records different from the valid file's and none of the rules above applies.
@@ -308,6 +310,15 @@ rejects VBZ B-VP O
 
 _TWPOS = b"I\tO\nwon't\tV\n\nhello world\t!\n:)\tE\n\n@ark\t@\nlol\t!\n"
 
+_CORA_TAGGED = (b"<author> A. Cau, and R. Kuiper. </author> <title> Formalising Dijkstra's strategy. </title> "
+                b"<date> 1992. </date>\n"
+                b"<author> M. Shapiro. </author> <title> Fast analysis. </title> <booktitle> In Proc. POPL, "
+                b"</booktitle> <pages> pp. 1-14, </pages> <date> 1997. </date>\n")
+_CORA_COLUMNS = b"".join(
+    b" ".join([word, *([b"f"] * 22), label]) + b"\n" if word else b"\n"
+    for word, label in [(b"A.", b"author"), (b"Cau.", b"author"), (b"Formalising", b"title"), (b"1992.", b"date"),
+                        (b"", b""), (b"M.", b"author"), (b"Fast", b"title"), (b"pp.", b"pages"), (b"1-14", b"pages")])
+
 _ARFF_HEADER = b"""% a toy Mulan file
 @relation toy
 @attribute f0 numeric
@@ -422,6 +433,18 @@ def _read_twpos(path: Path) -> list:
     return read_tagged(path)
 
 
+def _read_cora_tagged(path: Path) -> list:
+    from latentstruct.data.cora import read_cora_tagged
+
+    return read_cora_tagged(path)
+
+
+def _read_cora_columns(path: Path) -> list:
+    from latentstruct.data.cora import read_cora_columns
+
+    return read_cora_columns(path)
+
+
 def _read_arff(path: Path, num_labels: int | None = 2) -> list:
     from latentstruct.data.mlc import read_arff
 
@@ -512,6 +535,15 @@ def _sparse_rule(mutation: str, params: dict[str, Any], data: bytes) -> bool:
     return mutation == "wrong_field_count" and not params["extra"]  # an entry left out is a value 0
 
 
+def _cora_cut_after_a_field(mutation: str, params: dict[str, Any], data: bytes) -> bool:
+    """Rule 3 for Cora's inline tags: a citation cut right after one of its closing tags (and any spaces) is a valid
+    citation with fewer fields."""
+    if mutation != "cut_mid_record":
+        return False
+    content = _body(_lines(data)[params["line_index"]])[0][: params["keep"]]
+    return re.search(rb"</[a-z]+>\s*$", content) is not None
+
+
 def _not_docstart(lines: list[bytes], i: int) -> bool:
     return not lines[i].startswith(b"-DOCSTART-")
 
@@ -557,6 +589,17 @@ CASES: dict[str, Case] = {
     "twpos": Case(
         lambda folder: _write(folder / "oct27.train", _TWPOS), _read_twpos,
         _text_mutations(_any_line, b"\t", rb"\t(.*)$", [b"NN", b"", b"?", b"o"]),
+    ),
+    "cora_tagged": Case(
+        lambda folder: _write(folder / "cora.tagged.txt", _CORA_TAGGED), _read_cora_tagged,
+        {"truncate": Mutation(truncate, _truncation), "cut_mid_record": _cut(_any_line),
+         "wrong_label": _label(_any_line, rb"<([a-z]+)>", [b"titel", b"Author", b"", b"date2"]),
+         "bad_encoding": Mutation(bad_encoding, _encoding)},
+        undetectable=_cora_cut_after_a_field,
+    ),
+    "cora_columns": Case(
+        lambda folder: _write(folder / "cora.train", _CORA_COLUMNS), _read_cora_columns,
+        _text_mutations(_any_line, b" ", rb" (\S+)$", [b"writer", b"Author", b"", b"x"]),
     ),
     "arff_dense": Case(
         lambda folder: _write(folder / "toy.arff", _ARFF_DENSE), _read_arff,
