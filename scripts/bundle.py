@@ -84,6 +84,7 @@ DATASETS = {
     "delicious": "multi-label delicious (energy Tables 1, 5)",
     "mnist": "MNIST (direct k-NN and VAE)",
     "listops": "the ListOps test split (training expressions are generated)",
+    "cora": "Cora citations (energy Table 4)",
 }
 #: what a device call carries with the working tree, in all
 CARRY_LIMIT = 64 * 2**20
