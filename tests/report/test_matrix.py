@@ -22,8 +22,9 @@ def test_the_spec_names_real_experiments_and_estimators(spec):
     assert {s["experiment"] for s in spec["settings"]} == experiments
     estimators = {p.stem for p in (ROOT / "configs" / "estimator").glob("*.yaml")}
     named = {v for r in spec["rows"] for k, v in matrix._pairs(r["overrides"]) if k == "estimator"}
-    # perturb_and_map is st_gumbel by another name (a subclass that changes nothing); ppo drives a policy
-    assert named == estimators - {"perturb_and_map", "ppo"}
+    # perturb_and_map is st_gumbel by another name (a subclass that changes nothing); ppo drives a policy; exact
+    # enumerates every vertex (thousands on the planted trees)
+    assert named == estimators - {"perturb_and_map", "ppo", "exact"}
     assert all(key in spec["grid"] for r in spec["rows"] for key in r["grid"])
 
 
@@ -129,11 +130,11 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
             "--args", tiny]
     assert matrix.main(argv) == 0
     said = capsys.readouterr().out
-    assert "categorical grid: 2 runs to go in 1 launches" in said and "categorical seeds: 1 runs to go" in said
+    assert "categorical grid: 2 runs to go in 1 launches" in said and "seed 302: 1 runs to go" in said
     runs = load_runs(tmp_path / "runs" / small["sweep_dir"])
     assert len(runs) == 3 and runs["completed"].all()
     text = (tmp_path / "res" / "lab" / "matrix.md").read_text()
     assert "**Status:** 1 of 1 cells with all 2 seeds." in text and "- a note" in text
     assert matrix.main(argv) == 0
     said = capsys.readouterr().out
-    assert "categorical grid: 0 runs to go" in said and "categorical seeds: 0 runs to go" in said
+    assert "categorical grid: 0 runs to go" in said and "seed 302: 0 runs to go" in said
