@@ -246,6 +246,29 @@ def summarize(spec: dict, runs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def chance(spec: dict, seed: int = 0) -> dict[str, float]:
+    """Per setting, the recovery (its metric) of the MAP of random scores, N(0, 1) per part, against z* on the test
+    split: what a latent that carries no information about z* scores."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from latentstruct.config import CONFIG_DIR
+    from latentstruct.tasks.classification import recovery_metrics
+
+    out, gen = {}, torch.Generator().manual_seed(seed)
+    metric = next(m for m in spec["metrics"] if m["name"] == "recovery")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        for setting in spec["settings"]:
+            cfg = compose("train", overrides=[f"+experiment={setting['experiment']}"])
+            data, structure = instantiate(cfg.dataset), instantiate(cfg.structure)
+            true = data.splits["test"]["z"]
+            guess = structure.map(torch.randn(true.shape, generator=gen, dtype=torch.float64)).to(true.dtype)
+            name = setting.get("recovery", metric["default"]).split("/")[-1]
+            out[setting["name"]] = recovery_metrics(guess, true)[name]
+    return out
+
+
 def _fmt(x: float) -> str:
     return "—" if x is None or math.isnan(x) else f"{x:.1f}"
 
@@ -351,7 +374,7 @@ def _ranks(table: pd.DataFrame, spec: dict, names: list[str]) -> list[str]:
     return lines
 
 
-def findings(table: pd.DataFrame, spec: dict) -> list[str]:
+def findings(table: pd.DataFrame, spec: dict, random: dict[str, float] | None = None) -> list[str]:
     """Seed 001 Table 2's findings, tested per structure on the numbers of ``table`` (a difference counts when the
     medians are more than twice their combined s.e. apart; ✓ marks the structures where the statement holds). A
     statement resting on a cell of one seed is an observation, else a finding."""
@@ -374,6 +397,12 @@ def findings(table: pd.DataFrame, spec: dict) -> list[str]:
     if {"imle", "st_gumbel"} <= names:
         say("I-MLE is more accurate than perturb-and-MAP", *_versus(table, spec, "st_gumbel", ["imle"], "acc"))
         say("I-MLE recovers more than perturb-and-MAP", *_versus(table, spec, "st_gumbel", ["imle"], "recovery"))
+    if random:
+        methods = [r["name"] for r in spec["rows"] if not r.get("reference")]
+        done = table[table["row"].isin(methods) & (table["n"] > 0)]
+        best = done.groupby("setting")["recovery"].max()
+        out.append("- **The best method's recovery against chance** (the MAP of random scores): " + "; ".join(
+            f"{s} {_fmt(best[s])} vs {_fmt(random[s])}" for s in random if s in best) + ".")
     newer = [n for n in ("sfe_rloo", "blackbox", "imle", "perturbed", "direct") if n in names]
     ranked = _ranks(table, spec, newer)
     if ranked:
@@ -438,7 +467,7 @@ def figure(table: pd.DataFrame, spec: dict, path: Path) -> Path:
 
 def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: float, command: str) -> Path:
     """results/lab/matrix.md, .csv and .png from the runs (module docstring)."""
-    table = summarize(spec, runs, seeds)
+    table, random = summarize(spec, runs, seeds), chance(spec)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
     figure(table, spec, out.with_suffix(".png"))
@@ -456,11 +485,13 @@ def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: 
              "", "Each cell: test accuracy (acc) or latent recovery (rec.) ×100, **median** ± s.e. over the seeds at "
              "the grid point chosen on validation; the best method per column in bold (references excluded); "
              "† fewer seeds than the protocol's (their number in parentheses); n/a: the method does not apply.",
-             "", "## Accuracy and recovery", "", *_grid_table(table, spec, seeds),
+             "", "## Accuracy and recovery", "", *_grid_table(table, spec, seeds), "",
+             "Chance recovery (the MAP of random N(0, 1) scores against z*, test split): "
+             + ", ".join(f"{name} {_fmt(value)}" for name, value in random.items()) + ".",
              "", "## Findings", "",
              "Seed 001's Table 2 findings, tested per structure on the numbers above: a difference counts when the "
              "two medians are more than twice their combined s.e. apart (✓: it holds on that structure).", "",
-             *findings(table, spec),
+             *findings(table, spec, random),
              "", "## The grid point chosen on validation", "", *_point_table(table, spec)]
     if len(empty):
         lines += ["", "Cells without a completed run: " + "; ".join(
