@@ -21,7 +21,8 @@ matches the run's ``choices.<key>``, a config group, or else its ``<key>``), and
 launched again, so the command reruns only what is missing (a failed run is launched again; ``--report-only``: no
 runs at all). Step 1 goes a structure at a time; step 3 a seed at a time over every cell, so a benchmark stopped
 part-way leaves every cell with the same number of seeds. Then the table:
-``results/lab/matrix.md`` (median ± s.e. of test accuracy and recovery ×100 per cell, best per column in bold),
+``results/lab/matrix.md`` (median ± s.e. of test accuracy and recovery ×100 per cell, best per column in bold, the
+recovery a latent unrelated to z* gets — the MAP of random scores —, seed 001's findings tested per structure),
 ``matrix.csv`` (every cell with its chosen point and per-seed values) and ``matrix.png`` (the recovery heat map).
 """
 
