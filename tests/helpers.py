@@ -33,3 +33,17 @@ def data_root() -> Path:
     """The root of the real datasets, resolved by the config itself (``paths.data_dir``: ``$LATENTSTRUCT_DATA``, else
     ``data`` relative to the working directory), so that the tests look where the package looks."""
     return Path(compose().paths.data_dir).resolve()
+
+
+def write_data_file(folder: Path, name: str, text: str, gz: bool = False) -> Path:
+    """``text`` as ``folder/name`` (UTF-8), or gzip-compressed as ``folder/name.gz``: a generated data file."""
+    if gz:
+        import gzip
+
+        path = folder / f"{name}.gz"
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+        return path
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -3,7 +3,6 @@ generated files, and the shared copy's counts against the manifest."""
 
 from __future__ import annotations
 
-import gzip
 import random
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from latentstruct.data.cora import (
     read_cora_columns,
     read_cora_tagged,
 )
+from tests.helpers import write_data_file
 
 _WORDS = {"author": ["A.", "Smith,", "B.", "Jones."], "title": ["Learning", "with", "rules."], "date": ["1999."],
           "booktitle": ["In", "Proc.", "ICML,"], "pages": ["pp.", "1-10."], "journal": ["Machine", "Learning,"],
@@ -46,12 +46,7 @@ def write_cora(root: Path, n: int = 40, seed: int = 0, gz: bool = False) -> Path
         tagged.append(" ".join(spans))
         columns.append("")
     for name, lines in (("cora.tagged.txt", tagged), ("cora.train", columns)):
-        text = "\n".join(lines) + "\n"
-        if gz:
-            with gzip.open(folder / f"{name}.gz", "wt", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            (folder / name).write_text(text, encoding="utf-8")
+        write_data_file(folder, name, "\n".join(lines) + "\n", gz)
     return root
 
 

@@ -4,7 +4,6 @@ reduced presets' composition, and the shared copy's counts."""
 
 from __future__ import annotations
 
-import gzip
 import random
 from functools import partial
 from pathlib import Path
@@ -18,7 +17,7 @@ from latentstruct.models.energy import BiLSTMFeatures, SequenceInferenceNet
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, write_data_file
 
 EXPERIMENTS = methods("ner")
 
@@ -38,12 +37,7 @@ def write_twpos(root: Path, n: int = 12, seed: int = 0, gz: bool = False) -> Pat
                 tag = rng.choice(sorted(words))
                 lines.append(f"{rng.choice(words[tag])}\t{tag}")
             lines.append("")
-        text = "\n".join(lines) + "\n"
-        if gz:
-            with gzip.open(folder / f"{name}.gz", "wt", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            (folder / name).write_text(text, encoding="utf-8")
+        write_data_file(folder, name, "\n".join(lines) + "\n", gz)
     return root
 
 
