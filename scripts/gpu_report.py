@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -26,6 +26,19 @@ sys.path.insert(0, str(ROOT))
 from bench.tables import render as render_timing  # noqa: E402
 
 NEEDED = ("env.json", "experiments.json", "timing.json")
+# The device machine's own paths (its checkout, its Python, $OUT) say nothing here and are no paths of this machine:
+# results name them by what they are.
+MACHINE_PATHS = ((re.compile(r"/[^\s\"'`(]*/\.device/data"), "$LATENTSTRUCT_DATA"),
+                 (re.compile(r"/[^\s\"'`(]*/site-packages/"), "<site-packages>/"),
+                 (re.compile(r"/[^\s\"'`(]*/(?=(latentstruct|scripts|bench|tests)/)"), ""),
+                 (re.compile(r"/root/out/"), "$OUT/"))
+
+
+def scrub(text: str) -> str:
+    """``text`` with the device machine's paths replaced by what they are (MACHINE_PATHS)."""
+    for pattern, replacement in MACHINE_PATHS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _load(source: Path, name: str):
@@ -153,12 +166,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.md").write_text("\n".join(markdown(args.source)) + "\n")
+    (args.out / "gpu.md").write_text(scrub("\n".join(markdown(args.source)) + "\n"))
     raw = {name: _load(args.source, name) for name in ("env.json", "experiments.json", "syncs.json", "timing.json")}
-    (args.out / "gpu.json").write_text(json.dumps(raw, indent=1) + "\n")
+    (args.out / "gpu.json").write_text(scrub(json.dumps(raw, indent=1) + "\n"))
     written = [args.out / "gpu.md", args.out / "gpu.json"]
     for path in sorted(args.source.glob("structures_*.md")) + sorted(args.source.glob("structures_*.json")):
-        written.append(Path(shutil.copyfile(path, args.out / path.name)))
+        written.append(args.out / path.name)
+        written[-1].write_text(scrub(path.read_text()))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -48,3 +48,12 @@ def test_the_report_reads_the_checks_files(tmp_path):
     assert "| projective | 0 |" in text
     assert (tmp_path / "results" / "structures_cuda.md").is_file() and (tmp_path / "results" / "gpu.json").is_file()
     assert gpu_report.main([str(tmp_path / "nothing")]) == 1
+
+
+def test_the_report_names_the_device_machines_paths_by_what_they_are():
+    message = ('SNLI split(s) train not found in /work/x/.device/data/snli (found: valid). File '
+               '"/opt/v/lib/python3.12/site-packages/hydra/main.py", File "/srv/co/latentstruct/train.py", '
+               '--out /root/out/structures_cuda.md')
+    assert gpu_report.scrub(message) == (
+        'SNLI split(s) train not found in $LATENTSTRUCT_DATA/snli (found: valid). File '
+        '"<site-packages>/hydra/main.py", File "latentstruct/train.py", --out $OUT/structures_cuda.md')
