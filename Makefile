@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 # Installed before the package so that pip never resolves a newer, multi-GB CUDA build of torch.
 TORCH ?= torch==2.13.0
 JOBS ?= $(shell nproc)
+# make test: pytest-xdist workers (each test runs on one torch thread)
+TEST_JOBS ?= $(shell nproc)
 RUNS := multirun
 # make table: T=<paper>/<table> of experiments/ (its spec's `reproduce` block: sweeps, then tables, figures and extra
 # steps; latentstruct/report/reproduce.py). SEEDS: trainer.seed of its sweeps (default: the spec's). ARGS: more Hydra
@@ -65,8 +67,8 @@ install: $(BIN)/.installed ## create .venv (if absent) and install torch, then l
 run: install ## install if needed, then run the default experiment (synthetic clusters, SPIGOT, CPU, < 1 min)
 	$(BIN)/python -m latentstruct.train
 
-test: install ## install if needed, then run the fast test suite (< 10 min on 2 cores)
-	$(BIN)/python -m pytest
+test: install ## install if needed, then run the fast test suite, one worker per core (< 8 min on 2 cores)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --durations=15
 
 lint: install ## ruff on the package and the tests
 	$(BIN)/ruff check latentstruct tests

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import hashlib
 import inspect
 import io
 import itertools
@@ -52,7 +53,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from latentstruct.ranges import AtLeast, Constraint, NonNegative, Positive, constraint_of
 
-__all__ = ["register_configs", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
+__all__ = ["register_configs", "run_name", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
            "option_schemas", "experiments", "check_command_line", "CONFIG_DIR"]
 
 #: the configs of the entry point (``python -m latentstruct.train``)
@@ -363,7 +364,9 @@ class TrainerConf:
     seed: int = _help("model seed (initialisation, noise, shuffling)", 301)
     resume: bool = _help("resume from checkpoint.pt in the run directory if present", False)
     force: bool = _help("re-run even if metrics.json says completed", False)
-    threads: int | None = _help("torch CPU threads; null = torch's default", None, AtLeast(1))
+    threads: int | None = _help(
+        "torch CPU threads (intra-op) of the run: part of its configuration, as the floating-point sums depend on "
+        "it; the record says the counts in force; null = torch's default (the machine's cores)", 1, AtLeast(1))
     flush_denormal: bool = _help("flush denormal floats to zero on the CPU (torch.set_flush_denormal): a relaxation's "
                                  "tiny weights (Gumbel-softmax at low τ) otherwise slow CPU arithmetic several times",
                                  False)
@@ -428,6 +431,16 @@ class TrainConf:
     tuned: dict[str, Any] = _help("tuned hyper-parameters an experiment interpolates from (per setting)", {})
 
 
+def run_name(overrides: str) -> str:
+    """A run directory's name from its overrides as Hydra joins them (``hydra.job.override_dirname``: sorted,
+    without the settings that cannot change a result): ``+experiment=sst_spigot,estimator.eta=0.1``; ``default``
+    for none. A ``/`` in a value becomes ``%``; a name over 200 characters keeps its first 180 and a hash of all."""
+    name = overrides.replace("/", "%") or "default"
+    if len(name) > 200:
+        name = f"{name[:180]}...{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+    return name
+
+
 def register_configs(config_dir: Path = CONFIG_DIR) -> None:
     """Register the run schema, the schemas the config files name, and the resolvers."""
     # ``${k:${dataset.num_clusters}}`` -> "k10": a string key into a per-setting ``tuned`` table (an interpolated
@@ -435,6 +448,8 @@ def register_configs(config_dir: Path = CONFIG_DIR) -> None:
     OmegaConf.register_new_resolver("k", lambda value: f"k{value}", replace=True)
     # ``${len:${trainer.phases}}``: the number of training phases, for a task whose training depends on it
     OmegaConf.register_new_resolver("len", len, replace=True)
+    # ``${run_name:${hydra.job.override_dirname}}``: a run's directory name (configs/train.yaml)
+    OmegaConf.register_new_resolver("run_name", run_name, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_train", node=TrainConf)
     for name in sorted(_schema_names(config_dir)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -19,15 +20,26 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["RESUMABLE", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
+__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
+           "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
            "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
            "load_checkpoint", "environment"]
 
-# The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
-# computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
-RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.log_seconds",
-             "trainer.threads", "trainer.device", "trainer.max_steps", "trainer.max_epochs", "trainer.checkpoint_every",
-             "trainer.checkpoint_seconds")
+# What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
+# progress, when it checkpoints, whether it resumes, and the device (a run may move between CPU and GPU; the record
+# says which ran it). They are left out of the run's directory name (configs/train.yaml's override_dirname
+# exclude_keys, kept equal by a test) and of its fingerprint. trainer.threads is NOT among them: the thread count
+# changes the floating-point sums, so it is part of both.
+NOT_RESULT = ("paths", "logger", "sweep", "trainer.resume", "trainer.force", "trainer.progress", "trainer.log_seconds",
+              "trainer.log_every", "trainer.device", "trainer.checkpoint_every", "trainer.checkpoint_seconds",
+              "trainer.keep_checkpoint")
+#: how long a run trains: not part of its identity either, since a run goes on exactly to a longer length in the same
+#: directory (train.py); a shorter one than a directory's completed run is refused there
+LENGTH = ("trainer.max_steps", "trainer.max_epochs")
+#: the file of a run directory that records what the run computes (its identity) and its fingerprint
+RUN_FILE = "run.json"
+#: the environment variables that set torch's CPU threads, recorded with the counts in force
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -41,6 +53,62 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         name = f"{prefix}{key}"
         flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
     return flat
+
+
+def identity(config: dict) -> dict[str, Any]:
+    """What a run computes: the flat keys of its resolved ``config`` but those of :data:`NOT_RESULT` and
+    :data:`LENGTH`."""
+    return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_RESULT + LENGTH)}
+
+
+def fingerprint(ident: dict[str, Any]) -> str:
+    """A short hash (12 hex digits) of an :func:`identity`: equal identities, equal fingerprints."""
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One line per key whose value differs between two identities: ``estimator._target_: a.Spigot → a.SFE``."""
+    missing = "(absent)"
+    return [f"{k}: {old.get(k, missing)} → {new.get(k, missing)}" for k in sorted(old.keys() | new.keys())
+            if old.get(k, missing) != new.get(k, missing)]
+
+
+class RunMismatch(ValueError):
+    """A run directory holds the record of another configuration (or one that cannot be checked)."""
+
+
+def check_run_dir(run_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None:
+    """The identity recorded in ``run_dir`` (its :data:`RUN_FILE`), or None for a directory without a run; raises
+    :class:`RunMismatch` when it differs from ``ident`` (one line per differing key), or when the directory holds a
+    record without a :data:`RUN_FILE` (its configuration cannot be checked). Reads nothing else."""
+    run_dir = Path(run_dir)
+    try:
+        recorded = json.loads((run_dir / RUN_FILE).read_text())
+    except FileNotFoundError:
+        if (run_dir / "metrics.json").exists():
+            raise RunMismatch(f"{run_dir} holds a run record without {RUN_FILE}: what it computed cannot be checked "
+                              "against this configuration") from None
+        return None
+    except json.JSONDecodeError as err:
+        raise RunMismatch(f"{run_dir / RUN_FILE} is damaged ({err})") from None
+    lines = differences(recorded.get("identity", {}), ident)
+    if lines:
+        raise RunMismatch(f"{run_dir} holds the run of another configuration (fingerprint "
+                          f"{recorded.get('fingerprint')}, this one {fingerprint(ident)}):\n  " + "\n  ".join(lines))
+    return recorded
+
+
+def write_run_file(run_dir: Path, ident: dict[str, Any]) -> str:
+    """Record ``ident`` and its fingerprint in ``run_dir``/:data:`RUN_FILE`; returns the fingerprint."""
+    fp = fingerprint(ident)
+    write_json(Path(run_dir) / RUN_FILE, {"fingerprint": fp, "identity": ident})
+    return fp
+
+
+def threads() -> dict[str, Any]:
+    """torch's CPU thread counts in force (intra- and inter-op) and the environment variables that set them."""
+    env = {k: os.environ[k] for k in THREAD_ENV if k in os.environ}
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(), "env": env}
 
 
 def flat_experiment(name: str) -> str:
@@ -63,7 +131,7 @@ def _atomic(path: Path, write) -> None:
 
 
 #: the run files written through a temporary file (``.<name>.<random>``) that a killed writer may leave behind
-_WRITTEN = ("metrics.json", "history.csv", "checkpoint.pt")
+_WRITTEN = ("metrics.json", "history.csv", "checkpoint.pt", RUN_FILE)
 
 
 def remove_partial_writes(run_dir: Path) -> list[Path]:
@@ -137,10 +205,11 @@ def _git_commit() -> tuple[str, bool | None]:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """git commit, hardware ("cpu" or the GPU's name) and the torch version, for the run record."""
+    """git commit, hardware ("cpu" or the GPU's name), the torch version and its threads, for the run record."""
     sha, dirty = _git_commit()
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "torch": torch.__version__}
+    return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "torch": torch.__version__,
+            "threads": threads()}
 
 
 # ------------------------------------------------------------------------------------------------------ claims

@@ -14,6 +14,8 @@ lines (:mod:`latentstruct.progress`: a bar instead on a terminal), resume and sk
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import random
 import signal
@@ -44,17 +46,23 @@ from latentstruct.guards import Interrupted, NonFinite, StopSignals, diagnose
 from latentstruct.progress import Progress
 from latentstruct.records import (
     FINAL_WEIGHTS,
-    RESUMABLE,
+    LENGTH,
+    RUN_FILE,
+    RunMismatch,
+    check_run_dir,
     claim,
     describe_claim,
+    differences,
     environment,
-    flatten,
+    fingerprint,
+    identity,
     load_checkpoint,
     read_record,
     remove_partial_writes,
     save_checkpoint,
     write_history,
     write_json,
+    write_run_file,
 )
 from latentstruct.tasks import Task
 
@@ -92,8 +100,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
-# Keys added after run records existed, with the value every configuration written before them implied.
-_ADDED = {"task._target_": "latentstruct.tasks.LatentClassifier", "trainer.drop_last": False, "trainer.phases": []}
+@contextlib.contextmanager
+def _rng_untouched():
+    """Every generator's state as it was before the block: an evaluation draws nothing from the training's streams,
+    so a run evaluated at other steps (one gone on to a longer length) trains exactly as one that was not."""
+    state = _rng_state()
+    try:
+        yield
+    finally:
+        _set_rng_state(state)
 
 
 @dataclass(frozen=True)
@@ -189,13 +204,42 @@ def _position(phases: list[_Phase], step: int) -> str:
 
 
 def _check_same_run(saved: dict, current: dict, where: Path) -> None:
-    """Refuse to resume a checkpoint written under a different configuration."""
-    old, new = {**_ADDED, **flatten(saved)}, flatten(current)
-    differ = sorted(k for k in old.keys() | new.keys()
-                    if old.get(k) != new.get(k) and not k.startswith(RESUMABLE))
+    """Refuse to resume a checkpoint written under a different configuration (what it computes: records.identity)."""
+    differ = differences(identity(saved), identity(current))
     if differ:
-        raise ValueError(f"{where} was written with a different configuration ({', '.join(differ)}); "
-                         "use another run directory, or trainer.resume=false to start over")
+        raise RunMismatch(f"{where} was written with a different configuration:\n  " + "\n  ".join(differ)
+                          + "\nuse another run directory, or trainer.force=true to start over")
+
+
+def _length(tc: DictConfig) -> dict[str, int | None]:
+    """The settings that say how long a run trains (records.LENGTH), as a record keeps them."""
+    return {key.split(".")[-1]: tc.get(key.split(".")[-1]) for key in LENGTH}
+
+
+def _replace(out: Path, recorded: dict | None, current: dict) -> None:
+    """trainer.force=true: say what the run directory held, then remove its record so that nothing of it is read."""
+    if recorded is not None:
+        lines = differences(recorded.get("identity", {}), current) or ["(the same configuration)"]
+        log.info("%s: trainer.force=true replaces the run of fingerprint %s:\n  %s", out,
+                 recorded.get("fingerprint"), "\n  ".join(lines))
+    elif (out / "metrics.json").exists():
+        log.info("%s: trainer.force=true replaces a run record without %s", out, RUN_FILE)
+    for name in ("metrics.json", "history.csv", "checkpoint.pt", RUN_FILE):
+        (out / name).unlink(missing_ok=True)
+
+
+def _write_hydra_files(out: Path, cfg: DictConfig) -> None:
+    """The run's .hydra/ files (config.yaml, hydra.yaml, overrides.yaml), which the reports read: written here,
+    once the directory's guard has passed (configs/train.yaml sets hydra.output_subdir to null, so that a launch
+    refused by the guard leaves the directory's files as they were)."""
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    folder = out / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": OmegaConf.to_container(hc)}), folder / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(list(hc.overrides.task)), folder / "overrides.yaml")
 
 
 def build_model(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
@@ -218,8 +262,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict.
 
     The run directory is claimed first (:func:`latentstruct.records.claim`): a run that another live process is
-    running is skipped (``{"status": "in_progress", "claimed_by": ...}``, nothing written), a completed one too
-    (unless ``trainer.force``). A run that raises leaves ``status: failed`` with the error, then the error goes on.
+    running is skipped (``{"status": "in_progress", "claimed_by": ...}``, nothing written). Then the directory's
+    guard: a directory holding the run of another configuration (its ``run.json``) is refused with
+    :class:`~latentstruct.records.RunMismatch`, one line per differing key, nothing read or written
+    (``trainer.force=true`` replaces it, saying what it replaces). In a directory of this configuration a completed
+    run is skipped, or goes on to a longer ``trainer.max_steps`` / ``max_epochs`` from its checkpoint (exactly as a
+    run of that length); an interrupted one resumes. A run that raises leaves ``status: failed`` with the error, then
+    the error goes on.
     """
     out = Path(cfg.paths.output_dir)
     with claim(out) as held, StopSignals() as stop:
@@ -230,17 +279,31 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             log.info("%s: taking over the claim of %s, which is gone", out, describe_claim(held.holder))
         for partial in remove_partial_writes(out):  # the run is ours: no one else is writing them
             log.info("%s: removed %s, left by a write that was killed", out, partial.name)
+        validate(cfg)
+        ident = identity(OmegaConf.to_container(cfg, resolve=True))
+        if cfg.trainer.force:
+            try:
+                recorded = check_run_dir(out, ident)
+            except RunMismatch:
+                recorded = _read_run_file(out)
+            _replace(out, recorded, ident)
+        else:
+            check_run_dir(out, ident)  # raises RunMismatch: nothing of the directory is touched
         try:
-            validate(cfg)
             record = read_record(out) or {}
-            if record.get("status") == "completed" and not cfg.trainer.force:
+            length = _length(cfg.trainer)
+            if record.get("status") == "completed" and record.get("length") == length:
                 log.info("%s already completed; skipping (trainer.force=true re-runs it)", out)
+                _log_metrics(record.get("metrics", {}), f"{out}  (its record, step {record.get('best_step')})")
                 return record
-            # an interrupted run goes on from the checkpoint it saved when it stopped
-            resume = cfg.trainer.resume or (record.get("status") == "interrupted" and not cfg.trainer.force)
-            return _run(cfg, out, resume, stop)
+            # an interrupted run goes on from the checkpoint it saved when it stopped; a completed one from its final
+            # checkpoint, to a longer length
+            resume = cfg.trainer.resume or record.get("status") in ("interrupted", "completed")
+            return _run(cfg, out, resume, stop, record, ident)
         except Interrupted:
             raise  # its record (status: interrupted) and checkpoint are written
+        except RunMismatch:
+            raise  # a completed run that cannot go on: its record stands
         except BaseException as err:  # record the failure while the run is still ours, then let it go on
             failure = {"status": "failed", "error": f"{type(err).__name__}: {err}"}
             if isinstance(err, NonFinite):
@@ -252,6 +315,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             raise
 
 
+def _read_run_file(out: Path) -> dict | None:
+    try:
+        return json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _identity(cfg: DictConfig) -> str:
     """The run's configuration as its command line gave it (the overrides, under Hydra), else its directory."""
     if HydraConfig.initialized():
@@ -259,9 +329,11 @@ def _identity(cfg: DictConfig) -> str:
     return str(cfg.paths.output_dir)
 
 
-def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[str, Any]:
+def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: dict,
+         ident: dict[str, Any]) -> dict[str, Any]:
     """:func:`train` once the run is this process's to run and its configuration is valid; ``resume``: go on from
-    the run directory's checkpoint, if it has one; ``stop``: the stop signals noted since the run was claimed."""
+    the run directory's checkpoint, if it has one; ``stop``: the stop signals noted since the run was claimed;
+    ``record``: the directory's metrics.json (empty if none); ``ident``: what the run computes."""
     # ---- build
     tc = cfg.trainer
     if tc.threads:
@@ -276,29 +348,58 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
     phases, max_steps = _plan(tc, {name: data.size(name) for name in data.splits})
-    config = OmegaConf.to_container(cfg)  # the run's identity: logged, checkpointed, compared on resume
+    config = OmegaConf.to_container(cfg)  # the run's configuration: logged, checkpointed, compared on resume
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = load_checkpoint(ckpt_path, device) if resume and ckpt_path.exists() else None
+    completed = record.get("status") == "completed"
+    if completed:  # a completed run asked for again at another length: go on from its final checkpoint, or refuse
+        done = record.get("steps", 0)
+        if max_steps == done:
+            log.info("%s already completed its %s steps; skipping (trainer.force=true re-runs it)", out, f"{done:,}")
+            return record
+        if max_steps < done:
+            raise RunMismatch(f"{out} holds this configuration's completed run of {done:,} steps; a shorter one "
+                              f"({max_steps:,} steps) cannot be read from it: use another run directory, or "
+                              "trainer.force=true to start over")
+        if ckpt is None or ckpt.get(FINAL_WEIGHTS) or ckpt.get("step") != done:
+            raise RunMismatch(f"{out} holds this configuration's completed run of {done:,} steps, without the "
+                              f"checkpoint of its last step that going on to {max_steps:,} needs: use another run "
+                              "directory, or trainer.force=true to start over")
+    if ckpt is not None and ckpt.get(FINAL_WEIGHTS):  # a finished run's weights, packed for the reports
+        log.info("%s: its checkpoint holds only the final weights of a finished run; starting over", out)
+        ckpt = None
+    if ckpt is not None and ckpt["step"] > max_steps:
+        raise RunMismatch(f"{out}: its checkpoint is at step {ckpt['step']:,}, past this run's {max_steps:,} steps: "
+                          "use another run directory, or trainer.force=true to start over")
+    write_run_file(out, ident)
+    _write_hydra_files(out, cfg)
     logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 
     step, history, elapsed = 0, [], 0.0
     loss_sum, loss_count = 0.0, 0  # since the last evaluation, summed on the device: no host sync per step
-    ckpt_path = out / "checkpoint.pt"
-    ckpt = load_checkpoint(ckpt_path, device) if resume and ckpt_path.exists() else None
-    if ckpt is not None and ckpt.get(FINAL_WEIGHTS):  # a finished run's weights, packed for the reports
-        log.info("%s: its checkpoint holds only the final weights of a finished run; starting over", out)
-        ckpt = None
+    window = (0.0, 0)  # the same sums, of the steps up to the last evaluation
+    evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
     if ckpt is not None:
         _check_same_run(ckpt["config"], config, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
-        # written between evaluations (a stop signal, trainer.checkpoint_every / _seconds): the loss since the last
-        # evaluation goes on (checkpoints of older runs, written at evaluations only, have none: 0)
-        loss_sum, loss_count = ckpt.get("loss_sum", 0.0), ckpt.get("loss_count", 0)
+        # a run gone on to a longer length keeps the evaluations that a run of that length makes, not its old end,
+        # and the training loss of the steps before that end counts into the next evaluation's, as it would have;
+        # else the loss since the last evaluation goes on (a checkpoint written between evaluations: a stop signal,
+        # trainer.checkpoint_every / _seconds)
+        if history and history[-1]["step"] == step and step not in evaluations:
+            history = history[:-1]
+            loss_sum, loss_count = ckpt["window"]
+        else:
+            loss_sum, loss_count = ckpt["loss_sum"], ckpt["loss_count"]
         _set_rng_state(ckpt["rng"])
-        log.info("resumed %s at step %d", out, step)
+        if completed:
+            log.info("%s: going on from its completed run of %s steps to %s", out, f"{step:,}", f"{max_steps:,}")
+        else:
+            log.info("resumed %s at step %d", out, step)
 
     # ---- loop
-    evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
     log.info("%s: %s", out, _describe_plan(tc, phases, max_steps, step))
     start = time.perf_counter() - elapsed
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
@@ -315,6 +416,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
         nonlocal saved
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                                     "history": history, "loss_sum": loss_sum, "loss_count": loss_count,
+                                    "window": window,
                                     "wall_seconds": time.perf_counter() - start, "rng": _rng_state(),
                                     "config": config})
         saved = time.perf_counter()
@@ -381,12 +483,13 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
                     train_seconds += seconds
                     phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless
                     phase_steps[index] += step - tick_step  # eval_every straddles a phase boundary)
-                    evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
-                                                      tc.batch_size)
+                    with _rng_untouched():
+                        evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
+                                                          tc.batch_size)
                     row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
                     row["wall_seconds"] = time.perf_counter() - start
                     history.append(row)
-                    loss_sum, loss_count = 0.0, 0
+                    window, (loss_sum, loss_count) = (loss_sum, loss_count), (0.0, 0)
                     logger.log(step, row)
                     write_history(out / "history.csv", history)
                     checkpoint()
@@ -418,6 +521,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
         # per epoch of the last phase (the only one without trainer.phases), from that phase's steps
         "seconds_per_epoch": phase_seconds[-1] / phase_steps[-1] * phases[-1].per_epoch if phase_steps[-1] else None,
         "steps": step,
+        "length": _length(tc),
+        "fingerprint": fingerprint(ident),
         "selection": select,
     }
     write_json(out / "metrics.json", record)
@@ -435,6 +540,11 @@ def main(cfg: DictConfig) -> float | None:
     except NonFinite:  # recorded and said in one line by train(); a sweep's job fails as any other would
         if HydraConfig.get().mode == RunMode.RUN:
             sys.exit(1)
+        raise
+    except RunMismatch as err:  # the directory holds another configuration's run: refused, nothing touched
+        if HydraConfig.get().mode == RunMode.RUN:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         raise
     # The returned value lets Hydra sweepers optimise validation accuracy (none for a run skipped as in progress).
     return record.get("metrics", {}).get("valid/acc")

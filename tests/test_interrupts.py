@@ -142,8 +142,8 @@ def test_a_signal_before_the_loop_stops_at_step_zero_and_one_after_it_is_raised_
     assert got == [signal.SIGUSR1]
 
 
-def _cli(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)}
+def _cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -176,30 +176,71 @@ def test_cli_sigterm_exits_143_with_an_interrupted_record_and_the_rerun_finishes
     assert f"resumed {tmp_path} at step {record['step']}" in (tmp_path / "train.log").read_text()
 
 
+# Imported by every Python process of the test's sweep (PYTHONPATH): the job pauses at the chosen point — before its
+# training loop (when the task is given its training data) or when it begins a chosen step — writes a file saying
+# so and its pid, and waits for the test's "go" file; so the signal reaches it at that point, whatever the load. The
+# requeued job finds "go" and never pauses.
+_GATE = """
+import os, pathlib, time
+gate = os.environ.get("LATENTSTRUCT_TEST_GATE")
+if gate:
+    import latentstruct.tasks.base as base
+    folder, point = pathlib.Path(gate), os.environ["LATENTSTRUCT_TEST_GATE_AT"]
+
+    def pause():
+        if (folder / "go").exists():
+            return
+        (folder / "paused").write_text(str(os.getpid()))
+        while not (folder / "go").exists():
+            time.sleep(0.02)
+
+    if point == "before":
+        use = base.Task.use_training_data
+        def use_training_data(self, *args, **kwargs):
+            pause()
+            return use(self, *args, **kwargs)
+        base.Task.use_training_data = use_training_data
+    else:
+        begin = base.Task.begin_step
+        def begin_step(self, phase, step):
+            if step == int(point):
+                pause()
+            return begin(self, phase, step)
+        base.Task.begin_step = begin_step
+"""
+
+
 @pytest.mark.slow
-def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path):
+@pytest.mark.parametrize("point, stopped_at", [("before", 0), ("150", 151)])
+def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, stopped_at):
     """The submitit launcher, executing locally: the job is sent submitit's preemption signal (USR2, what its
-    SLURM jobs get before a preemption or the time limit); it checkpoints, hands the signal to submitit, which
-    requeues it, and the requeued job resumes from the step it stopped at and completes."""
-    sweep = tmp_path / "sweep"
-    steps = ["trainer.max_steps=400", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
+    SLURM jobs get before a preemption or the time limit) before its first step or mid-run (at a chosen point, see
+    _GATE); it checkpoints, hands the signal to submitit, which requeues it, and the requeued job resumes from the
+    step it stopped at and completes with the metrics of an uninterrupted run (the same threads: one)."""
+    sweep, gate = tmp_path / "sweep", tmp_path / "gate"
+    gate.mkdir()
+    (gate / "sitecustomize.py").write_text(_GATE)
+    steps = ["trainer.max_steps=300", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
+    env = {"LATENTSTRUCT_TEST_GATE": str(gate), "LATENTSTRUCT_TEST_GATE_AT": point,
+           "PYTHONPATH": os.pathsep.join([str(gate), str(ROOT)])}
     proc = _cli("-m", *TINY, *steps, "trainer.seed=301", "hydra/launcher=submitit_local",
-                "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}")
-    end = time.monotonic() + 120
-    while not list(sweep.glob("*/claim.json")) and time.monotonic() < end:
-        time.sleep(0.05)
-    (run,) = {p.parent for p in sweep.glob("*/claim.json")}
-    _wait_for(run / "claim.json", "pid")
-    job = json.loads((run / "claim.json").read_text())["pid"]
-    os.kill(job, signal.SIGUSR2)
+                "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}", env=env)
+    try:
+        _wait_for(gate / "paused", timeout=240)
+        os.kill(int((gate / "paused").read_text()), signal.SIGUSR2)
+        time.sleep(0.2)  # the handler runs at once; the step goes on when the gate opens
+    finally:
+        (gate / "go").write_text("")
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
+    (run,) = {p.parent for p in sweep.glob("*/metrics.json")}
     log = (run / "train.log").read_text()
-    assert "stopped by SIGUSR2 at step" in log and "resumed" in log
+    assert f"stopped by SIGUSR2 at step {stopped_at}" in log and f"resumed {run} at step {stopped_at}" in log
     logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
     assert "Requeued job" in logs
-    assert _record(run)["status"] == "completed" and _record(run)["steps"] == 400
+    assert _record(run)["status"] == "completed" and _record(run)["steps"] == 300
     uninterrupted = _run(tmp_path, *steps, name="uninterrupted")
+    assert _record(run)["threads"]["intra_op"] == uninterrupted["threads"]["intra_op"] == 1
     assert _record(run)["metrics"] == uninterrupted["metrics"]
 
 

@@ -363,10 +363,13 @@ def test_resume_compares_flat_configs_where_an_empty_group_gives_no_key(tmp_path
     before = {k: v for k, v in config.items() if k not in ("optim_groups", "tuned")}
     train_module._check_same_run(before, config, tmp_path / "checkpoint.pt")  # the same run
     grouped = {**config, "optim_groups": {"sigma": {"lr": 0.1}}}
-    with pytest.raises(ValueError, match=r"\(optim_groups\.sigma\.lr\)"):
+    with pytest.raises(ValueError, match=r"optim_groups\.sigma\.lr: \(absent\) → 0\.1"):
         train_module._check_same_run(config, grouped, tmp_path / "checkpoint.pt")
-    moved = {**config, "trainer": {**config["trainer"], "threads": 3}}
-    train_module._check_same_run(config, moved, tmp_path / "checkpoint.pt")  # a RESUMABLE key may change
+    moved = {**config, "trainer": {**config["trainer"], "progress": False, "max_steps": 99}}
+    train_module._check_same_run(config, moved, tmp_path / "checkpoint.pt")  # how it runs, how long: the same run
+    threads = {**config, "trainer": {**config["trainer"], "threads": 3}}
+    with pytest.raises(ValueError, match=r"trainer\.threads: 1 → 3"):  # the sums depend on it
+        train_module._check_same_run(config, threads, tmp_path / "checkpoint.pt")
 
 
 def test_best_is_selected_among_the_evaluations_of_the_last_phase(tmp_path, monkeypatch):

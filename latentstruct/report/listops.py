@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
-from latentstruct.records import RESUMABLE, flatten, load_checkpoint
+from latentstruct.records import LENGTH, NOT_RESULT, flatten, load_checkpoint
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.listops import ListOps, tree_scores
 from latentstruct.train import build_model
@@ -51,7 +51,7 @@ __all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_tree
            "draw_figure", "main"]
 
 # The flat config keys that do not make two runs different configurations for the self-F1.
-_NOT_IDENTITY = (*RESUMABLE, "trainer.seed")
+_NOT_IDENTITY = (*NOT_RESULT, *LENGTH, "trainer.threads", "trainer.seed")
 # Nangia & Bowman (2018), test set (the seed's tutorial): F1 vs left / right / true trees, depth; self-F1.
 PAPER_REFERENCE_TREES = {
     "true": (41.6, 8.8, 100.0, 9.6, None),

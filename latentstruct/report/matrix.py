@@ -49,7 +49,7 @@ SPEC = "experiments/lab_matrix.yaml"
 #: keys whose values a launch sweeps (the rest of a job's overrides must be shared by the jobs of one launch)
 SWEPT = ("+experiment", "latent", "estimator", "decoder", "optim.lr", "estimator.eta", "trainer.seed")
 #: how every launch runs: local parallel jobs, one thread each, no progress bars, a finished run skipped
-LAUNCHER = ("hydra/launcher=joblib", "hydra.launcher.n_jobs={jobs}", "trainer.threads=1", "trainer.progress=false",
+LAUNCHER = ("hydra/launcher=joblib", "hydra.launcher.n_jobs={jobs}", "trainer.progress=false",
             "trainer.resume=true")
 
 

@@ -42,11 +42,11 @@ from latentstruct.report.tables import load_spec, output_path
 
 __all__ = ["LAUNCHER", "Command", "spec_path", "commands", "sweep_root", "main"]
 
-# How every sweep runs: local parallel jobs, one thread each, no progress bars, resuming (and skipping) finished runs.
+# How every sweep runs: local parallel jobs (one thread each: trainer.threads' default), no progress bars, resuming
+# (and skipping) finished runs.
 LAUNCHER = (
     "hydra/launcher=joblib",
     "hydra.launcher.n_jobs={jobs}",
-    "trainer.threads=1",
     "trainer.progress=false",
     "trainer.resume=true",
     "paths.multirun_dir={runs}",

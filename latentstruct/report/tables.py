@@ -26,19 +26,49 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from latentstruct.records import flat_experiment, flatten
+from latentstruct.records import RUN_FILE, flat_experiment, flatten
 from latentstruct.report import status
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
            "build_table", "legend", "notes", "groups", "write_markdown", "main"]
 
-_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "wall_seconds", "seconds_per_step",
-                  "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
+_RECORD_FIELDS = ("status", "seed", "git_commit", "hardware", "torch", "threads", "fingerprint", "wall_seconds",
+                  "seconds_per_step", "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
 
 
 def _read_yaml(path: Path) -> dict:
     # safe_load keeps `${...}` interpolations as plain strings; resolving them could call arbitrary resolvers.
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def _threads(recorded: dict | None) -> str | None:
+    """A record's threads as the provenance says them: ``1`` (intra-op), with the environment variables that were set
+    (``1 (OMP_NUM_THREADS=1)``); None for a record of before they were recorded."""
+    if not recorded:
+        return None
+    env = ", ".join(f"{k}={v}" for k, v in sorted((recorded.get("env") or {}).items()))
+    return f"{recorded.get('intra_op')}" + (f" ({env})" if env else "")
+
+
+def _check_record(run_dir: Path, record: dict, config: dict) -> None:
+    """Refuse a run directory whose record and configuration disagree: metrics.json of another fingerprint than its
+    run.json, or a .hydra/config.yaml (what the tables match on) whose settings differ from the identity run.json
+    recorded (interpolations, unresolved there, are not compared). A directory without run.json is not checked."""
+    try:
+        recorded = json.loads((run_dir / RUN_FILE).read_text())
+    except FileNotFoundError:
+        return
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{run_dir}: unreadable {RUN_FILE} ({exc})") from None
+    if record.get("fingerprint") not in (None, recorded.get("fingerprint")):
+        raise ValueError(f"{run_dir}: metrics.json is the record of fingerprint {record['fingerprint']}, its "
+                         f"{RUN_FILE} says {recorded.get('fingerprint')}: the record is another configuration's")
+    ident = recorded.get("identity", {})
+    differ = [f"{k}: {ident[k]} (run.json) ≠ {v} (.hydra/config.yaml)" for k, v in config.items()
+              if k in ident and not (isinstance(v, str) and "${" in v) and not _equal(v, ident[k])
+              and not (isinstance(v, list) and v == ident[k])]
+    if differ:
+        raise ValueError(f"{run_dir}: its configuration and its record disagree:\n  " + "\n  ".join(differ))
 
 
 def load_runs(root: str | Path) -> pd.DataFrame:
@@ -51,7 +81,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     record fields ``status, seed, git_commit, hardware, torch, wall_seconds, seconds_per_step,
     seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed`` (status == "completed").
     Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
-    unreadable metrics.json counts as failed.
+    unreadable metrics.json counts as failed. A directory whose record and configuration disagree raises
+    ValueError (:func:`_check_record`).
     """
     rows = []
     for metrics_path in sorted(Path(root).rglob("metrics.json")):
@@ -61,6 +92,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         except (OSError, json.JSONDecodeError) as exc:
             record = {"status": "failed", "error": f"unreadable metrics.json: {exc}"}
         row = flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
+        _check_record(run_dir, record, row)
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
         if isinstance(row.get("choices.experiment"), str):  # a record of before the flat names: sst/spigot
@@ -70,6 +102,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         if derived.is_file():
             row.update({f"derived.{k}": v for k, v in json.loads(derived.read_text()).items()})
         row.update({field: record.get(field) for field in _RECORD_FIELDS})
+        row["threads"] = _threads(record.get("threads"))
         row["run_dir"] = str(run_dir)
         row["completed"] = record.get("status") == "completed"
         rows.append(row)
@@ -239,7 +272,8 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- git commit(s): {values('git_commit', used)}", f"- hardware: {values('hardware', used)}",
-            f"- torch: {values('torch', used)}", f"- seeds: {values('seed')}",
+            f"- torch: {values('torch', used)}", f"- torch threads per run: {values('threads', used)}",
+            f"- seeds: {values('seed')}",
             f"- runs: {_run_counts(used, len(done))}",
             f"- training steps per run: {values('steps')}",
             f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",

@@ -494,7 +494,7 @@ def test_table3_sst_runs_what_its_make_target_ran(monkeypatch, capsys):
     """The commands of `make table-spigot-sst` before the table specs drove it, except the tree drawings, now one
     command that selects each method's seed-301 run from the run records."""
     monkeypatch.chdir(REPO)
-    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.threads=1", "trainer.progress=false",
+    launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.progress=false",
                 "trainer.resume=true", "paths.multirun_dir=multirun"]
     assert _argv("spigot/table3_sst", jobs=2) == [
         ["latentstruct.train", "--multirun", "+sweep=spigot_sst", "trainer.seed=301,302,303", *launcher],
