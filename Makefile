@@ -46,7 +46,7 @@ BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
+.PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix bench-structures bench-layers device-bundle gpu-check-dry gpu-results gpu-unpack \
@@ -66,6 +66,9 @@ install: $(BIN)/.installed ## create .venv (if absent) and install torch, then l
 
 run: install ## install if needed, then run the default experiment (synthetic clusters, SPIGOT, CPU, < 1 min)
 	$(BIN)/python -m latentstruct.train
+
+campaign: install ## the reproduction campaign, each table at its pinned commit (docs/reference.md#the-campaign): C='run spigot/table3_sst' (default: status)
+	$(BIN)/python -m scripts.campaign $(or $(C),status)
 
 test: install ## install if needed, then run the fast test suite, one worker per core (< 8 min on 2 cores)
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --durations=15

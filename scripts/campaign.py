@@ -1,0 +1,188 @@
+"""The reproduction campaign: paper tables built over days of CPU time, a few hours at a time, each from one code.
+
+    python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]   # pin T to HEAD (once), then run
+    python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
+    python -m scripts.campaign save T                  # T's run records -> campaign/<paper>-<table>/ (to commit)
+    python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
+    python -m scripts.campaign table T                 # T's tables from its runs (make table ONLY=steps)
+
+``T`` is a table as ``make table`` takes it (``spigot/table3_sst``). What is committed, in ``campaign/<paper>-<table>/``:
+
+* ``plan.json`` — the pinned commit (HEAD when the table was started: a clean tree), the seeds and overrides
+  (``make table``'s SEEDS and ARGS: the protocol, e.g. GloVe 6B 50d), the date;
+* ``records.tar.gz`` + ``pack.json`` — every run's record (metrics.json, run.json, history.csv, .hydra/, train.log;
+  never a checkpoint), as ``scripts/carry.py pack`` writes them: kilobytes a run.
+
+What is not: the runs themselves, under ``$LATENTSTRUCT_CAMPAIGN`` (default ``../campaign``, beside the checkout):
+``runs/`` (the sweep directories, with the checkpoints of unfinished runs) and ``code-<commit>/`` (a git worktree
+of the pinned commit: the code that every run of the table runs, whatever the checkout has become since). On a fresh
+machine ``run`` rebuilds both: the worktree from git, the completed runs from the committed records (they are then
+skipped); an unfinished run whose checkpoint did not survive starts over — from the same code, so the table stays one
+code. Runs go two at a time (``--jobs``), one thread each, under ``nice``, resuming what was interrupted. A table
+whose spec has several sweeps keeps them all in ``runs/``; ``save`` packs the table's first sweep directory and any
+other under the same root (``latentstruct.report.reproduce.sweep_root``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts import carry  # noqa: E402
+
+STATE = ROOT / "campaign"
+
+
+def campaign_root() -> Path:
+    return Path(os.environ.get("LATENTSTRUCT_CAMPAIGN", ROOT.parent / "campaign")).resolve()
+
+
+def state_dir(table: str) -> Path:
+    return STATE / table.replace("/", "-")
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def plan(table: str) -> dict:
+    path = state_dir(table) / "plan.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {table} is not started: python -m scripts.campaign start {table} [--args ...]")
+    return json.loads(path.read_text())
+
+
+def start(table: str, seeds: str, args: str) -> dict:
+    """Pin ``table`` to HEAD with its protocol (refused once pinned, or on a tree with uncommitted code)."""
+    path = state_dir(table) / "plan.json"
+    if path.is_file():
+        raise SystemExit(f"error: {table} is pinned already ({path}): `run` goes on with it")
+    if _git("status", "--porcelain", "--untracked-files=no", "--", "latentstruct", "configs"):
+        raise SystemExit("error: latentstruct/ or configs/ has uncommitted changes: commit them first (a table runs "
+                         "one committed code)")
+    entry = {"table": table, "commit": _git("rev-parse", "HEAD"), "seeds": seeds, "args": args,
+             "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry, indent=1) + "\n")
+    return entry
+
+
+def code_dir(commit: str) -> Path:
+    """The worktree of ``commit`` under the campaign root, made if absent."""
+    where = campaign_root() / f"code-{commit[:12]}"
+    if not where.is_dir():
+        where.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), commit], check=True)
+    return where
+
+
+def _restore(table: str, runs: Path) -> None:
+    """The committed records into ``runs``, for the runs not there (a fresh machine: completed runs are skipped)."""
+    saved = state_dir(table)
+    if (saved / carry.RECORDS).is_file():
+        carry.unpack(saved, runs, log=lambda line: print(f"campaign: {line}"))
+
+
+def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
+    """The sweeps of ``table`` at its pinned code: argv, environment, working directory."""
+    code, runs = code_dir(entry["commit"]), campaign_root() / "runs"
+    argv = ["nice", "-n", "10", sys.executable, "-m", "latentstruct.report.reproduce", table, "--only", "sweeps",
+            "--runs", str(runs), "--jobs", str(jobs), "--seeds", entry.get("seeds", ""),
+            "--args", entry.get("args", "")]
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
+    return argv, env, code
+
+
+def run(table: str, jobs: int, wait: bool) -> int:
+    entry = plan(table)
+    runs = campaign_root() / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    _restore(table, runs)
+    argv, env, code = command(table, entry, jobs)
+    log = campaign_root() / f"{table.replace('/', '-')}.log"
+    print(f"campaign: {table} at {entry['commit'][:12]} in {code}; runs in {runs}; log {log}")
+    with open(log, "a") as out:
+        proc = subprocess.Popen(argv, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    (campaign_root() / f"{table.replace('/', '-')}.pid").write_text(str(proc.pid))
+    return proc.wait() if wait else 0
+
+
+def save(table: str) -> dict:
+    entry = plan(table)
+    return carry.pack(table, campaign_root() / "runs", state_dir(table), weights=False, files=1,
+                      log=lambda line: print(f"campaign: {line}")) | {"commit": entry["commit"]}
+
+
+def _running(table: str) -> bool:
+    pid = campaign_root() / f"{table.replace('/', '-')}.pid"
+    try:
+        os.kill(int(pid.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def status() -> list[str]:
+    lines = []
+    for path in sorted(STATE.glob("*/plan.json")):
+        entry = json.loads(path.read_text())
+        table, runs = entry["table"], campaign_root() / "runs"
+        sweep = carry.sweep_dir(table, runs)
+        found = carry.find_runs(sweep) if sweep.is_dir() else []
+        done = sum(r.status == "completed" for r in found)
+        saved = path.parent / "pack.json"
+        committed = sum(v["status"] == "completed" for v in json.loads(saved.read_text())["runs"].values()) \
+            if saved.is_file() else 0
+        lines.append(f"{table}: commit {entry['commit'][:12]}, seeds {entry['seeds'] or 'the spec'}, args "
+                     f"{entry['args'] or '—'}; here {done} of {len(found)} run directories completed, {committed} "
+                     f"completed in the committed records; {'running' if _running(table) else 'not running'}")
+    return lines or ["no table started (python -m scripts.campaign start T)"]
+
+
+def table_steps(table: str) -> int:
+    return subprocess.call(["make", "table", f"T={table}", "ONLY=steps", f"RUNS={campaign_root() / 'runs'}"],
+                           cwd=ROOT)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.campaign", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    s = sub.add_parser("start", help="pin a table to HEAD with its protocol, then run it")
+    s.add_argument("table")
+    s.add_argument("--seeds", default="")
+    s.add_argument("--args", default="")
+    s.add_argument("--jobs", type=int, default=2)
+    s.add_argument("--wait", action="store_true")
+    r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit")
+    r.add_argument("table")
+    r.add_argument("--jobs", type=int, default=2)
+    r.add_argument("--wait", action="store_true", help="wait for the runs (default: in the background)")
+    for verb in ("save", "table"):
+        sub.add_parser(verb).add_argument("table")
+    sub.add_parser("status")
+    a = parser.parse_args(argv)
+    if a.verb == "start":
+        print(f"campaign: pinned {json.dumps(start(a.table, a.seeds, a.args))}")
+        return run(a.table, a.jobs, a.wait)
+    if a.verb == "run":
+        return run(a.table, a.jobs, a.wait)
+    if a.verb == "save":
+        save(a.table)
+        return 0
+    if a.verb == "table":
+        return table_steps(a.table)
+    print("\n".join(status()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""scripts/campaign.py: a table is pinned once to a clean commit with its protocol, its sweeps run at that commit's
+code with the committed records restored first, and its records are saved without checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import campaign
+
+
+@pytest.fixture
+def places(tmp_path, monkeypatch):
+    monkeypatch.setattr(campaign, "STATE", tmp_path / "state")
+    monkeypatch.setenv("LATENTSTRUCT_CAMPAIGN", str(tmp_path / "campaign"))
+    monkeypatch.setattr(campaign, "code_dir", lambda commit: tmp_path / "campaign" / f"code-{commit[:12]}")
+    return tmp_path
+
+
+def test_a_table_is_pinned_once_to_a_clean_commit_and_runs_its_code(places, monkeypatch):
+    answers = {"status": "", "rev-parse": "a" * 40}
+    monkeypatch.setattr(campaign, "_git", lambda *args, **kw: answers[args[0]])
+    entry = campaign.start("spigot/table3_sst", "301", "embedding.freeze=false")
+    assert entry["commit"] == "a" * 40 and campaign.plan("spigot/table3_sst") == entry
+    with pytest.raises(SystemExit, match="pinned already"):
+        campaign.start("spigot/table3_sst", "", "")
+    argv, env, code = campaign.command("spigot/table3_sst", entry, jobs=2)
+    assert code.name == "code-aaaaaaaaaaaa" and env["PYTHONPATH"] == str(code) and argv[:3] == ["nice", "-n", "10"]
+    assert argv[argv.index("--args") + 1] == "embedding.freeze=false" and argv[argv.index("--jobs") + 1] == "2"
+    answers["status"] = " M latentstruct/train.py"
+    with pytest.raises(SystemExit, match="uncommitted"):
+        campaign.start("spigot/table2", "", "")
+    with pytest.raises(SystemExit, match="not started"):
+        campaign.plan("spigot/table2")
+
+
+def test_save_packs_records_without_checkpoints(places, monkeypatch):
+    (places / "state" / "spigot-table2").mkdir(parents=True)
+    (places / "state" / "spigot-table2" / "plan.json").write_text(json.dumps({"table": "spigot/table2",
+                                                                              "commit": "b" * 40}))
+    calls = {}
+    monkeypatch.setattr(campaign.carry, "pack", lambda table, runs, out, **kw: calls.update(kw) or {"runs": {}})
+    assert campaign.save("spigot/table2")["commit"] == "b" * 40
+    assert calls["weights"] is False and calls["files"] == 1  # no room for a checkpoint part
