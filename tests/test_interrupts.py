@@ -224,14 +224,18 @@ def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, 
     env = {"LATENTSTRUCT_TEST_GATE": str(gate), "LATENTSTRUCT_TEST_GATE_AT": point,
            "PYTHONPATH": os.pathsep.join([str(gate), str(ROOT)])}
     proc = _cli("-m", *TINY, *steps, "trainer.seed=301", "hydra/launcher=submitit_local",
-                "hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}", env=env)
-    try:
-        _wait_for(gate / "paused", timeout=240)
+                "hydra.launcher.timeout_min=60", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}", env=env)
+    try:  # however long the job takes to get there on a loaded machine, unless the sweep ends first
+        end = time.monotonic() + 1800
+        while not (gate / "paused").exists():
+            assert proc.poll() is None, f"the sweep ended before its job paused: {proc.communicate()[0]}"
+            assert time.monotonic() < end, "the job never reached its pause in 30 minutes"
+            time.sleep(0.05)
         os.kill(int((gate / "paused").read_text()), signal.SIGUSR2)
         time.sleep(0.2)  # the handler runs at once; the step goes on when the gate opens
     finally:
         (gate / "go").write_text("")
-    output, _ = proc.communicate(timeout=300)
+    output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output
     (run,) = {p.parent for p in sweep.glob("*/metrics.json")}
     log = (run / "train.log").read_text()
