@@ -3,6 +3,7 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
 
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
+                           [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
 
 **Configurations.** A table is a spec of ``experiments/`` with a ``reproduce`` block, taken in :data:`ORDER` (the
@@ -24,6 +25,16 @@ a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data l
 evaluation) and what train.py adds per step (the loss and gradient-norm finiteness check, about 1%). Runs are timed
 alone: several runs at once on one GPU (``gpu_table.sh`` runs one per CPU core) overlap, so a table's wall time can
 be far below its device-hours, never below its longest run.
+
+**Isolation.** Each configuration is timed in a process of its own (this script with ``--one``), so that one
+configuration's memory never adds to the next's and none can take the machine down: the parent watches the child's
+resident memory (``/proc/<pid>/status``, four times a second) and kills it above ``--memory-gib`` (on the CPU the
+child's address space is also capped, ``RLIMIT_AS``, a little above it, so an allocation too fast for the watch fails
+in the child instead); such a configuration is reported "over N GiB" — the full protocol does not fit in memory here.
+A child still running after ``--config-seconds`` (or past the deadline) is killed and reported "over N s" with the
+phases it had timed. The child writes what it has timed after each phase, and its peak resident memory; the parent
+records the load average (``os.getloadavg``) before and after each configuration, since on a shared machine the
+timings are upper bounds under that load. The data are loaded again for each configuration (not counted).
 
 **Budget.** Configurations run in order until ``--deadline`` (a Unix time) would be passed by another like the slowest
 so far, or ``--max-configs`` are done. A configuration not timed is estimated from the timed ones of the same
@@ -72,7 +83,7 @@ class Cell:
     overrides: list[str]
     seeds: int
     experiment: str = ""
-    status: str = "untimed"  # timed, estimated, failed, untimed
+    status: str = "untimed"  # timed, estimated, failed, memory (over the cap), time (over the limit), untimed
     error: str | None = None
     steps: list[int] = field(default_factory=list)  # per phase, in a run
     per_epoch: list[int] = field(default_factory=list)  # batches per epoch, per phase
@@ -82,6 +93,12 @@ class Cell:
     syncs_per_step: int | None = None
     run_seconds: float | None = None
     took: float | None = None  # seconds this configuration took to time
+    peak_rss_gib: float | None = None  # the timing process's peak resident memory
+    load: list[float] = field(default_factory=list)  # 1-minute load average before and after timing it
+
+
+#: what became of a configuration, in the sheet's order
+STATUSES = ("timed", "estimated", "failed", "memory", "time", "untimed")
 
 
 # -------------------------------------------------------------------------------------------------------- grids
@@ -167,8 +184,9 @@ def _train_step(model, optimizer, batches, phase: int, taken, phase_steps: int) 
     optimizer.step()
 
 
-def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
-    """Time one configuration (module docstring), filling ``cell`` in place."""
+def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
+    """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
+    phase (the child writes what it has so far)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -219,6 +237,8 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
                 break
             chunk = min(2 * chunk, args.max_steps - timed)
         cell.s_per_step.append(elapsed / timed)
+        if progress is not None:
+            progress()
     _sync(device)
     start = time.perf_counter()
     model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
@@ -251,18 +271,121 @@ def summarise(all_cells: list[Cell]) -> list[dict]:
         known = [c for c in mine if c.run_seconds is not None]
         seconds = sum(c.run_seconds * c.seeds for c in known)
         longest = max((c.run_seconds for c in known), default=None)
-        counts = {s: sum(c.seeds for c in mine if c.status == s) for s in ("timed", "estimated", "failed", "untimed")}
+        counts = {s: sum(c.seeds for c in mine if c.status == s) for s in STATUSES}
         sessions = None
-        if known and len(known) == len(mine):  # runs at once: one per CPU core, as gpu_table.sh launches them
+        if known and all(c.status in ("timed", "estimated") for c in mine):  # one run per CPU core, as gpu_table.sh
             sessions = max(math.ceil(longest / 60 / SESSION_MINUTES),
                            math.ceil(seconds / 60 / (SESSION_MINUTES * (os.cpu_count() or 1))))
         out.append({"table": table, "title": load_spec(spec_path(table)).get("title", table),
                     "runs": sum(c.seeds for c in mine), "cells": len(mine),
                     **{f"runs_{k}": v for k, v in counts.items()},
-                    "device_hours": seconds / 3600 if known else None, "complete": len(known) == len(mine),
+                    "device_hours": seconds / 3600 if known else None,
+                    "complete": all(c.status in ("timed", "estimated") for c in mine),
                     "longest_run_minutes": None if longest is None else longest / 60,
+                    "over_memory": [" ".join(c.overrides) for c in mine if c.status == "memory"],
+                    "over_time": [" ".join(c.overrides) for c in mine if c.status == "time"],
                     "sessions_at_least": sessions})
     return out
+
+
+GIB = 2**30
+
+
+def _rss_gib(pid: int) -> float | None:
+    """The resident memory of process ``pid`` in GiB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _peak_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # kB on Linux
+
+
+def _child(path: Path, args) -> int:
+    """``--one``: time the configuration in ``path`` (a Cell as JSON) and write it back, after each phase too."""
+    cell = Cell(**json.loads(path.read_text()))
+
+    def save():
+        cell.peak_rss_gib = _peak_gib()
+        _write(path, asdict(cell))
+
+    try:
+        time_cell(cell, torch.device(args.device), {}, args, progress=save)
+    except MemoryError:
+        cell.status, cell.error = "memory", "MemoryError"
+    except Exception as err:  # noqa: BLE001 — a configuration that cannot run is a result (missing data)
+        message = str(err).splitlines()[0] if str(err) else ""
+        cell.status, cell.error = "failed", f"{type(err).__name__}: {message}"
+        if "can't allocate memory" in message or "out of memory" in message.lower():
+            cell.status = "memory"
+    save()
+    return 0
+
+
+def _limit_memory(gib: float) -> None:
+    import resource
+
+    cap = int(gib * GIB)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def time_isolated(cell: Cell, args, timeout: float) -> None:
+    """Time ``cell`` in a child process (``--one``) under the memory cap and ``timeout`` (module docstring)."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_tables_") as tmp:
+        path, log = Path(tmp) / "cell.json", Path(tmp) / "stderr.txt"
+        _write(path, asdict(cell))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path), "--device", args.device,
+               "--warmup", str(args.warmup), "--min-seconds", str(args.min_seconds), "--max-steps",
+               str(args.max_steps)]
+        env = dict(os.environ)
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+            env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        hard = None if torch.device(args.device).type == "cuda" else args.memory_gib + 4  # address space, not RSS
+        with log.open("w") as err:
+            child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err, stderr=err,
+                                     preexec_fn=None if hard is None else functools.partial(_limit_memory, hard))
+        start, peak, killed = time.monotonic(), 0.0, None
+        while child.poll() is None:
+            rss = _rss_gib(child.pid)
+            peak = max(peak, rss or 0.0)
+            if rss is not None and rss > args.memory_gib:
+                killed = "memory"
+            elif time.monotonic() - start > timeout:
+                killed = "time"
+            if killed:
+                child.send_signal(signal.SIGKILL)
+                child.wait()
+                break
+            time.sleep(0.25)
+        done = Cell(**json.loads(path.read_text()))
+        for key, value in asdict(done).items():
+            setattr(cell, key, value)
+        cell.peak_rss_gib = max(peak, cell.peak_rss_gib or 0.0)
+        phases = sum(s is not None for s in cell.s_per_step)
+        if killed == "memory":
+            cell.status, cell.error = "memory", f"over {args.memory_gib:g} GiB ({phases} phase(s) timed)"
+        elif killed == "time":
+            cell.status, cell.error = "time", f"over {timeout:.0f} s ({phases} phase(s) timed)"
+        elif child.returncode != 0 or cell.status == "untimed":
+            tail = log.read_text().strip().splitlines()
+            cell.status = "failed"
+            cell.error = f"exit {child.returncode}: {tail[-1] if tail else ''}"
+        cell.run_seconds = None if cell.status != "timed" else cell.run_seconds
+        if killed == "time" and phases:  # its steps so far: a lower bound of its run
+            pairs = zip(cell.steps, cell.s_per_step, strict=False)  # the phase it was in has no time yet
+            cell.run_seconds = sum(n * s for n, s in pairs if n and s is not None)
 
 
 def run(args) -> dict:
@@ -271,27 +394,34 @@ def run(args) -> dict:
         raise SystemExit("error: --device cuda but no CUDA device is available")
     chosen = args.tables or tables()
     all_cells = [c for t in chosen for c in cells(t)]
-    data_cache: dict = {}
+    if args.resume and args.out is not None and args.out.is_file():  # keep what an earlier sheet already measured
+        before = {(c["table"], tuple(c["overrides"])): c for c in json.loads(args.out.read_text())["configs"]
+                  if c["status"] not in ("untimed", "estimated")}
+        for cell in all_cells:
+            if (cell.table, tuple(cell.overrides)) in before:
+                for key, value in before[cell.table, tuple(cell.overrides)].items():
+                    setattr(cell, key, value)
     slowest, done = 0.0, 0
     started = time.time()
     for cell in all_cells:
+        if cell.status != "untimed":  # resumed
+            continue
         if args.max_configs is not None and done >= args.max_configs:
             break
         if args.deadline is not None and time.time() + slowest > args.deadline:
             print(f"deadline: {sum(c.status == 'untimed' for c in all_cells)} configurations left untimed", flush=True)
             break
-        t0 = time.perf_counter()
-        try:
-            time_cell(cell, device, data_cache, args)
-        except Exception as err:  # noqa: BLE001 — a configuration that cannot run is a result (missing data)
-            cell.status, cell.error = "failed", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        cell.took = time.perf_counter() - t0
+        timeout = args.config_seconds
+        if args.deadline is not None:  # a child past the deadline is stopped with the rest
+            timeout = max(5.0, min(timeout, args.deadline + 30 - time.time()))
+        t0, load = time.perf_counter(), os.getloadavg()[0]
+        time_isolated(cell, args, timeout)
+        cell.took, cell.load = time.perf_counter() - t0, [round(load, 2), round(os.getloadavg()[0], 2)]
         slowest, done = max(slowest, cell.took), done + 1
         steps = ", ".join("—" if s is None else f"{s * 1e3:.1f}" for s in cell.s_per_step)
         print(f"  {cell.table:22s} {' '.join(cell.overrides):70.70s} {cell.status:7s} ms/step [{steps}] "
-              f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s){'  ' + cell.error if cell.error else ''}", flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+              f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s, {cell.peak_rss_gib or 0:.1f} GiB, load "
+              f"{cell.load[0]:.1f}-{cell.load[1]:.1f}){'  ' + cell.error if cell.error else ''}", flush=True)
         if args.out is not None:  # after each configuration: a sheet survives a command killed at its limit
             _write(args.out, _sheet(all_cells, device, args, started))
     return _sheet(all_cells, device, args, started)
@@ -307,7 +437,8 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) ->
             "cpu_cores": os.cpu_count(),
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
-            "options": {k: getattr(args, k) for k in ("warmup", "min_seconds", "max_steps", "max_configs")},
+            "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
+                                                             "memory_gib", "config_seconds", "threads")},
             "session_minutes": SESSION_MINUTES,
             "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
 
@@ -329,31 +460,35 @@ def _num(x, digits=1, unit=""):
 def render(sheet: dict) -> list[str]:
     """The timing sheet as Markdown lines: a line per table, then each table's configurations."""
     lines = [
-        "| table | runs | timed / estimated / failed / untimed runs | device-hours (one run at a time) | longest run "
-        "(min) | sessions, at least |",
+        "| table | runs | timed / estimated / failed / over memory / over time / untimed runs | device-hours (one run "
+        "at a time) | longest run (min) | sessions, at least |",
         "|---|---|---|---|---|---|",
     ]
     for t in sheet["tables"]:
         hours = _num(t["device_hours"], 2) + ("" if t["complete"] else " (lower bound)")
-        counts = " / ".join(str(t[f"runs_{k}"]) for k in ("timed", "estimated", "failed", "untimed"))
+        counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
         lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(t['longest_run_minutes'])} | "
                      f"{t['sessions_at_least'] if t['sessions_at_least'] is not None else '—'} |")
     for t in sheet["tables"]:
         mine = [c for c in sheet["configs"] if c["table"] == t["table"]]
         lines += ["", f"### {t['table']}: {t['title']}", "",
                   "| configuration | seeds | s/step per phase | batches/epoch | s/epoch (last phase) | "
-                  "s/eval × evals | syncs/step | min per run |", "|---|---|---|---|---|---|---|---|"]
+                  "s/eval × evals | syncs/step | peak GiB | min per run |", "|---|---|---|---|---|---|---|---|---|"]
         for c in mine:
             last = next((s for s in reversed(c["s_per_step"]) if s is not None), None)
             epoch = None if last is None or not c["per_epoch"] else last * c["per_epoch"][-1]
             per_step = " / ".join(_num(s, 4) for s in c["s_per_step"]) if c["s_per_step"] else "—"
             minutes = _num(None if c["run_seconds"] is None else c["run_seconds"] / 60)
-            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed"}.get(c["status"], "")
-            minutes = f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else f"{mark}{c['error'] or ''}"
+            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed", "time": "≥ "}.get(c["status"], "")
+            peak = c.get("peak_rss_gib")
+            minutes = (f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else
+                       f"{mark}{minutes} ({c['error']})" if c["status"] == "time" and c["run_seconds"] is not None
+                       else f"{mark}{c['error'] or ''}")
             lines.append(f"| {' '.join(c['overrides'])} | {c['seeds']} | {per_step} | "
                          f"{' / '.join(map(str, c['per_epoch'])) or '—'} | {_num(epoch, 2)} | "
                          f"{_num(c['s_eval'], 2)} × {c['evaluations']} | "
-                         f"{'—' if c['syncs_per_step'] is None else c['syncs_per_step']} | {minutes} |")
+                         f"{'—' if c['syncs_per_step'] is None else c['syncs_per_step']} | {_num(peak)} | "
+                         f"{minutes} |")
     return lines
 
 
@@ -368,15 +503,24 @@ def main(argv=None) -> int:
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time steps for at least this long (default 1)")
     parser.add_argument("--max-steps", type=int, default=40, help="or at most this many steps (default 40)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--memory-gib", type=float, default=8.0,
+                        help="kill a configuration whose resident memory passes this (default 8)")
+    parser.add_argument("--config-seconds", type=float, default=600.0,
+                        help="kill a configuration still timing after this long (default 600)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the configurations --out already holds (timed, failed, over a limit); time the rest")
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time one configuration
     parser.add_argument("--render", type=Path, metavar="SHEET", help="print a sheet as Markdown and exit")
     args = parser.parse_args(argv)
     if args.render:
         print("\n".join(render(json.loads(args.render.read_text()))))
         return 0
-    if args.out is None:
-        parser.error("--out is required")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.one:
+        return _child(args.one, args)
+    if args.out is None:
+        parser.error("--out is required")
     sheet = run(args)
     _write(args.out, sheet)
     print(f"wrote {args.out} ({sheet['seconds']:.0f} s)")

@@ -51,5 +51,5 @@ def test_a_configuration_is_timed_per_phase_and_the_sheet_renders():
     assert summary["device_hours"] == pytest.approx(8 * cell.run_seconds / 3600)
     sheet = {"tables": [summary], "configs": [vars(c) for c in everything]}
     lines = bench.render(sheet)
-    assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 4 |") and "(lower bound)" in lines[2]
+    assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 0 / 0 / 4 |") and "(lower bound)" in lines[2]
     assert any(line.startswith("| +experiment=x | 4 |") and "≈ " in line for line in lines)
