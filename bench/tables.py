@@ -31,10 +31,12 @@ configuration's memory never adds to the next's and none can take the machine do
 resident memory (``/proc/<pid>/status``, four times a second) and kills it above ``--memory-gib`` (on the CPU the
 child's address space is also capped, ``RLIMIT_AS``, a little above it, so an allocation too fast for the watch fails
 in the child instead); such a configuration is reported "over N GiB" — the full protocol does not fit in memory here.
-A child still running after ``--config-seconds`` (or past the deadline) is killed and reported "over N s" with the
-phases it had timed. The child writes what it has timed after each phase, and its peak resident memory; the parent
-records the load average (``os.getloadavg``) before and after each configuration, since on a shared machine the
-timings are upper bounds under that load. The data are loaded again for each configuration (not counted).
+A child still running after ``--config-seconds`` (or past the deadline) is killed and reported "over N s"; its
+run is then estimated (``~``) from the phases it had timed and the steps it had taken in the next, warm-up included
+(which can over-estimate), without the later phases and the evaluations (which under-estimates). The child writes
+what it has done after each step it takes untimed and each chunk it times, with its peak resident memory; the parent
+records the load average (``os.getloadavg``) before and after each configuration: on a shared machine the timings
+are upper bounds under that load. The data are loaded again for each configuration (not counted).
 
 **Budget.** Configurations run in order until ``--deadline`` (a Unix time) would be passed by another like the slowest
 so far, or ``--max-configs`` are done. A configuration not timed is estimated from the timed ones of the same
@@ -95,6 +97,7 @@ class Cell:
     took: float | None = None  # seconds this configuration took to time
     peak_rss_gib: float | None = None  # the timing process's peak resident memory
     load: list[float] = field(default_factory=list)  # 1-minute load average before and after timing it
+    partial: list = field(default_factory=list)  # [phase, steps done, seconds] of the phase being timed
 
 
 #: what became of a configuration, in the sheet's order
@@ -220,8 +223,12 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress
             continue
         batches = _batches(splits[phase.split], tc.batch_size, tc.seed, tc.drop_last)
         step = functools.partial(_train_step, model, optimizer, batches, index, itertools.count(), phase.steps)
-        for _ in range(args.warmup):
+        began = time.perf_counter()
+        for done in range(1, args.warmup + 1):
             step()
+            cell.partial = [index, done, time.perf_counter() - began]  # what a configuration killed here had done
+            if progress is not None:
+                progress()
         if device.type == "cuda" and index == len(phases) - 1:
             _sync(device)
             cell.syncs_per_step = count_syncs(step)
@@ -235,6 +242,9 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress
             elapsed = time.perf_counter() - start
             if elapsed >= args.min_seconds or timed >= args.max_steps:
                 break
+            cell.partial = [index, args.warmup + timed, time.perf_counter() - began]
+            if progress is not None:
+                progress()
             chunk = min(2 * chunk, args.max_steps - timed)
         cell.s_per_step.append(elapsed / timed)
         if progress is not None:
@@ -336,10 +346,34 @@ def _limit_memory(gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
 
-def time_isolated(cell: Cell, args, timeout: float) -> None:
-    """Time ``cell`` in a child process (``--one``) under the memory cap and ``timeout`` (module docstring)."""
+def watch(cmd: list[str], env: dict, log: Path, memory_gib: float, timeout: float,
+          hard_gib: float | None = None) -> tuple[int, str | None, float]:
+    """Run ``cmd`` (its output to ``log``), killed once its resident memory passes ``memory_gib`` or it has run
+    ``timeout`` seconds; ``hard_gib`` caps its address space. (return code, "memory" / "time" / None, peak GiB)."""
     import signal
     import subprocess
+
+    with log.open("w") as out:
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out,
+                                 preexec_fn=None if hard_gib is None else functools.partial(_limit_memory, hard_gib))
+    start, peak, killed = time.monotonic(), 0.0, None
+    while child.poll() is None:
+        rss = _rss_gib(child.pid)
+        peak = max(peak, rss or 0.0)
+        if rss is not None and rss > memory_gib:
+            killed = "memory"
+        elif time.monotonic() - start > timeout:
+            killed = "time"
+        if killed:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            break
+        time.sleep(0.25)
+    return child.returncode, killed, peak
+
+
+def time_isolated(cell: Cell, args, timeout: float) -> None:
+    """Time ``cell`` in a child process (``--one``) under the memory cap and ``timeout`` (module docstring)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="bench_tables_") as tmp:
@@ -353,22 +387,7 @@ def time_isolated(cell: Cell, args, timeout: float) -> None:
             cmd += ["--threads", str(args.threads)]
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
         hard = None if torch.device(args.device).type == "cuda" else args.memory_gib + 4  # address space, not RSS
-        with log.open("w") as err:
-            child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=err, stderr=err,
-                                     preexec_fn=None if hard is None else functools.partial(_limit_memory, hard))
-        start, peak, killed = time.monotonic(), 0.0, None
-        while child.poll() is None:
-            rss = _rss_gib(child.pid)
-            peak = max(peak, rss or 0.0)
-            if rss is not None and rss > args.memory_gib:
-                killed = "memory"
-            elif time.monotonic() - start > timeout:
-                killed = "time"
-            if killed:
-                child.send_signal(signal.SIGKILL)
-                child.wait()
-                break
-            time.sleep(0.25)
+        returncode, killed, peak = watch(cmd, env, log, args.memory_gib, timeout, hard)
         done = Cell(**json.loads(path.read_text()))
         for key, value in asdict(done).items():
             setattr(cell, key, value)
@@ -378,14 +397,19 @@ def time_isolated(cell: Cell, args, timeout: float) -> None:
             cell.status, cell.error = "memory", f"over {args.memory_gib:g} GiB ({phases} phase(s) timed)"
         elif killed == "time":
             cell.status, cell.error = "time", f"over {timeout:.0f} s ({phases} phase(s) timed)"
-        elif child.returncode != 0 or cell.status == "untimed":
+        elif returncode != 0 or cell.status == "untimed":
             tail = log.read_text().strip().splitlines()
             cell.status = "failed"
-            cell.error = f"exit {child.returncode}: {tail[-1] if tail else ''}"
+            cell.error = f"exit {returncode}: {tail[-1] if tail else ''}"
         cell.run_seconds = None if cell.status != "timed" else cell.run_seconds
-        if killed == "time" and phases:  # its steps so far: a lower bound of its run
+        if killed == "time":  # from its steps so far (module docstring)
             pairs = zip(cell.steps, cell.s_per_step, strict=False)  # the phase it was in has no time yet
-            cell.run_seconds = sum(n * s for n, s in pairs if n and s is not None)
+            known = sum(n * s for n, s in pairs if n and s is not None)
+            if cell.partial and cell.partial[0] == len(cell.s_per_step):  # steps of the phase it was killed in
+                phase, done, seconds = cell.partial
+                known += cell.steps[phase] * seconds / done
+                cell.error += f"; phase {phase + 1}: {done} step(s) in {seconds:.0f} s"
+            cell.run_seconds = known or None
 
 
 def run(args) -> dict:
@@ -479,7 +503,7 @@ def render(sheet: dict) -> list[str]:
             epoch = None if last is None or not c["per_epoch"] else last * c["per_epoch"][-1]
             per_step = " / ".join(_num(s, 4) for s in c["s_per_step"]) if c["s_per_step"] else "—"
             minutes = _num(None if c["run_seconds"] is None else c["run_seconds"] / 60)
-            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed", "time": "≥ "}.get(c["status"], "")
+            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed", "time": "~ "}.get(c["status"], "")
             peak = c.get("peak_rss_gib")
             minutes = (f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else
                        f"{mark}{minutes} ({c['error']})" if c["status"] == "time" and c["run_seconds"] is not None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,3 +55,35 @@ def test_a_configuration_is_timed_per_phase_and_the_sheet_renders():
     lines = bench.render(sheet)
     assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 0 / 0 / 4 |") and "(lower bound)" in lines[2]
     assert any(line.startswith("| +experiment=x | 4 |") and "≈ " in line for line in lines)
+
+
+def test_a_configuration_over_its_memory_or_time_is_killed_and_said(tmp_path):
+    """The watch that keeps one configuration from taking the machine down (its own process, capped)."""
+    hog = [sys.executable, "-c", "import time; b = bytearray(600 * 2**20); time.sleep(30)"]
+    code, killed, peak = bench.watch(hog, {}, tmp_path / "log", memory_gib=0.25, timeout=20)
+    assert killed == "memory" and peak > 0.25 and code != 0
+    code, killed, _ = bench.watch([sys.executable, "-c", "import time; time.sleep(30)"], {}, tmp_path / "log",
+                                  memory_gib=1, timeout=0.5)
+    assert killed == "time" and code != 0
+    code, killed, _ = bench.watch(hog, {}, tmp_path / "log", memory_gib=8, timeout=20, hard_gib=0.3)
+    assert killed is None and code == 1 and "MemoryError" in (tmp_path / "log").read_text()  # the address space cap
+
+
+def test_a_configuration_killed_for_time_is_estimated_from_its_steps_and_rendered(monkeypatch):
+    cell = bench.Cell("spigot/table2", "s", ["+experiment=e"], 3, "e")
+    args = argparse.Namespace(device="cpu", warmup=2, min_seconds=1.0, max_steps=40, threads=1, memory_gib=8.0)
+
+    def child(cmd, env, log, memory_gib, timeout, hard_gib):  # killed in phase 2 after 2 steps of 10 s
+        done = bench.Cell(**{**json.loads(Path(cmd[cmd.index("--one") + 1]).read_text()), "steps": [100, 50],
+                             "s_per_step": [0.5], "partial": [1, 2, 20.0], "peak_rss_gib": 1.5})
+        Path(cmd[cmd.index("--one") + 1]).write_text(json.dumps(vars(done)))
+        return -9, "time", 1.2
+
+    monkeypatch.setattr(bench, "watch", child)
+    bench.time_isolated(cell, args, timeout=300)
+    assert cell.status == "time" and cell.run_seconds == pytest.approx(100 * 0.5 + 50 * 10.0)
+    assert cell.error == "over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s" and cell.peak_rss_gib == 1.5
+    (summary,) = bench.summarise([cell])
+    assert summary["runs_time"] == 3 and summary["over_time"] == ["+experiment=e"] and not summary["complete"]
+    lines = bench.render({"tables": [summary], "configs": [vars(cell)]})
+    assert lines[-1].endswith("| 1.5 | ~ 9.2 (over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s) |")
