@@ -87,3 +87,21 @@ def test_a_configuration_killed_for_time_is_estimated_from_its_steps_and_rendere
     assert summary["runs_time"] == 3 and summary["over_time"] == ["+experiment=e"] and not summary["complete"]
     lines = bench.render({"tables": [summary], "configs": [vars(cell)]})
     assert lines[-1].endswith("| 1.5 | ~ 9.2 (over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s) |")
+
+
+def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(monkeypatch):
+    timed = bench.Cell("spigot/table2", "s", ["+experiment=a"], 4, "a", status="timed", steps=[100], per_epoch=[10],
+                       s_per_step=[0.9], evaluations=2, s_eval=5.0, run_seconds=100.0, peak_rss_gib=0.5,
+                       load=[3.0, 7.5])
+    hog = bench.Cell("spigot/table2", "s", ["+experiment=b"], 4, "b", status="memory", error="over 8 GiB",
+                     peak_rss_gib=8.1, load=[7.5, 2.0])
+    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25})
+    cells = [timed, hog]
+    sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2,
+             "options": {"memory_gib": 8.0, "config_seconds": 600.0}, "git_commit": "abc", "seconds": 60}
+    lines = bench.page(sheet)
+    assert lines[2].startswith("**Status: 1 of 2 configurations timed** (0 failed, 1 over 8 GiB, 0 over 600 s, "
+                               "0 not reached) on 2 shared CPU cores, load average 2.0–7.5")
+    row = next(line for line in lines if line.startswith("| spigot/table2 |"))
+    assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
+    assert "- spigot/table2 `+experiment=b`: over — over 8 GiB (peak 8.1 GiB)" in lines
