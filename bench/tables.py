@@ -3,7 +3,7 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
 
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
-                           [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume]
+                           [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume] [--max-per-experiment N]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
     python bench/tables.py --page cpu.json > cpu.md         # the CPU plan (make bench-cpu: results/bench/cpu.md)
 
@@ -39,11 +39,12 @@ what it has done after each step it takes untimed and each chunk it times, with 
 records the load average (``os.getloadavg``) before and after each configuration: on a shared machine the timings
 are upper bounds under that load. The data are loaded again for each configuration (not counted).
 
-**Budget.** Configurations run in order until ``--deadline`` (a Unix time) would be passed by another like the slowest
-so far, or ``--max-configs`` are done. A configuration not timed is estimated from the timed ones of the same
-experiment in the same table (their median run-seconds, marked ``≈``); one without such a sibling stays unknown,
-and its table's device-hours are then a lower bound. A configuration that fails (missing data: SNLI's training
-split) says why.
+**Budget.** ``--max-per-experiment N`` times only the first N configurations of each experiment of a table (the
+others are estimated, below). Configurations run in order until ``--deadline`` (a Unix time) would be passed by
+another like the slowest so far, or ``--max-configs`` are done. A configuration not timed is estimated from the
+timed ones of the same experiment in the same table (their median run-seconds, marked ``≈``); one without such a
+sibling stays unknown, and its table's device-hours are then a lower bound. A configuration that fails (missing
+data: SNLI's training split) says why.
 """
 
 from __future__ import annotations
@@ -428,9 +429,15 @@ def run(args) -> dict:
                     setattr(cell, key, value)
     slowest, done = 0.0, 0
     started = time.time()
+    tried: dict = {}  # configurations timed (or tried) per experiment of a table
     for cell in all_cells:
+        key = (cell.table, cell.experiment)
         if cell.status != "untimed":  # resumed
+            tried[key] = tried.get(key, 0) + 1
             continue
+        if args.max_per_experiment is not None and tried.get(key, 0) >= args.max_per_experiment:
+            continue  # estimated from its siblings
+        tried[key] = tried.get(key, 0) + 1
         if args.max_configs is not None and done >= args.max_configs:
             break
         if args.deadline is not None and time.time() + slowest > args.deadline:
@@ -463,7 +470,8 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) ->
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
             "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
-                                                             "memory_gib", "config_seconds", "threads")},
+                                                             "max_per_experiment", "memory_gib", "config_seconds",
+                                                             "threads")},
             "session_minutes": SESSION_MINUTES,
             "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
 
@@ -595,6 +603,9 @@ def main(argv=None) -> int:
                         help="kill a configuration whose resident memory passes this (default 8)")
     parser.add_argument("--config-seconds", type=float, default=600.0,
                         help="kill a configuration still timing after this long (default 600)")
+    parser.add_argument("--max-per-experiment", type=int,
+                        help="time at most this many configurations of each experiment of a table; the others are "
+                             "estimated from them (≈)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations --out already holds (timed, failed, over a limit); time the rest")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time one configuration

@@ -105,3 +105,17 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     row = next(line for line in lines if line.startswith("| spigot/table2 |"))
     assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
     assert "- spigot/table2 `+experiment=b`: over — over 8 GiB (peak 8.1 GiB)" in lines
+
+
+def test_one_configuration_per_experiment_is_timed_and_its_siblings_estimated(monkeypatch):
+    def timed(cell, args, timeout):
+        cell.status, cell.run_seconds = "timed", 60.0
+
+    monkeypatch.setattr(bench, "time_isolated", timed)
+    args = argparse.Namespace(device="cpu", tables=["energy/mlc"], max_configs=None, deadline=None, out=None,
+                              resume=False, max_per_experiment=1, config_seconds=600.0, warmup=2, min_seconds=1.0,
+                              max_steps=40, memory_gib=8.0, threads=1)
+    sheet = bench.run(args)
+    statuses = [c["status"] for c in sheet["configs"]]  # 7 methods x bibtex, delicious
+    assert statuses.count("timed") == 7 and statuses.count("estimated") == 7
+    assert sheet["tables"][0]["device_hours"] == pytest.approx(42 * 60 / 3600)
