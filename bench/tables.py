@@ -4,6 +4,7 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
                            [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume] [--max-per-experiment N]
+                           [--eval-examples N]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
     python bench/tables.py --page cpu.json > cpu.md         # the CPU plan (make bench-cpu: results/bench/cpu.md)
 
@@ -19,7 +20,8 @@ configuration and device), the model, the optimizer(s) — and trained as train.
 schedule (``trainer.phases``, else the one phase over ``train``), ``--warmup`` steps (lazy initialisations, the first
 allocations, cuDNN's choices), then steps in doubling chunks, the device synchronised at the ends of each chunk only,
 until ``--min-seconds`` have passed or ``--max-steps`` were timed: that phase's seconds per step. Then one evaluation
-of valid and test (``evaluate_splits``, as train.py calls it after a step). On CUDA one more step runs under
+of valid and test (``evaluate_splits``, as train.py calls it after a step; with ``--eval-examples N`` on the first
+N examples of each, its time scaled by the splits' sizes: ``eval_scale``). On CUDA one more step runs under
 ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls it makes are counted: host round trips per
 step. A run's device-seconds = Σ over phases of its steps × s/step + its evaluations (``_evaluation_steps``) × s/eval;
 a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data loading, checkpoint writes (one per
@@ -100,6 +102,7 @@ class Cell:
     peak_rss_gib: float | None = None  # the timing process's peak resident memory
     load: list[float] = field(default_factory=list)  # 1-minute load average before and after timing it
     partial: list = field(default_factory=list)  # [phase, steps done, seconds] of the phase being timed
+    eval_scale: float = 1.0  # s_eval = the evaluation's seconds on --eval-examples per split x this
 
 
 #: what became of a configuration, in the sheet's order
@@ -189,6 +192,17 @@ def _train_step(model, optimizer, batches, phase: int, taken, phase_steps: int) 
     optimizer.step()
 
 
+def _heads(splits: dict, n: int | None) -> tuple[dict, float]:
+    """The first ``n`` examples of each split (all of a smaller one), and (examples in all) / (examples kept)."""
+    heads, full, kept = {}, 0, 0
+    for name, split in splits.items():
+        size = len(next(iter(split.values())))
+        keep = size if not n else min(n, size)
+        heads[name] = {k: v[:keep] if len(v) == size else v for k, v in split.items()}
+        full, kept = full + size, kept + keep
+    return heads, full / max(kept, 1)
+
+
 def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
     """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
     phase (the child writes what it has so far)."""
@@ -252,10 +266,11 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress
         if progress is not None:
             progress()
     _sync(device)
+    heads, scale = _heads({split: splits[split] for split in ("valid", "test")}, getattr(args, "eval_examples", None))
     start = time.perf_counter()
-    model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
+    model.evaluate_splits(heads, tc.batch_size)
     _sync(device)
-    cell.s_eval = time.perf_counter() - start
+    cell.s_eval, cell.eval_scale = (time.perf_counter() - start) * scale, scale
     cell.run_seconds = sum(n * s for n, s in zip(cell.steps, cell.s_per_step, strict=True) if n) + (
         cell.evaluations * cell.s_eval)
     cell.status = "timed"
@@ -384,6 +399,8 @@ def time_isolated(cell: Cell, args, timeout: float) -> None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path), "--device", args.device,
                "--warmup", str(args.warmup), "--min-seconds", str(args.min_seconds), "--max-steps",
                str(args.max_steps)]
+        if getattr(args, "eval_examples", None):
+            cmd += ["--eval-examples", str(args.eval_examples)]
         env = dict(os.environ)
         if args.threads:
             cmd += ["--threads", str(args.threads)]
@@ -470,8 +487,8 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) ->
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
             "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
-                                                             "max_per_experiment", "memory_gib", "config_seconds",
-                                                             "threads")},
+                                                             "max_per_experiment", "eval_examples", "memory_gib",
+                                                             "config_seconds", "threads")},
             "session_minutes": SESSION_MINUTES,
             "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
 
@@ -606,6 +623,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-per-experiment", type=int,
                         help="time at most this many configurations of each experiment of a table; the others are "
                              "estimated from them (≈)")
+    parser.add_argument("--eval-examples", type=int,
+                        help="time the evaluation on the first N examples of valid and test, scaled to their sizes")
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations --out already holds (timed, failed, over a limit); time the rest")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time one configuration

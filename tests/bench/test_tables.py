@@ -119,3 +119,15 @@ def test_one_configuration_per_experiment_is_timed_and_its_siblings_estimated(mo
     statuses = [c["status"] for c in sheet["configs"]]  # 7 methods x bibtex, delicious
     assert statuses.count("timed") == 7 and statuses.count("estimated") == 7
     assert sheet["tables"][0]["device_hours"] == pytest.approx(42 * 60 / 3600)
+
+
+def test_the_evaluation_can_be_timed_on_the_first_examples_and_scaled():
+    split = {"x": torch.zeros(50, 3), "y": torch.zeros(50), "table": torch.zeros(7)}
+    heads, scale = bench._heads({"valid": split, "test": {"x": torch.zeros(30, 2)}}, 10)
+    assert heads["valid"]["x"].shape == (10, 3) and heads["valid"]["table"].shape == (7,) and scale == 4.0
+    assert bench._heads({"valid": split}, None)[1] == 1.0 and bench._heads({"valid": split}, 80)[1] == 1.0
+    args = argparse.Namespace(warmup=1, min_seconds=0.0, max_steps=1, eval_examples=10)
+    cell = bench.cells("spigot/table2")[0]
+    cell.overrides += ["dataset.n_train=200", "dataset.n_valid=50", "dataset.n_test=50"]
+    bench.time_cell(cell, torch.device("cpu"), {}, args)
+    assert cell.status == "timed" and cell.eval_scale == 5.0
