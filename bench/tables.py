@@ -4,7 +4,7 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
                            [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume] [--max-per-experiment N]
-                           [--eval-examples N]
+                           [--eval-examples N] [--skip PATTERN ...]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
     python bench/tables.py --page cpu.json > cpu.md         # the CPU plan (make bench-cpu: results/bench/cpu.md)
 
@@ -454,6 +454,8 @@ def run(args) -> dict:
             continue
         if args.max_per_experiment is not None and tried.get(key, 0) >= args.max_per_experiment:
             continue  # estimated from its siblings
+        if any(fnmatch(" ".join(cell.overrides), pattern) for pattern in args.skip or ()):
+            continue  # left untimed
         tried[key] = tried.get(key, 0) + 1
         if args.max_configs is not None and done >= args.max_configs:
             break
@@ -623,6 +625,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-per-experiment", type=int,
                         help="time at most this many configurations of each experiment of a table; the others are "
                              "estimated from them (≈)")
+    parser.add_argument("--skip", nargs="*", metavar="PATTERN",
+                        help="leave untimed the configurations whose overrides match a pattern ('*listops_chart_*')")
     parser.add_argument("--eval-examples", type=int,
                         help="time the evaluation on the first N examples of valid and test, scaled to their sizes")
     parser.add_argument("--resume", action="store_true",
