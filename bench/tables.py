@@ -295,7 +295,7 @@ def summarise(all_cells: list[Cell]) -> list[dict]:
     out = []
     for table in dict.fromkeys(c.table for c in all_cells):
         mine = [c for c in all_cells if c.table == table]
-        known = [c for c in mine if c.run_seconds is not None]
+        known = [c for c in mine if c.run_seconds is not None and c.status in ("timed", "estimated")]  # not ~
         seconds = sum(c.run_seconds * c.seeds for c in known)
         longest = max((c.run_seconds for c in known), default=None)
         counts = {s: sum(c.seeds for c in mine if c.status == s) for s in STATUSES}
@@ -599,11 +599,15 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
                      f"{plan.get('run', '—')} | {_num(plan.get('cpu_hours'), 1)} |")
     over = [c for c in configs if c["status"] in ("memory", "time", "failed")]
     lines += ["", "## What the full protocol cannot do here", ""]
-    lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {c['status'] if c['status'] == 'failed' else 'over'} "
-              f"— {c['error']} (peak {_num(c.get('peak_rss_gib'))} GiB)" for c in over] or ["- nothing"]
+    lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {'failed: ' if c['status'] == 'failed' else ''}"
+              f"{c['error']}, peak {_num(c.get('peak_rss_gib'))} GiB resident" for c in over] or ["- nothing"]
     untimed = [t["table"] for t in sheet["tables"] if t.get("runs_untimed")]
     if untimed:
-        lines += ["", f"Not reached yet (resume with `{command}`): {', '.join(untimed)}."]
+        flags = " ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+                         for k, v in options.items() if k in ("max_per_experiment", "eval_examples", "config_seconds")
+                         and v is not None)
+        lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
+                  + f"`): configurations of {', '.join(untimed)}."]
     return lines + ["", "## Every configuration", "", *render(sheet)]
 
 

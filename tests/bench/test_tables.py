@@ -104,7 +104,7 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
                                "0 not reached) on 2 shared CPU cores, load average 2.0–7.5")
     row = next(line for line in lines if line.startswith("| spigot/table2 |"))
     assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
-    assert "- spigot/table2 `+experiment=b`: over — over 8 GiB (peak 8.1 GiB)" in lines
+    assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
 
 
 def test_one_configuration_per_experiment_is_timed_its_siblings_estimated_and_skipped_ones_left(monkeypatch):
