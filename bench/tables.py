@@ -490,7 +490,7 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) ->
             "seconds": time.time() - started,
             "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
                                                              "max_per_experiment", "eval_examples", "memory_gib",
-                                                             "config_seconds", "threads")},
+                                                             "config_seconds", "threads", "skip")},
             "session_minutes": SESSION_MINUTES,
             "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
 
@@ -603,9 +603,10 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
               f"{c['error']}, peak {_num(c.get('peak_rss_gib'))} GiB resident" for c in over] or ["- nothing"]
     untimed = [t["table"] for t in sheet["tables"] if t.get("runs_untimed")]
     if untimed:
-        flags = " ".join(f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                         for k, v in options.items() if k in ("max_per_experiment", "eval_examples", "config_seconds")
-                         and v is not None)
+        flags = " ".join(f"--{k.replace('_', '-')} {' '.join(map(repr, v)) if isinstance(v, list) else v}"
+                         for k, v in options.items() if k in ("max_per_experiment", "eval_examples", "config_seconds",
+                                                               "skip") and v)
+        flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
     return lines + ["", "## Every configuration", "", *render(sheet)]
