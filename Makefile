@@ -44,12 +44,14 @@ BENCH_DEVICE ?= cpu
 # e.g. BENCH_BASELINE=645b4f9 for the before / after tables; BENCH_LAYERS_ARGS: more options of bench/layers.py.
 BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
+# bench-cpu: more options of bench/tables.py, e.g. BENCH_CPU_ARGS='--tables listops/table --config-seconds 900'
+BENCH_CPU_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix bench-structures bench-layers device-bundle gpu-check-dry gpu-results gpu-unpack \
+	table-lab-gradients table-lab-matrix bench-structures bench-layers bench-cpu device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
 help: ## list the targets
@@ -152,6 +154,10 @@ bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs Su
 bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
 	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \
 		--out results/bench/layers.md
+
+bench-cpu: install ## the CPU plan: every paper table's configurations timed on one thread, each in its own capped process (resumes) -> results/bench/cpu.md, cpu.json
+	nice -n 5 $(BIN)/python bench/tables.py --device cpu --threads 1 --resume --out results/bench/cpu.json $(BENCH_CPU_ARGS)
+	$(BIN)/python bench/tables.py --page results/bench/cpu.json > results/bench/cpu.md
 
 # ---- a GPU machine through the device tool (docs/gpu.md)
 device-bundle: install ## the wheels a GPU machine with torch lacks, the bench references, the data, a commit stamp -> .device/ (git-ignored; needs the package index)

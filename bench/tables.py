@@ -3,7 +3,10 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
 
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
+                           [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume] [--max-per-experiment N]
+                           [--eval-examples N] [--skip PATTERN ...]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
+    python bench/tables.py --page cpu.json > cpu.md         # the CPU plan (make bench-cpu: results/bench/cpu.md)
 
 **Configurations.** A table is a spec of ``experiments/`` with a ``reproduce`` block, taken in :data:`ORDER` (the
 runbook's). Its sweeps' grids are expanded as Hydra's basic sweeper expands them: the sweep config's
@@ -17,7 +20,8 @@ configuration and device), the model, the optimizer(s) — and trained as train.
 schedule (``trainer.phases``, else the one phase over ``train``), ``--warmup`` steps (lazy initialisations, the first
 allocations, cuDNN's choices), then steps in doubling chunks, the device synchronised at the ends of each chunk only,
 until ``--min-seconds`` have passed or ``--max-steps`` were timed: that phase's seconds per step. Then one evaluation
-of valid and test (``evaluate_splits``, as train.py calls it after a step). On CUDA one more step runs under
+of valid and test (``evaluate_splits``, as train.py calls it after a step; with ``--eval-examples N`` on the first
+N examples of each, its time scaled by the splits' sizes: ``eval_scale``). On CUDA one more step runs under
 ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls it makes are counted: host round trips per
 step. A run's device-seconds = Σ over phases of its steps × s/step + its evaluations (``_evaluation_steps``) × s/eval;
 a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data loading, checkpoint writes (one per
@@ -25,11 +29,24 @@ evaluation) and what train.py adds per step (the loss and gradient-norm finitene
 alone: several runs at once on one GPU (``gpu_table.sh`` runs one per CPU core) overlap, so a table's wall time can
 be far below its device-hours, never below its longest run.
 
-**Budget.** Configurations run in order until ``--deadline`` (a Unix time) would be passed by another like the slowest
-so far, or ``--max-configs`` are done. A configuration not timed is estimated from the timed ones of the same
-experiment in the same table (their median run-seconds, marked ``≈``); one without such a sibling stays unknown,
-and its table's device-hours are then a lower bound. A configuration that fails (missing data: SNLI's training
-split) says why.
+**Isolation.** Each configuration is timed in a process of its own (this script with ``--one``), so that one
+configuration's memory never adds to the next's and none can take the machine down: the parent watches the child's
+resident memory (``/proc/<pid>/status``, four times a second) and kills it above ``--memory-gib`` (on the CPU the
+child's address space is also capped, ``RLIMIT_AS``, a little above it, so an allocation too fast for the watch fails
+in the child instead); such a configuration is reported "over N GiB" — the full protocol does not fit in memory here.
+A child still running after ``--config-seconds`` (or past the deadline) is killed and reported "over N s"; its
+run is then estimated (``~``) from the phases it had timed and the steps it had taken in the next, warm-up included
+(which can over-estimate), without the later phases and the evaluations (which under-estimates). The child writes
+what it has done after each step it takes untimed and each chunk it times, with its peak resident memory; the parent
+records the load average (``os.getloadavg``) before and after each configuration: on a shared machine the timings
+are upper bounds under that load. The data are loaded again for each configuration (not counted).
+
+**Budget.** ``--max-per-experiment N`` times only the first N configurations of each experiment of a table (the
+others are estimated, below). Configurations run in order until ``--deadline`` (a Unix time) would be passed by
+another like the slowest so far, or ``--max-configs`` are done. A configuration not timed is estimated from the
+timed ones of the same experiment in the same table (their median run-seconds, marked ``≈``); one without such a
+sibling stays unknown, and its table's device-hours are then a lower bound. A configuration that fails (missing
+data: SNLI's training split) says why.
 """
 
 from __future__ import annotations
@@ -72,7 +89,7 @@ class Cell:
     overrides: list[str]
     seeds: int
     experiment: str = ""
-    status: str = "untimed"  # timed, estimated, failed, untimed
+    status: str = "untimed"  # timed, estimated, failed, memory (over the cap), time (over the limit), untimed
     error: str | None = None
     steps: list[int] = field(default_factory=list)  # per phase, in a run
     per_epoch: list[int] = field(default_factory=list)  # batches per epoch, per phase
@@ -82,6 +99,14 @@ class Cell:
     syncs_per_step: int | None = None
     run_seconds: float | None = None
     took: float | None = None  # seconds this configuration took to time
+    peak_rss_gib: float | None = None  # the timing process's peak resident memory
+    load: list[float] = field(default_factory=list)  # 1-minute load average before and after timing it
+    partial: list = field(default_factory=list)  # [phase, steps done, seconds] of the phase being timed
+    eval_scale: float = 1.0  # s_eval = the evaluation's seconds on --eval-examples per split x this
+
+
+#: what became of a configuration, in the sheet's order
+STATUSES = ("timed", "estimated", "failed", "memory", "time", "untimed")
 
 
 # -------------------------------------------------------------------------------------------------------- grids
@@ -167,8 +192,20 @@ def _train_step(model, optimizer, batches, phase: int, taken, phase_steps: int) 
     optimizer.step()
 
 
-def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
-    """Time one configuration (module docstring), filling ``cell`` in place."""
+def _heads(splits: dict, n: int | None) -> tuple[dict, float]:
+    """The first ``n`` examples of each split (all of a smaller one), and (examples in all) / (examples kept)."""
+    heads, full, kept = {}, 0, 0
+    for name, split in splits.items():
+        size = len(next(iter(split.values())))
+        keep = size if not n else min(n, size)
+        heads[name] = {k: v[:keep] if len(v) == size else v for k, v in split.items()}
+        full, kept = full + size, kept + keep
+    return heads, full / max(kept, 1)
+
+
+def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
+    """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
+    phase (the child writes what it has so far)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
@@ -202,8 +239,12 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
             continue
         batches = _batches(splits[phase.split], tc.batch_size, tc.seed, tc.drop_last)
         step = functools.partial(_train_step, model, optimizer, batches, index, itertools.count(), phase.steps)
-        for _ in range(args.warmup):
+        began = time.perf_counter()
+        for done in range(1, args.warmup + 1):
             step()
+            cell.partial = [index, done, time.perf_counter() - began]  # what a configuration killed here had done
+            if progress is not None:
+                progress()
         if device.type == "cuda" and index == len(phases) - 1:
             _sync(device)
             cell.syncs_per_step = count_syncs(step)
@@ -217,13 +258,19 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
             elapsed = time.perf_counter() - start
             if elapsed >= args.min_seconds or timed >= args.max_steps:
                 break
+            cell.partial = [index, args.warmup + timed, time.perf_counter() - began]
+            if progress is not None:
+                progress()
             chunk = min(2 * chunk, args.max_steps - timed)
         cell.s_per_step.append(elapsed / timed)
+        if progress is not None:
+            progress()
     _sync(device)
+    heads, scale = _heads({split: splits[split] for split in ("valid", "test")}, getattr(args, "eval_examples", None))
     start = time.perf_counter()
-    model.evaluate_splits({split: splits[split] for split in ("valid", "test")}, tc.batch_size)
+    model.evaluate_splits(heads, tc.batch_size)
     _sync(device)
-    cell.s_eval = time.perf_counter() - start
+    cell.s_eval, cell.eval_scale = (time.perf_counter() - start) * scale, scale
     cell.run_seconds = sum(n * s for n, s in zip(cell.steps, cell.s_per_step, strict=True) if n) + (
         cell.evaluations * cell.s_eval)
     cell.status = "timed"
@@ -248,21 +295,140 @@ def summarise(all_cells: list[Cell]) -> list[dict]:
     out = []
     for table in dict.fromkeys(c.table for c in all_cells):
         mine = [c for c in all_cells if c.table == table]
-        known = [c for c in mine if c.run_seconds is not None]
+        known = [c for c in mine if c.run_seconds is not None and c.status in ("timed", "estimated")]  # not ~
         seconds = sum(c.run_seconds * c.seeds for c in known)
         longest = max((c.run_seconds for c in known), default=None)
-        counts = {s: sum(c.seeds for c in mine if c.status == s) for s in ("timed", "estimated", "failed", "untimed")}
+        counts = {s: sum(c.seeds for c in mine if c.status == s) for s in STATUSES}
         sessions = None
-        if known and len(known) == len(mine):  # runs at once: one per CPU core, as gpu_table.sh launches them
+        if known and all(c.status in ("timed", "estimated") for c in mine):  # one run per CPU core, as gpu_table.sh
             sessions = max(math.ceil(longest / 60 / SESSION_MINUTES),
                            math.ceil(seconds / 60 / (SESSION_MINUTES * (os.cpu_count() or 1))))
         out.append({"table": table, "title": load_spec(spec_path(table)).get("title", table),
                     "runs": sum(c.seeds for c in mine), "cells": len(mine),
                     **{f"runs_{k}": v for k, v in counts.items()},
-                    "device_hours": seconds / 3600 if known else None, "complete": len(known) == len(mine),
+                    "device_hours": seconds / 3600 if known else None,
+                    "complete": all(c.status in ("timed", "estimated") for c in mine),
                     "longest_run_minutes": None if longest is None else longest / 60,
+                    "over_memory": [" ".join(c.overrides) for c in mine if c.status == "memory"],
+                    "over_time": [" ".join(c.overrides) for c in mine if c.status == "time"],
                     "sessions_at_least": sessions})
     return out
+
+
+GIB = 2**30
+
+
+def _rss_gib(pid: int) -> float | None:
+    """The resident memory of process ``pid`` in GiB (None once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / GIB
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _peak_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # kB on Linux
+
+
+def _child(path: Path, args) -> int:
+    """``--one``: time the configuration in ``path`` (a Cell as JSON) and write it back, after each phase too."""
+    cell = Cell(**json.loads(path.read_text()))
+
+    def save():
+        cell.peak_rss_gib = _peak_gib()
+        _write(path, asdict(cell))
+
+    try:
+        time_cell(cell, torch.device(args.device), {}, args, progress=save)
+    except MemoryError:
+        cell.status, cell.error = "memory", "MemoryError"
+    except Exception as err:  # noqa: BLE001 — a configuration that cannot run is a result (missing data)
+        message = str(err).splitlines()[0] if str(err) else ""
+        cell.status, cell.error = "failed", f"{type(err).__name__}: {message}"
+        if "can't allocate memory" in message or "out of memory" in message.lower():
+            cell.status = "memory"
+    save()
+    return 0
+
+
+def _limit_memory(gib: float) -> None:
+    import resource
+
+    cap = int(gib * GIB)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
+def watch(cmd: list[str], env: dict, log: Path, memory_gib: float, timeout: float,
+          hard_gib: float | None = None) -> tuple[int, str | None, float]:
+    """Run ``cmd`` (its output to ``log``), killed once its resident memory passes ``memory_gib`` or it has run
+    ``timeout`` seconds; ``hard_gib`` caps its address space. (return code, "memory" / "time" / None, peak GiB)."""
+    import signal
+    import subprocess
+
+    with log.open("w") as out:
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out,
+                                 preexec_fn=None if hard_gib is None else functools.partial(_limit_memory, hard_gib))
+    start, peak, killed = time.monotonic(), 0.0, None
+    while child.poll() is None:
+        rss = _rss_gib(child.pid)
+        peak = max(peak, rss or 0.0)
+        if rss is not None and rss > memory_gib:
+            killed = "memory"
+        elif time.monotonic() - start > timeout:
+            killed = "time"
+        if killed:
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            break
+        time.sleep(0.25)
+    return child.returncode, killed, peak
+
+
+def time_isolated(cell: Cell, args, timeout: float) -> None:
+    """Time ``cell`` in a child process (``--one``) under the memory cap and ``timeout`` (module docstring)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench_tables_") as tmp:
+        path, log = Path(tmp) / "cell.json", Path(tmp) / "stderr.txt"
+        _write(path, asdict(cell))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(path), "--device", args.device,
+               "--warmup", str(args.warmup), "--min-seconds", str(args.min_seconds), "--max-steps",
+               str(args.max_steps)]
+        if getattr(args, "eval_examples", None):
+            cmd += ["--eval-examples", str(args.eval_examples)]
+        env = dict(os.environ)
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+            env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        hard = None if torch.device(args.device).type == "cuda" else args.memory_gib + 4  # address space, not RSS
+        returncode, killed, peak = watch(cmd, env, log, args.memory_gib, timeout, hard)
+        done = Cell(**json.loads(path.read_text()))
+        for key, value in asdict(done).items():
+            setattr(cell, key, value)
+        cell.peak_rss_gib = max(peak, cell.peak_rss_gib or 0.0)
+        phases = sum(s is not None for s in cell.s_per_step)
+        if killed == "memory":
+            cell.status, cell.error = "memory", f"over {args.memory_gib:g} GiB ({phases} phase(s) timed)"
+        elif killed == "time":
+            cell.status, cell.error = "time", f"over {timeout:.0f} s ({phases} phase(s) timed)"
+        elif returncode != 0 or cell.status == "untimed":
+            tail = log.read_text().strip().splitlines()
+            cell.status = "failed"
+            cell.error = f"exit {returncode}: {tail[-1] if tail else ''}"
+        cell.run_seconds = None if cell.status != "timed" else cell.run_seconds
+        if killed == "time":  # from its steps so far (module docstring)
+            pairs = zip(cell.steps, cell.s_per_step, strict=False)  # the phase it was in has no time yet
+            known = sum(n * s for n, s in pairs if n and s is not None)
+            if cell.partial and cell.partial[0] == len(cell.s_per_step):  # steps of the phase it was killed in
+                phase, done, seconds = cell.partial
+                known += cell.steps[phase] * seconds / done
+                cell.error += f"; phase {phase + 1}: {done} step(s) in {seconds:.0f} s"
+            cell.run_seconds = known or None
 
 
 def run(args) -> dict:
@@ -271,27 +437,42 @@ def run(args) -> dict:
         raise SystemExit("error: --device cuda but no CUDA device is available")
     chosen = args.tables or tables()
     all_cells = [c for t in chosen for c in cells(t)]
-    data_cache: dict = {}
+    if args.resume and args.out is not None and args.out.is_file():  # keep what an earlier sheet already measured
+        before = {(c["table"], tuple(c["overrides"])): c for c in json.loads(args.out.read_text())["configs"]
+                  if c["status"] not in ("untimed", "estimated")}
+        for cell in all_cells:
+            if (cell.table, tuple(cell.overrides)) in before:
+                for key, value in before[cell.table, tuple(cell.overrides)].items():
+                    setattr(cell, key, value)
     slowest, done = 0.0, 0
     started = time.time()
+    tried: dict = {}  # configurations timed (or tried) per experiment of a table
     for cell in all_cells:
+        key = (cell.table, cell.experiment)
+        if cell.status != "untimed":  # resumed
+            tried[key] = tried.get(key, 0) + 1
+            continue
+        if args.max_per_experiment is not None and tried.get(key, 0) >= args.max_per_experiment:
+            continue  # estimated from its siblings
+        if any(fnmatch(" ".join(cell.overrides), pattern) for pattern in args.skip or ()):
+            continue  # left untimed
+        tried[key] = tried.get(key, 0) + 1
         if args.max_configs is not None and done >= args.max_configs:
             break
         if args.deadline is not None and time.time() + slowest > args.deadline:
             print(f"deadline: {sum(c.status == 'untimed' for c in all_cells)} configurations left untimed", flush=True)
             break
-        t0 = time.perf_counter()
-        try:
-            time_cell(cell, device, data_cache, args)
-        except Exception as err:  # noqa: BLE001 — a configuration that cannot run is a result (missing data)
-            cell.status, cell.error = "failed", f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        cell.took = time.perf_counter() - t0
+        timeout = args.config_seconds
+        if args.deadline is not None:  # a child past the deadline is stopped with the rest
+            timeout = max(5.0, min(timeout, args.deadline + 30 - time.time()))
+        t0, load = time.perf_counter(), os.getloadavg()[0]
+        time_isolated(cell, args, timeout)
+        cell.took, cell.load = time.perf_counter() - t0, [round(load, 2), round(os.getloadavg()[0], 2)]
         slowest, done = max(slowest, cell.took), done + 1
         steps = ", ".join("—" if s is None else f"{s * 1e3:.1f}" for s in cell.s_per_step)
         print(f"  {cell.table:22s} {' '.join(cell.overrides):70.70s} {cell.status:7s} ms/step [{steps}] "
-              f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s){'  ' + cell.error if cell.error else ''}", flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+              f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s, {cell.peak_rss_gib or 0:.1f} GiB, load "
+              f"{cell.load[0]:.1f}-{cell.load[1]:.1f}){'  ' + cell.error if cell.error else ''}", flush=True)
         if args.out is not None:  # after each configuration: a sheet survives a command killed at its limit
             _write(args.out, _sheet(all_cells, device, args, started))
     return _sheet(all_cells, device, args, started)
@@ -307,7 +488,9 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float) ->
             "cpu_cores": os.cpu_count(),
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
-            "options": {k: getattr(args, k) for k in ("warmup", "min_seconds", "max_steps", "max_configs")},
+            "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
+                                                             "max_per_experiment", "eval_examples", "memory_gib",
+                                                             "config_seconds", "threads", "skip")},
             "session_minutes": SESSION_MINUTES,
             "tables": summarise(cells), "configs": [asdict(c) for c in cells]}
 
@@ -329,32 +512,104 @@ def _num(x, digits=1, unit=""):
 def render(sheet: dict) -> list[str]:
     """The timing sheet as Markdown lines: a line per table, then each table's configurations."""
     lines = [
-        "| table | runs | timed / estimated / failed / untimed runs | device-hours (one run at a time) | longest run "
-        "(min) | sessions, at least |",
+        "| table | runs | timed / estimated / failed / over memory / over time / untimed runs | device-hours (one run "
+        "at a time) | longest run (min) | sessions, at least |",
         "|---|---|---|---|---|---|",
     ]
     for t in sheet["tables"]:
         hours = _num(t["device_hours"], 2) + ("" if t["complete"] else " (lower bound)")
-        counts = " / ".join(str(t[f"runs_{k}"]) for k in ("timed", "estimated", "failed", "untimed"))
+        counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
         lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(t['longest_run_minutes'])} | "
                      f"{t['sessions_at_least'] if t['sessions_at_least'] is not None else '—'} |")
     for t in sheet["tables"]:
         mine = [c for c in sheet["configs"] if c["table"] == t["table"]]
         lines += ["", f"### {t['table']}: {t['title']}", "",
                   "| configuration | seeds | s/step per phase | batches/epoch | s/epoch (last phase) | "
-                  "s/eval × evals | syncs/step | min per run |", "|---|---|---|---|---|---|---|---|"]
+                  "s/eval × evals | syncs/step | peak GiB | min per run |", "|---|---|---|---|---|---|---|---|---|"]
         for c in mine:
             last = next((s for s in reversed(c["s_per_step"]) if s is not None), None)
             epoch = None if last is None or not c["per_epoch"] else last * c["per_epoch"][-1]
             per_step = " / ".join(_num(s, 4) for s in c["s_per_step"]) if c["s_per_step"] else "—"
             minutes = _num(None if c["run_seconds"] is None else c["run_seconds"] / 60)
-            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed"}.get(c["status"], "")
-            minutes = f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else f"{mark}{c['error'] or ''}"
+            mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed", "time": "~ "}.get(c["status"], "")
+            peak = c.get("peak_rss_gib")
+            minutes = (f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else
+                       f"{mark}{minutes} ({c['error']})" if c["status"] == "time" and c["run_seconds"] is not None
+                       else f"{mark}{c['error'] or ''}")
             lines.append(f"| {' '.join(c['overrides'])} | {c['seeds']} | {per_step} | "
                          f"{' / '.join(map(str, c['per_epoch'])) or '—'} | {_num(epoch, 2)} | "
                          f"{_num(c['s_eval'], 2)} × {c['evaluations']} | "
-                         f"{'—' if c['syncs_per_step'] is None else c['syncs_per_step']} | {minutes} |")
+                         f"{'—' if c['syncs_per_step'] is None else c['syncs_per_step']} | {_num(peak)} | "
+                         f"{minutes} |")
     return lines
+
+
+def _plan_of(table: str) -> dict:
+    """The spec's ``cpu_plan`` block: what the campaign runs of it on this CPU ({} if the spec does not say)."""
+    from latentstruct.report.reproduce import spec_path
+    from latentstruct.report.tables import load_spec
+
+    try:
+        return load_spec(spec_path(table)).get("cpu_plan") or {}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
+def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
+    """results/bench/cpu.md: per table the CPU-hours of the paper's protocol (one run at a time, one thread), its
+    longest run, what does not fit here, and what the campaign runs (the spec's ``cpu_plan``), then the sheet."""
+    configs = sheet["configs"]
+    loads = [x for c in configs for x in c.get("load") or []]
+    peaks = [c["peak_rss_gib"] for c in configs if c.get("peak_rss_gib")]
+    counts = {k: sum(c["status"] == k for c in configs) for k in STATUSES}
+    options = sheet.get("options") or {}
+    status = (f"**Status: {counts['timed']} of {len(configs)} configurations timed** ({counts['failed']} failed, "
+              f"{counts['memory']} over {options.get('memory_gib', '?'):g} GiB, {counts['time']} over "
+              f"{options.get('config_seconds', 0):.0f} s, {counts['untimed']} not reached) on "
+              f"{sheet.get('cpu_cores', '?')} shared CPU cores, load average "
+              f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}: every time is an upper bound under that load.")
+    lines = [
+        "# The CPU plan: what each paper table costs on this CPU", "", status, "",
+        f"Generated by `{command}` (`bench/tables.py --device cpu --threads 1`, rendered with `--page`) on "
+        f"{sheet.get('generated', '?')}, commit {sheet.get('git_commit', '?')}"
+        f"{' (dirty)' if sheet.get('git_dirty') else ''}, torch {sheet.get('torch', '?')}, "
+        f"{sheet.get('torch_threads', '?')} torch thread(s), {sheet.get('seconds', 0) / 3600:.1f} h of timing. "
+        "Each configuration of a table's sweeps is timed alone, in its own process (one thread, `nice`), at "
+        "initialisation: seconds per step per phase and per evaluation, times the protocol's steps and "
+        "evaluations (bench/tables.py's docstring). The machine is shared: the 1-minute load average before and "
+        "after each configuration is in cpu.json (`load`), and a run alone on an idle core would be faster. "
+        f"A configuration whose resident memory passed {options.get('memory_gib', '?'):g} GiB was stopped (*over "
+        f"memory*: the full protocol does not fit here beside the other work); one still timing after "
+        f"{options.get('config_seconds', 0):.0f} s was stopped and its run estimated from the steps it took (~). "
+        f"Peak resident memory of a timing process: up to {max(peaks, default=0):.1f} GiB.",
+        "",
+        "**What we will run** is the spec's `cpu_plan` block (`run`: the reduced budget in words, `cpu_hours`: its "
+        "cost) where the spec states one; — where it does not yet.",
+        "",
+        "| table | runs | timed / estimated / failed / over memory / over time / untimed runs | CPU-hours, paper's "
+        "protocol (one run at a time) | longest run (h) | what we will run | its CPU-hours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in sheet["tables"]:
+        plan = _plan_of(t["table"])
+        hours = _num(t["device_hours"], 1) + ("" if t["complete"] else " (lower bound)")
+        longest = None if t["longest_run_minutes"] is None else t["longest_run_minutes"] / 60
+        counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
+        lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(longest, 2)} | "
+                     f"{plan.get('run', '—')} | {_num(plan.get('cpu_hours'), 1)} |")
+    over = [c for c in configs if c["status"] in ("memory", "time", "failed")]
+    lines += ["", "## What the full protocol cannot do here", ""]
+    lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {'failed: ' if c['status'] == 'failed' else ''}"
+              f"{c['error']}, peak {_num(c.get('peak_rss_gib'))} GiB resident" for c in over] or ["- nothing"]
+    untimed = [t["table"] for t in sheet["tables"] if t.get("runs_untimed")]
+    if untimed:
+        flags = " ".join(f"--{k.replace('_', '-')} {' '.join(map(repr, v)) if isinstance(v, list) else v}"
+                         for k, v in options.items() if k in ("max_per_experiment", "eval_examples", "config_seconds",
+                                                               "skip") and v)
+        flags = flags.replace("'", '"')
+        lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
+                  + f"`): configurations of {', '.join(untimed)}."]
+    return lines + ["", "## Every configuration", "", *render(sheet)]
 
 
 def main(argv=None) -> int:
@@ -368,15 +623,33 @@ def main(argv=None) -> int:
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time steps for at least this long (default 1)")
     parser.add_argument("--max-steps", type=int, default=40, help="or at most this many steps (default 40)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--memory-gib", type=float, default=8.0,
+                        help="kill a configuration whose resident memory passes this (default 8)")
+    parser.add_argument("--config-seconds", type=float, default=600.0,
+                        help="kill a configuration still timing after this long (default 600)")
+    parser.add_argument("--max-per-experiment", type=int,
+                        help="time at most this many configurations of each experiment of a table; the others are "
+                             "estimated from them (≈)")
+    parser.add_argument("--skip", nargs="*", metavar="PATTERN",
+                        help="leave untimed the configurations whose overrides match a pattern ('*listops_chart_*')")
+    parser.add_argument("--eval-examples", type=int,
+                        help="time the evaluation on the first N examples of valid and test, scaled to their sizes")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the configurations --out already holds (timed, failed, over a limit); time the rest")
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time one configuration
     parser.add_argument("--render", type=Path, metavar="SHEET", help="print a sheet as Markdown and exit")
+    parser.add_argument("--page", type=Path, metavar="SHEET", help="print results/bench/cpu.md of a sheet and exit")
     args = parser.parse_args(argv)
-    if args.render:
-        print("\n".join(render(json.loads(args.render.read_text()))))
+    if args.render or args.page:
+        sheet = json.loads((args.render or args.page).read_text())
+        print("\n".join(render(sheet) if args.render else page(sheet)))
         return 0
-    if args.out is None:
-        parser.error("--out is required")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.one:
+        return _child(args.one, args)
+    if args.out is None:
+        parser.error("--out is required")
     sheet = run(args)
     _write(args.out, sheet)
     print(f"wrote {args.out} ({sheet['seconds']:.0f} s)")

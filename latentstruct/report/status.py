@@ -29,6 +29,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from latentstruct.report import code
+
 __all__ = [
     "SIDECAR_FORMAT",
     "protocol",
@@ -64,7 +66,8 @@ def _whole(value):
 
 
 def facts(used: pd.DataFrame, keys: dict | None = None) -> dict:
-    """What the runs ``used`` by a table were: commits, hardware, torch, seeds, run counts, steps per run, the values
+    """What the runs ``used`` by a table were: commits (and those of runs with uncommitted changes), hardware, torch,
+    seeds, run counts, steps per run, the values
     of the ``keys`` ({flat config key: label}) they used, and the distinct errors of the failed runs."""
     used = used.drop_duplicates("run_dir") if len(used) else used
     done = used[used["completed"]] if len(used) else used
@@ -74,9 +77,11 @@ def facts(used: pd.DataFrame, keys: dict | None = None) -> dict:
         return sorted({_whole(v) for v in values}, key=lambda v: (isinstance(v, str), v))
 
     failed = used[~used["completed"]] if len(used) else used
+    dirty = used[used["git_dirty"].astype(object).eq(True)] if "git_dirty" in used else used.iloc[0:0]
     errors = failed["error"].fillna("no error recorded").astype(str) if "error" in failed else pd.Series(dtype=str)
     return {
         "commits": distinct("git_commit", used),
+        "dirty_commits": distinct("git_commit", dirty),  # runs with uncommitted changes: their code is unknown
         "hardware": distinct("hardware", used),
         "torch": distinct("torch", used),
         "seeds": distinct("seed"),
@@ -217,7 +222,8 @@ def status_line(result: dict, verdict: bool = True) -> str:
         cells = "No paper numbers to compare (see the notes)"
     what = "; ".join(result["differs"]) or "the paper's training length, runs and data, as far as recorded"
     unknown = f" (not recorded: {'; '.join(result['unknown'])})" if result["unknown"] else ""
-    return f"**Status: {_WORDS[result['status']]}** — {what}{unknown}. {cells}."
+    said = code.sentence(result.get("code"))
+    return f"**Status: {_WORDS[result['status']]}** — {what}{unknown}. {cells}.{' ' + said if said else ''}"
 
 
 def _unsaid(proto: dict) -> bool:
@@ -258,6 +264,7 @@ def sidecar(spec: dict, markdown: str | Path, found: dict, cells: list[dict], so
     computed from what the runs were (:func:`facts`) and its cells (the long table's records), never hand-written."""
     proto = protocol(spec)
     result = summary(found, proto, cells, spec)
+    result["code"] = code.verdict(found.get("commits") or [], found.get("dirty_commits") or [])
     keep = ("row", "setting", "metric", "ours", "ours_err", "n_runs", "n_failed", "paper", "paper_err", "agrees")
     return {
         "format": SIDECAR_FORMAT,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,5 +53,81 @@ def test_a_configuration_is_timed_per_phase_and_the_sheet_renders():
     assert summary["device_hours"] == pytest.approx(8 * cell.run_seconds / 3600)
     sheet = {"tables": [summary], "configs": [vars(c) for c in everything]}
     lines = bench.render(sheet)
-    assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 4 |") and "(lower bound)" in lines[2]
+    assert lines[2].startswith("| spigot/table2 | 12 | 4 / 4 / 0 / 0 / 0 / 4 |") and "(lower bound)" in lines[2]
     assert any(line.startswith("| +experiment=x | 4 |") and "≈ " in line for line in lines)
+
+
+def test_a_configuration_over_its_memory_or_time_is_killed_and_said(tmp_path):
+    """The watch that keeps one configuration from taking the machine down (its own process, capped)."""
+    hog = [sys.executable, "-c", "import time; b = bytearray(600 * 2**20); time.sleep(30)"]
+    code, killed, peak = bench.watch(hog, {}, tmp_path / "log", memory_gib=0.25, timeout=20)
+    assert killed == "memory" and peak > 0.25 and code != 0
+    code, killed, _ = bench.watch([sys.executable, "-c", "import time; time.sleep(30)"], {}, tmp_path / "log",
+                                  memory_gib=1, timeout=0.5)
+    assert killed == "time" and code != 0
+    code, killed, _ = bench.watch(hog, {}, tmp_path / "log", memory_gib=8, timeout=20, hard_gib=0.3)
+    assert killed is None and code == 1 and "MemoryError" in (tmp_path / "log").read_text()  # the address space cap
+
+
+def test_a_configuration_killed_for_time_is_estimated_from_its_steps_and_rendered(monkeypatch):
+    cell = bench.Cell("spigot/table2", "s", ["+experiment=e"], 3, "e")
+    args = argparse.Namespace(device="cpu", warmup=2, min_seconds=1.0, max_steps=40, threads=1, memory_gib=8.0)
+
+    def child(cmd, env, log, memory_gib, timeout, hard_gib):  # killed in phase 2 after 2 steps of 10 s
+        done = bench.Cell(**{**json.loads(Path(cmd[cmd.index("--one") + 1]).read_text()), "steps": [100, 50],
+                             "s_per_step": [0.5], "partial": [1, 2, 20.0], "peak_rss_gib": 1.5})
+        Path(cmd[cmd.index("--one") + 1]).write_text(json.dumps(vars(done)))
+        return -9, "time", 1.2
+
+    monkeypatch.setattr(bench, "watch", child)
+    bench.time_isolated(cell, args, timeout=300)
+    assert cell.status == "time" and cell.run_seconds == pytest.approx(100 * 0.5 + 50 * 10.0)
+    assert cell.error == "over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s" and cell.peak_rss_gib == 1.5
+    (summary,) = bench.summarise([cell])
+    assert summary["runs_time"] == 3 and summary["over_time"] == ["+experiment=e"] and not summary["complete"]
+    lines = bench.render({"tables": [summary], "configs": [vars(cell)]})
+    assert lines[-1].endswith("| 1.5 | ~ 9.2 (over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s) |")
+
+
+def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(monkeypatch):
+    timed = bench.Cell("spigot/table2", "s", ["+experiment=a"], 4, "a", status="timed", steps=[100], per_epoch=[10],
+                       s_per_step=[0.9], evaluations=2, s_eval=5.0, run_seconds=100.0, peak_rss_gib=0.5,
+                       load=[3.0, 7.5])
+    hog = bench.Cell("spigot/table2", "s", ["+experiment=b"], 4, "b", status="memory", error="over 8 GiB",
+                     peak_rss_gib=8.1, load=[7.5, 2.0])
+    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25})
+    cells = [timed, hog]
+    sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2,
+             "options": {"memory_gib": 8.0, "config_seconds": 600.0}, "git_commit": "abc", "seconds": 60}
+    lines = bench.page(sheet)
+    assert lines[2].startswith("**Status: 1 of 2 configurations timed** (0 failed, 1 over 8 GiB, 0 over 600 s, "
+                               "0 not reached) on 2 shared CPU cores, load average 2.0–7.5")
+    row = next(line for line in lines if line.startswith("| spigot/table2 |"))
+    assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
+    assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
+
+
+def test_one_configuration_per_experiment_is_timed_its_siblings_estimated_and_skipped_ones_left(monkeypatch):
+    def timed(cell, args, timeout):
+        cell.status, cell.run_seconds = "timed", 60.0
+
+    monkeypatch.setattr(bench, "time_isolated", timed)
+    args = argparse.Namespace(device="cpu", tables=["energy/mlc"], max_configs=None, deadline=None, out=None,
+                              skip=["*mlc_mbce*"], resume=False, max_per_experiment=1, config_seconds=600.0,
+                              warmup=2, min_seconds=1.0, max_steps=40, memory_gib=8.0, threads=1)
+    sheet = bench.run(args)
+    statuses = [c["status"] for c in sheet["configs"]]  # 7 methods x bibtex, delicious
+    assert statuses.count("timed") == 6 and statuses.count("estimated") == 6 and statuses.count("untimed") == 2
+    assert sheet["tables"][0]["device_hours"] == pytest.approx(36 * 60 / 3600) and not sheet["tables"][0]["complete"]
+
+
+def test_the_evaluation_can_be_timed_on_the_first_examples_and_scaled():
+    split = {"x": torch.zeros(50, 3), "y": torch.zeros(50), "table": torch.zeros(7)}
+    heads, scale = bench._heads({"valid": split, "test": {"x": torch.zeros(30, 2)}}, 10)
+    assert heads["valid"]["x"].shape == (10, 3) and heads["valid"]["table"].shape == (7,) and scale == 4.0
+    assert bench._heads({"valid": split}, None)[1] == 1.0 and bench._heads({"valid": split}, 80)[1] == 1.0
+    args = argparse.Namespace(warmup=1, min_seconds=0.0, max_steps=1, eval_examples=10)
+    cell = bench.cells("spigot/table2")[0]
+    cell.overrides += ["dataset.n_train=200", "dataset.n_valid=50", "dataset.n_test=50"]
+    bench.time_cell(cell, torch.device("cpu"), {}, args)
+    assert cell.status == "timed" and cell.eval_scale == 5.0

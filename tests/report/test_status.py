@@ -98,7 +98,7 @@ def test_the_report_lists_every_sidecar_and_only_sidecars(tmp_path):
     assert report.main(["--results", str(tmp_path / "results")]) == 0
     page = (tmp_path / "results" / "README.md").read_text()
     assert "[Fake table](p/t1.md)" in page and "[Second table](q/t2.md)" in page
-    assert "2 tables: 1 full protocol, 1 reduced, 0 blocked." in page  # t2 has no paper_protocol: not compared
+    assert "2 tables: 1 full protocol, 1 reduced, 0 blocked;" in page  # t2 has no paper_protocol: not compared
     assert "- [Timings](bench/timings.md): **Status: full benchmark** — x." in page
     assert len(report.sidecars(tmp_path / "results")) == 2
 
