@@ -66,7 +66,7 @@ from latentstruct.structures.binary_vector import BinaryVector
 from latentstruct.structures.categorical import Categorical
 from latentstruct.tasks.base import Task
 
-__all__ = ["SemiSupervisedVAE", "UnsupervisedVAE", "VAEOutput"]
+__all__ = ["SemiSupervisedVAE", "UnsupervisedVAE", "VAEOutput", "runner_up_log_q"]
 
 THETAS = ("likelihood", "elbo")
 
@@ -267,7 +267,9 @@ class UnsupervisedVAE(Task):
     q(z|x) per image from a generator seeded 0 —, ``rec`` = its E_q −log p(x|z) and ``kl``; ``acc`` = the cluster
     purity of the mode argmax q(z|x) (100 × the fraction of images whose code's most frequent label is theirs; the
     labels are read only here): a clustering accuracy for K ≥ 10 categories, near 100 by construction when the codes
-    outnumber the images (many bits).
+    outnumber the images (many bits); ``runner_up_log_q`` = the mean log q(z₂|x) of the runner-up code
+    (:func:`runner_up_log_q`), how far the encoder is from giving any code but its mode a gradient (issue 33: about
+    −50 with the GM-VAE's networks, a collapse the exact and relaxed gradients do not leave).
 
     Args:
         size: K categories (``structure=categorical``) or n bits (``structure=binary_vector``).
@@ -394,12 +396,13 @@ class UnsupervisedVAE(Task):
         vae = self.vae
         generator = torch.Generator(device=data["x"].device).manual_seed(0)
         exact = self.num_codes() <= self.max_enumerate
-        rec = kl = 0.0
+        rec = kl = runner_up = 0.0
         codes = []
         for batch in iterate_batches(data, batch_size or 1000):
             x = batch["x"]
             phi = vae.scores(x)
             kl += float(vae.kl_prior(phi).sum())
+            runner_up += float(runner_up_log_q(phi).sum())
             if exact:
                 vertices = self.vertices(phi)
                 rec += float(expected_loss(phi, vertices, -vae.vertex_log_likelihood(x, vertices)).sum())
@@ -411,7 +414,7 @@ class UnsupervisedVAE(Task):
         self.train(was_training)
         n = len(data["x"])
         return {"acc": 100 * _purity(torch.cat(codes), data["y"]) if "y" in data else math.nan,
-                "bound": (rec + kl) / n, "rec": rec / n, "kl": kl / n}
+                "bound": (rec + kl) / n, "rec": rec / n, "kl": kl / n, "runner_up_log_q": runner_up / n}
 
     def _code_index(self, z: torch.Tensor) -> torch.Tensor:
         """An integer per code ``[B]``: the category, or the bits read in base 2."""
@@ -419,6 +422,19 @@ class UnsupervisedVAE(Task):
             return z.argmax(-1)
         powers = 2 ** torch.arange(self.vae.size, device=z.device, dtype=torch.float64)
         return (z[..., 1].double() * powers).sum(-1).long()
+
+
+def runner_up_log_q(scores: torch.Tensor) -> torch.Tensor:
+    """log q(z₂|x) ``[B]`` of the runner-up code z₂ (the second most probable) of q(z|x) from its scores: a
+    categorical ``[B, K]`` (the second largest log-softmax), or independent bits ``[B, n, 2]`` (the mode with its
+    least certain bit flipped: Σ_i max_v log q_i(v) plus the largest log q_i(second) − log q_i(first)). The
+    exact gradient reaches a code only through q (∂E_q/∂φ_k = q_k (…)), and a relaxed sample of it has weight ~q
+    too, so a runner-up log-probability far below zero is a collapse those gradients cannot leave."""
+    log_q = torch.log_softmax(scores.detach(), -1)
+    top = log_q.topk(2, dim=-1).values  # [..., 2]: the first and second log q per categorical variable
+    if scores.dim() == 2:
+        return top[:, 1]
+    return top[..., 0].sum(-1) + (top[..., 1] - top[..., 0]).max(-1).values
 
 
 def _purity(codes: torch.Tensor, labels: torch.Tensor) -> float:

@@ -18,12 +18,12 @@ from latentstruct.estimators import Direct, Exact, GumbelSoftmax, Sfe, StGumbel
 from latentstruct.models.vae import Decoder, DiscreteHead, DiscreteVAE, Encoder
 from latentstruct.report.tables import filter_runs, load_spec
 from latentstruct.structures import BinaryVector, Categorical, gumbel_like
-from latentstruct.tasks.vae import UnsupervisedVAE
+from latentstruct.tasks.vae import UnsupervisedVAE, runner_up_log_q
 from latentstruct.train import build_model, train
 from tests.data.test_images import write_mnist
 from tests.helpers import compose, methods
 
-SMALL = ["encoder.hidden=[32,16]", "scorer.hidden=8", "decoder.hidden=32"]
+SMALL = ["encoder.hidden=[32]", "decoder.hidden=32"]
 
 
 def _task(estimator, latent="categorical", size=5, **settings) -> UnsupervisedVAE:
@@ -185,6 +185,39 @@ def test_the_sweeps_compose():
     assert sweep.hydra.sweeper.params["task.size"] == "10,50"
     bits = compose("+sweep=direct_vae_unsupervised_bits", hydra=True)
     assert bits.hydra.sweep.dir == sweep.hydra.sweep.dir
+    gmvae = compose("+sweep=direct_vae_unsupervised_gmvae", hydra=True)
+    assert gmvae.hydra.sweep.dir == sweep.hydra.sweep.dir
+    assert {gmvae.hydra.sweeper.params[g] for g in ("encoder", "scorer", "decoder")} == {"gmvae"}
+
+
+@pytest.mark.parametrize("method", ["exact", "gsm"])
+def test_the_default_networks_are_the_literatures_and_the_gmvaes_stay_selectable(method):
+    """784-300-K encoder and K-300-784 decoder with ReLU by default, the seed's anneal rate per step (1e-5); the
+    GM-VAE's networks with encoder=gmvae scorer=gmvae decoder=gmvae (issue 33: with them the model collapses)."""
+    task = build_model(compose(f"+experiment=vae_unsup_{method}"), {"input_dim": 784})
+    linears = [(m.in_features, m.out_features) for m in task.vae.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [(784, 300), (300, 10), (10, 300), (300, 784)]
+    assert not any(isinstance(m, torch.nn.LeakyReLU) and m.negative_slope for m in task.vae.modules())
+    assert task.anneal_rate == 1e-5
+    old = build_model(compose(f"+experiment=vae_unsup_{method}", "encoder=gmvae", "scorer=gmvae", "decoder=gmvae"),
+                      {"input_dim": 784})
+    linears = [(m.in_features, m.out_features) for m in old.vae.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [(784, 400), (400, 200), (200, 100), (100, 10), (10, 400), (400, 784)]
+
+
+@pytest.mark.parametrize("latent", ["categorical", "binary_vector"])
+def test_the_runner_up_log_q_is_the_second_most_probable_code_by_enumeration(latent):
+    task = _task(GumbelSoftmax(), latent=latent, size=4)
+    x = _x(batch=5)
+    phi = 3 * task.vae.scores(x).detach()
+    vertices = task.structure.enumerate(4).double()
+    expected = []
+    for b in range(5):
+        log_q = task.structure.log_prob(vertices, phi[b:b + 1].expand(len(vertices), *phi.shape[1:]))
+        expected.append(log_q.sort(descending=True).values[1])
+    torch.testing.assert_close(runner_up_log_q(phi), torch.stack(expected))
+    metrics = task.evaluate({"x": x, "y": torch.arange(5) % 3})
+    assert metrics["runner_up_log_q"] == pytest.approx(float(runner_up_log_q(task.vae.scores(x)).mean()))
 
 
 def test_every_run_of_the_sweeps_is_one_cell_of_the_table():
@@ -193,10 +226,14 @@ def test_every_run_of_the_sweeps_is_one_cell_of_the_table():
     spec = load_spec(repo / "experiments" / "direct" / "vae_unsupervised.yaml")
     launched = [(e, s) for e in ("direct", "gsm", "st_gumbel", "exact", "sfe") for s in (10, 50)]
     launched += [("bits_direct", 20), ("bits_gsm", 20)]
-    for method, size in launched:
-        cfg = compose(f"+experiment=vae_unsup_{method}", f"task.size={size}", hydra=True)
+    launched = [(method, size, []) for method, size in launched]
+    launched += [(e, 10, ["encoder=gmvae", "scorer=gmvae", "decoder=gmvae"])
+                 for e in ("direct", "gsm", "st_gumbel", "exact", "sfe")]
+    for method, size, networks in launched:
+        cfg = compose(f"+experiment=vae_unsup_{method}", f"task.size={size}", *networks, hydra=True)
         choices = cfg.hydra.runtime.choices
-        run = {"choices.structure": choices.structure, "choices.estimator": choices.estimator, "task.size": size}
+        run = {"choices.structure": choices.structure, "choices.estimator": choices.estimator, "task.size": size,
+               "choices.encoder": choices.encoder}
         frame = pd.DataFrame([run])
         rows = [r["name"] for r in spec["rows"] if len(filter_runs(frame, r["match"]))]
         settings = [s["name"] for s in spec["settings"] if len(filter_runs(frame, s["match"]))]
@@ -204,4 +241,5 @@ def test_every_run_of_the_sweeps_is_one_cell_of_the_table():
     names = [s["sweep"] for s in spec["reproduce"]["sweeps"]]
     sweeps = [yaml.safe_load((repo / "configs" / "sweep" / f"{name}.yaml").read_text()) for name in names]
     swept = {e for sweep in sweeps for e in sweep["hydra"]["sweeper"]["params"]["+experiment"].split(",")}
+    assert len(sweeps) == 3
     assert swept == {f"vae_{m}" for m in methods("vae") if m.startswith("unsup_")}  # every experiment, once
