@@ -124,3 +124,9 @@ def test_the_tables_refuse_a_directory_whose_record_and_configuration_disagree(t
     config.write_text(yaml.safe_dump({"optim": {"lr": 0.5}}))
     with pytest.raises(ValueError, match=r"optim\.lr: 0\.001 \(run\.json\) ≠ 0\.5"):
         load_runs(tmp_path / "sweep")
+
+
+def test_every_sweep_names_its_runs_as_a_single_run_is_named():
+    for path in sorted((CONFIGS / "sweep").glob("*.yaml")):
+        sweep = yaml.safe_load(path.read_text())["hydra"]["sweep"]
+        assert sweep["subdir"] == "${run_name:${hydra.job.override_dirname}}", path.name
