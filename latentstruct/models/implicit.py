@@ -41,6 +41,13 @@ Products, never matrices
   statement (α = 1, "singular values less than 2") is the case α = 1 of this condition. With a non-convex L_aux
   (negative eigenvalues) the series diverges in those directions; a small α and few terms then act as a damped,
   truncated inverse (Lorraine et al. 2020 use it that way), which is the seed's practice.
+  What K terms compute: the polynomial p_K(H) v with p_K(λ) = (1 − (1 − αλ)^{K+1}) / λ per eigen-direction of H,
+  i.e. 1/λ where αλ(K+1) ≫ 1 and about α(K+1) (a cap) where λ is small or negative — no linear system is solved
+  exactly; the residual v − H x_K = (I − αH)^{K+1} v is the series' next term (``history``).
+* :func:`cg_inverse_hvp` — (H + μI)⁻¹ v by conjugate gradient (μ = ``damping``, 0 by default: the seed's H w = v),
+  one HVP per iteration, stopped on the relative residual (``tol``) or a cap (``max_iter``); on a direction of
+  non-positive curvature (H not positive definite) it stops and returns its last iterate (truncated Newton). The
+  solver a task uses is its ``inverse_solver`` setting (:data:`SOLVERS`).
 * :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
 
 :func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
@@ -71,6 +78,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = [
+    "SOLVERS",
+    "cg_inverse_hvp",
     "exact_inverse_hvp",
     "grad_or_zeros",
     "hvp",
@@ -82,6 +91,8 @@ __all__ = [
 Tensors = Sequence[torch.Tensor]
 #: ``(grads_theta, theta, v) -> H⁻¹ v``: the signature of an inverse-HVP solver accepted by :func:`implicit_gradient`
 InverseHVP = Callable[[Tensors, Tensors, Tensors], list[torch.Tensor]]
+#: the inverse-HVP solvers a task may name (``inverse_solver``): the seed's series, conjugate gradient
+SOLVERS: tuple[str, ...] = ("neumann", "cg")
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -171,6 +182,7 @@ def neumann_inverse_hvp(
     v: Tensors,
     terms: int = 20,
     alpha: float = 0.01,
+    history: list[float] | None = None,
 ) -> list[torch.Tensor]:
     """H⁻¹ v ≈ α Σ_{i=0}^{terms} (I − αH)^i v, the truncated von Neumann series (seed Appendix A; Lorraine et al.
     2020, Algorithm 3).
@@ -179,6 +191,11 @@ def neumann_inverse_hvp(
     parameter. ``terms`` = K ≥ 0 HVPs are made (K = 0 returns α v). Converges to H⁻¹ v as K → ∞ iff every
     eigenvalue λ of H satisfies 0 < αλ < 2, i.e. H positive definite and 0 < α < 2/λ_max; the error after K terms
     is (I − αH)^{K+1} H⁻¹ v. See the module docstring.
+
+    ``history``: a list that receives, after the k-th product (k = 1..K), the relative residual ‖v − H x‖ / ‖v‖ of
+    the partial sum of the first k terms x = α Σ_{i<k} (I − αH)^i v — free, since that residual is (I − αH)^k v, the
+    term the k-th product makes. The returned sum (K + 1 terms) has its residual one product further (run K + 1
+    terms to see it).
     """
     if terms < 0:
         raise ValueError(f"terms={terms} must be >= 0")
@@ -188,11 +205,85 @@ def neumann_inverse_hvp(
     grads = _first_grads(loss_or_grads, params)
     u = [t.detach().clone() for t in _check_vectors(v, params)]
     p = [t.clone() for t in u]
+    v_norm = _norm(u) if history is not None else 0.0
     for _ in range(terms):
         hu = hvp(grads, params, u)
         u = [a - alpha * b for a, b in zip(u, hu, strict=True)]
         p = [a + b for a, b in zip(p, u, strict=True)]
+        if history is not None:
+            history.append(_norm(u) / v_norm if v_norm else 0.0)
     return [alpha * a for a in p]
+
+
+def cg_inverse_hvp(
+    loss_or_grads: torch.Tensor | Tensors,
+    params: Tensors,
+    v: Tensors,
+    tol: float = 1e-2,
+    max_iter: int = 20,
+    damping: float = 0.0,
+    history: list[float] | None = None,
+) -> list[torch.Tensor]:
+    """(H + μI)⁻¹ v by conjugate gradient (Hestenes & Stiefel 1952), μ = ``damping`` ≥ 0, one HVP per iteration.
+
+    Starts from x₀ = 0 and stops at the first iterate whose residual r = v − (H + μI) x satisfies
+    ‖r‖ ≤ ``tol`` · ‖v‖, or after ``max_iter`` iterations (the cap; ``max_iter`` = 0 returns 0), whichever comes
+    first; the residual is CG's recurrence (exact in exact arithmetic). With μ = 0 the system is the seed's H w = v.
+
+    **What it solves.** On a symmetric positive definite H + μI, CG minimises the H-norm error over the Krylov space
+    of its iterates, and reaches the solution in at most |θ| steps; the relative residual after k steps shrinks at
+    least like 2 ((√κ − 1)/(√κ + 1))^k, κ = λ_max/λ_min of H + μI — versus (1 − αλ_min)^k for the series. **An H
+    that is not positive definite** (L_aux is not convex in θ, and θ is only T_inner steps from a minimiser): CG's
+    step needs the curvature pᵀ(H + μI)p of its search direction p to be positive. When it is not (a direction of
+    negative or zero curvature), the method stops and returns the last iterate — the solution of the system
+    restricted to the Krylov space where H + μI was positive definite (the truncated-Newton rule of Steihaug 1983);
+    at the first iteration that is x = 0, i.e. no implicit term. Its ``history`` then ends with ``inf``. A damping
+    μ > |λ_min| makes H + μI positive definite (and shrinks the directions of small curvature, as the truncated
+    series does: see the module docstring).
+
+    ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration (``inf`` at a negative-curvature stop).
+    """
+    if max_iter < 0:
+        raise ValueError(f"max_iter={max_iter} must be >= 0")
+    if tol < 0 or damping < 0:
+        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    r = [t.detach().clone() for t in _check_vectors(v, params)]
+    x = [torch.zeros_like(t) for t in r]
+    v_norm = _norm(r)
+    if v_norm == 0:
+        return x
+    p = [t.clone() for t in r]
+    rr = _dot(r, r)
+    for _ in range(max_iter):
+        if rr ** 0.5 <= tol * v_norm:
+            break
+        hp = hvp(grads, params, p)
+        if damping:
+            hp = [a + damping * b for a, b in zip(hp, p, strict=True)]
+        curvature = _dot(p, hp)
+        if not curvature > 0:  # also NaN
+            if history is not None:
+                history.append(float("inf"))
+            break
+        step = rr / curvature
+        x = [a + step * b for a, b in zip(x, p, strict=True)]
+        r = [a - step * b for a, b in zip(r, hp, strict=True)]
+        rr_new = _dot(r, r)
+        if history is not None:
+            history.append(rr_new ** 0.5 / v_norm)
+        p = [a + (rr_new / rr) * b for a, b in zip(r, p, strict=True)]
+        rr = rr_new
+    return x
+
+
+def _dot(a: Tensors, b: Tensors) -> float:
+    return float(sum((x * y).sum() for x, y in zip(a, b, strict=True)))
+
+
+def _norm(a: Tensors) -> float:
+    return _dot(a, a) ** 0.5
 
 
 def exact_inverse_hvp(loss_or_grads: torch.Tensor | Tensors, params: Tensors, v: Tensors) -> list[torch.Tensor]:
