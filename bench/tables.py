@@ -44,10 +44,12 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -167,19 +169,33 @@ def _train_step(model, optimizer, batches, phase: int, taken, phase_steps: int) 
     optimizer.step()
 
 
-def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
-    """Time one configuration (module docstring), filling ``cell`` in place."""
+@dataclass
+class Built:
+    """A configuration built as train.py builds it: its config, data (and splits on the device), model, optimizer,
+    phases."""
+
+    cfg: Any
+    data: Any
+    splits: dict
+    model: Any
+    optimizer: Any
+    phases: list
+    max_steps: int
+
+
+def build_cell(cell: Cell, device: torch.device, data_cache: dict, extra: Sequence[str] = ()) -> Built:
+    """Compose ``cell`` as a sweep job (+ the overrides ``extra``) and build it (data from ``data_cache``, filled)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     import latentstruct.optim
-    from latentstruct.train import _evaluation_steps, _plan, build_model
+    from latentstruct.train import _plan, build_model
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[f"+sweep={cell.sweep}", *cell.overrides, f"trainer.device={device.type}"])
-    tc = cfg.trainer
-    torch.manual_seed(tc.seed)
+        cfg = compose("train", overrides=[f"+sweep={cell.sweep}", *cell.overrides, *extra,
+                                          f"trainer.device={device.type}"])
+    torch.manual_seed(cfg.trainer.seed)
     key = (OmegaConf.to_yaml(cfg.dataset, resolve=True), str(device))
     if key not in data_cache:
         data = instantiate(cfg.dataset)
@@ -190,7 +206,17 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
-    phases, max_steps = _plan(tc, {name: data.size(name) for name in data.splits})
+    phases, max_steps = _plan(cfg.trainer, {name: data.size(name) for name in data.splits})
+    return Built(cfg, data, splits, model, optimizer, phases, max_steps)
+
+
+def time_cell(cell: Cell, device: torch.device, data_cache: dict, args) -> None:
+    """Time one configuration (module docstring), filling ``cell`` in place."""
+    from latentstruct.train import _evaluation_steps
+
+    built = build_cell(cell, device, data_cache, getattr(args, "override", None) or ())
+    splits, model, optimizer = built.splits, built.model, built.optimizer
+    phases, max_steps, tc = built.phases, built.max_steps, built.cfg.trainer
     cell.evaluations = len(_evaluation_steps(phases, tc.eval_every, max_steps))
     model.train()
     for index, phase in enumerate(phases):
@@ -368,6 +394,8 @@ def main(argv=None) -> int:
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time steps for at least this long (default 1)")
     parser.add_argument("--max-steps", type=int, default=40, help="or at most this many steps (default 40)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--override", nargs="*", help="config overrides added to every configuration (e.g. "
+                        "task.inverse_solver=cg; a key a configuration lacks fails it)")
     parser.add_argument("--render", type=Path, metavar="SHEET", help="print a sheet as Markdown and exit")
     args = parser.parse_args(argv)
     if args.render:

@@ -46,8 +46,15 @@ Products, never matrices
   exactly; the residual v − H x_K = (I − αH)^{K+1} v is the series' next term (``history``).
 * :func:`cg_inverse_hvp` — (H + μI)⁻¹ v by conjugate gradient (μ = ``damping``, 0 by default: the seed's H w = v),
   one HVP per iteration, stopped on the relative residual (``tol``) or a cap (``max_iter``); on a direction of
-  non-positive curvature (H not positive definite) it stops and returns its last iterate (truncated Newton). The
-  solver a task uses is its ``inverse_solver`` setting (:data:`SOLVERS`).
+  non-positive curvature (H not positive definite) it stops and returns its last iterate (truncated Newton).
+* :func:`minres_inverse_hvp` — (H + μI)⁻¹ v by MINRES (Paige & Saunders 1975), for a symmetric H that need not be
+  positive definite (L_aux is not convex in θ: on the energy tasks CG meets negative curvature within a few
+  products, ``results/bench/implicit.md``): after k products its iterate has the least residual ‖v − H x‖ over the
+  Krylov space span{v, Hv, …, H^{k−1}v} — which holds the series' first k terms — so its residual is never above
+  the series' at the same number of products; stopped on the relative residual (``tol``) or a cap
+  (``max_iter``).
+
+The solver a task uses is its ``inverse_solver`` setting (:data:`SOLVERS`).
 * :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
 
 :func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
@@ -84,6 +91,7 @@ __all__ = [
     "grad_or_zeros",
     "hvp",
     "implicit_gradient",
+    "minres_inverse_hvp",
     "mixed_vp",
     "neumann_inverse_hvp",
 ]
@@ -91,8 +99,8 @@ __all__ = [
 Tensors = Sequence[torch.Tensor]
 #: ``(grads_theta, theta, v) -> H⁻¹ v``: the signature of an inverse-HVP solver accepted by :func:`implicit_gradient`
 InverseHVP = Callable[[Tensors, Tensors, Tensors], list[torch.Tensor]]
-#: the inverse-HVP solvers a task may name (``inverse_solver``): the seed's series, conjugate gradient
-SOLVERS: tuple[str, ...] = ("neumann", "cg")
+#: the inverse-HVP solvers a task may name (``inverse_solver``): the seed's series, conjugate gradient, MINRES
+SOLVERS: tuple[str, ...] = ("neumann", "cg", "minres")
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -275,6 +283,77 @@ def cg_inverse_hvp(
             history.append(rr_new ** 0.5 / v_norm)
         p = [a + (rr_new / rr) * b for a, b in zip(r, p, strict=True)]
         rr = rr_new
+    return x
+
+
+def minres_inverse_hvp(
+    loss_or_grads: torch.Tensor | Tensors,
+    params: Tensors,
+    v: Tensors,
+    tol: float = 1e-1,
+    max_iter: int = 20,
+    damping: float = 0.0,
+    history: list[float] | None = None,
+) -> list[torch.Tensor]:
+    """(H + μI)⁻¹ v by MINRES (Paige & Saunders 1975), μ = ``damping`` ≥ 0, one HVP per iteration; H symmetric,
+    positive definite or not (non-singular for the limit to exist).
+
+    From x₀ = 0, iteration k returns the x in the Krylov space K_k = span{v, Hv, …, H^{k−1}v} with the least residual
+    ‖v − (H + μI) x‖ (the Lanczos basis of K_k and a QR factorisation of its tridiagonal matrix by Givens rotations,
+    updated with a short recurrence: a few vectors of θ's size are kept). The residual norm is known without a
+    product (the rotations' running product), never increases, and the method stops at the first iterate with
+    ‖r‖ ≤ ``tol`` · ‖v‖, or after ``max_iter`` products (the cap), or when the Krylov space stops growing (then the
+    iterate solves the system). The series' first k terms lie in K_k, so k MINRES products never leave a larger
+    residual than the series' first k terms.
+
+    ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration.
+    """
+    if max_iter < 0:
+        raise ValueError(f"max_iter={max_iter} must be >= 0")
+    if tol < 0 or damping < 0:
+        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    b = [t.detach().clone() for t in _check_vectors(v, params)]
+    x = [torch.zeros_like(t) for t in b]
+    beta1 = _norm(b)
+    if beta1 == 0:
+        return x
+    # Lanczos: q_prev, q the last two basis vectors (q_prev = 0 at first), beta_prev the entry that links them
+    q_prev, q = [torch.zeros_like(t) for t in b], [t / beta1 for t in b]
+    beta_prev = 0.0
+    # the previous Givens rotation (c, s), the entries it leaves for the next column, the residual's norm
+    c, s, delta_bar, eps_next, phi_bar = -1.0, 0.0, 0.0, 0.0, beta1
+    d_prev2, d_prev = [torch.zeros_like(t) for t in b], [torch.zeros_like(t) for t in b]  # search directions
+    for _ in range(max_iter):
+        if phi_bar <= tol * beta1:
+            break
+        hq = hvp(grads, params, q)
+        if damping:
+            hq = [a + damping * t for a, t in zip(hq, q, strict=True)]
+        alpha = _dot(q, hq)
+        nxt = [a - alpha * t - beta_prev * u for a, t, u in zip(hq, q, q_prev, strict=True)]
+        beta_next = _norm(nxt)
+        # the new column of the tridiagonal (beta_prev·, alpha, beta_next) through the previous rotation
+        eps = eps_next
+        delta = c * delta_bar + s * alpha
+        gamma_bar = s * delta_bar - c * alpha
+        eps_next = s * beta_next
+        delta_bar = -c * beta_next
+        # the new rotation, zeroing beta_next
+        gamma = max((gamma_bar**2 + beta_next**2) ** 0.5, torch.finfo(b[0].dtype).tiny)
+        c, s = gamma_bar / gamma, beta_next / gamma
+        phi = c * phi_bar
+        phi_bar = s * phi_bar
+        d = [(t - eps * p2 - delta * p1) / gamma for t, p2, p1 in zip(q, d_prev2, d_prev, strict=True)]
+        x = [a + phi * t for a, t in zip(x, d, strict=True)]
+        d_prev2, d_prev = d_prev, d
+        if history is not None:
+            history.append(abs(phi_bar) / beta1)
+        if beta_next == 0:  # K_k is invariant under H: x solves the system
+            break
+        q_prev, q = q, [t / beta_next for t in nxt]
+        beta_prev = beta_next
     return x
 
 

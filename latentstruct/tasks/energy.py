@@ -35,9 +35,10 @@ Methods (``method``), for a training batch (x, y)
       g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
 
   (:func:`~latentstruct.models.implicit.implicit_gradient`; H⁻¹ by the solver ``inverse_solver``: ``neumann``, the
-  seed's von Neumann series with ``neumann_terms`` terms of step ``neumann_alpha``, or ``cg``, conjugate gradient
-  on (H + ``cg_damping`` I) w = ∂L_prim/∂θ stopped at relative residual ``cg_tol`` or after ``cg_max_iter``
-  products). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
+  seed's von Neumann series with ``neumann_terms`` terms of step ``neumann_alpha``; ``minres`` or ``cg``, MINRES or
+  conjugate gradient on (H + ``solver_damping`` I) w = ∂L_prim/∂θ stopped at relative residual ``solver_tol`` or
+  after ``solver_max_iter`` products; CG also at a direction of non-positive curvature).
+  :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
   L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
   The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
@@ -122,6 +123,7 @@ from latentstruct.models.implicit import (
     cg_inverse_hvp,
     grad_or_zeros,
     implicit_gradient,
+    minres_inverse_hvp,
     neumann_inverse_hvp,
 )
 from latentstruct.ranges import AtLeast, NonNegative, Positive
@@ -132,7 +134,7 @@ __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "Mu
 Method = Literal["mbce", "implicit", "explicit", "infnet", "spen"]
 Primary = Literal["ssvm", "cd", "dvn"]
 InnerOptimizer = Literal["sgd", "adam"]
-InverseSolver = Literal["neumann", "cg"]  # latentstruct.models.implicit.SOLVERS
+InverseSolver = Literal["neumann", "cg", "minres"]  # latentstruct.models.implicit.SOLVERS
 METHODS: tuple[str, ...] = get_args(Method)
 PRIMARY_LOSSES: tuple[str, ...] = get_args(Primary)
 INNER_OPTIMIZERS: tuple[str, ...] = get_args(InnerOptimizer)
@@ -179,11 +181,12 @@ class BilevelEnergyTask(Task):
         spen_steps: spen: projected gradient steps of (loss-augmented) inference; our choice.
         spen_lr: spen: their step size; our choice.
         inverse_solver: implicit: how H⁻¹ ∂L_prim/∂θ is computed: neumann (the seed's series: neumann_terms,
-            neumann_alpha) or cg (conjugate gradient on (H + cg_damping I) w = ∂L_prim/∂θ; stops at a
-            non-positive curvature; latentstruct.models.implicit.cg_inverse_hvp).
-        cg_tol: cg: stop when the residual is at most cg_tol × ‖∂L_prim/∂θ‖.
-        cg_max_iter: cg: at most this many Hessian-vector products.
-        cg_damping: cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
+            neumann_alpha), minres (MINRES on (H + solver_damping I) w = ∂L_prim/∂θ: H need not be positive
+            definite) or cg (conjugate gradient on the same system; stops at a non-positive curvature);
+            latentstruct.models.implicit.
+        solver_tol: minres, cg: stop when the residual is at most solver_tol × ‖∂L_prim/∂θ‖.
+        solver_max_iter: minres, cg: at most this many Hessian-vector products.
+        solver_damping: minres, cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
         phases: the number of ``trainer.phases``, which the task's option copies here (``${len:${trainer.phases}}``):
             none, or two (phase 0 pretrains, then the method).
     """
@@ -219,9 +222,9 @@ class BilevelEnergyTask(Task):
         spen_lr: float,
         pretrain: bool = False,
         inverse_solver: str = "neumann",
-        cg_tol: float = 1e-2,
-        cg_max_iter: int = 20,
-        cg_damping: float = 0.0,
+        solver_tol: float = 1e-2,
+        solver_max_iter: int = 20,
+        solver_damping: float = 0.0,
     ):
         super().__init__()
         if method not in self.METHODS:
@@ -232,8 +235,8 @@ class BilevelEnergyTask(Task):
             raise ValueError(f"inner_optimizer must be one of {INNER_OPTIMIZERS}, got {inner_optimizer!r}")
         if inverse_solver not in SOLVERS:
             raise ValueError(f"inverse_solver must be one of {SOLVERS}, got {inverse_solver!r}")
-        if cg_tol < 0 or cg_max_iter < 0 or cg_damping < 0:
-            raise ValueError("need cg_tol, cg_max_iter, cg_damping >= 0")
+        if solver_tol < 0 or solver_max_iter < 0 or solver_damping < 0:
+            raise ValueError("need solver_tol, solver_max_iter, solver_damping >= 0")
         if inner_steps < 0 or neumann_terms < 0 or num_samples < 1 or spen_steps < 0:
             raise ValueError("need inner_steps, neumann_terms, spen_steps >= 0 and num_samples >= 1")
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
@@ -251,7 +254,8 @@ class BilevelEnergyTask(Task):
         self.infnet_ce = float(infnet_ce)
         self.spen_steps, self.spen_lr = int(spen_steps), float(spen_lr)
         self.inverse_solver = inverse_solver
-        self.cg_tol, self.cg_max_iter, self.cg_damping = float(cg_tol), int(cg_max_iter), float(cg_damping)
+        self.solver_tol, self.solver_max_iter = float(solver_tol), int(solver_max_iter)
+        self.solver_damping = float(solver_damping)
         self.pretrain = bool(pretrain)
         self._pretraining = False
         theta = self.inference_parameters()
@@ -347,9 +351,10 @@ class BilevelEnergyTask(Task):
     def inverse_hvp(self, history: list[float] | None = None):
         """The ``(∇_θ L_aux, θ, v) -> H⁻¹ v`` solver of ``inverse_solver`` with the task's settings (``history``: the
         solver's relative residuals, for the benchmark)."""
-        if self.inverse_solver == "cg":
-            return functools.partial(cg_inverse_hvp, tol=self.cg_tol, max_iter=self.cg_max_iter,
-                                     damping=self.cg_damping, history=history)
+        if self.inverse_solver in ("cg", "minres"):
+            solver = cg_inverse_hvp if self.inverse_solver == "cg" else minres_inverse_hvp
+            return functools.partial(solver, tol=self.solver_tol, max_iter=self.solver_max_iter,
+                                     damping=self.solver_damping, history=history)
         return functools.partial(neumann_inverse_hvp, terms=self.neumann_terms, alpha=self.neumann_alpha,
                                  history=history)
 
@@ -499,9 +504,9 @@ class MultiLabelEnergy(BilevelEnergyTask):
         spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
         inverse_solver: InverseSolver = "neumann",
-        cg_tol: Annotated[float, NonNegative] = 1e-2,
-        cg_max_iter: Annotated[int, NonNegative] = 20,
-        cg_damping: Annotated[float, NonNegative] = 0.0,
+        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        solver_max_iter: Annotated[int, NonNegative] = 20,
+        solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> MultiLabelEnergy:
         """E, A, F in this order (the order of their initial draws), sized by the data (``input_dim``,
         ``num_labels``: ``dataset=bibtex|delicious|eurlex|bookmarks``)."""
@@ -513,8 +518,8 @@ class MultiLabelEnergy(BilevelEnergyTask):
             *nets, method=method, primary=primary, lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer,
             inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
-            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, cg_tol=cg_tol, cg_max_iter=cg_max_iter,
-            cg_damping=cg_damping,
+            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
         )
 
     # hooks

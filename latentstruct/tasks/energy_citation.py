@@ -86,9 +86,9 @@ class CitationEnergy(SequenceLabelEnergy):
         ge_weight: Annotated[float, NonNegative] = 0.0,
         ge_target: Annotated[float, Probability] = 0.9,
         inverse_solver: InverseSolver = "neumann",
-        cg_tol: Annotated[float, NonNegative] = 1e-2,
-        cg_max_iter: Annotated[int, NonNegative] = 20,
-        cg_damping: Annotated[float, NonNegative] = 0.0,
+        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        solver_max_iter: Annotated[int, NonNegative] = 20,
+        solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> CitationEnergy:
         """The networks of :meth:`SequenceLabelEnergy.build` (``dataset=cora``).
 
@@ -109,8 +109,8 @@ class CitationEnergy(SequenceLabelEnergy):
                              inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha,
                              num_samples=num_samples, straight_through=straight_through, infnet_ce=0.0,
                              spen_steps=spen_steps, spen_lr=spen_lr, phases=phases, normalize_cost=False,
-                             inverse_solver=inverse_solver, cg_tol=cg_tol, cg_max_iter=cg_max_iter,
-                             cg_damping=cg_damping)
+                             inverse_solver=inverse_solver, solver_tol=solver_tol,
+                             solver_max_iter=solver_max_iter, solver_damping=solver_damping)
         task.ge_weight, task.ge_target = float(ge_weight), float(ge_target)
         return task
 

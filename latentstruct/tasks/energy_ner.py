@@ -186,9 +186,9 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         phases: int = 0,
         normalize_cost: bool = False,
         inverse_solver: InverseSolver = "neumann",
-        cg_tol: Annotated[float, NonNegative] = 1e-2,
-        cg_max_iter: Annotated[int, NonNegative] = 20,
-        cg_damping: Annotated[float, NonNegative] = 0.0,
+        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        solver_max_iter: Annotated[int, NonNegative] = 20,
+        solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> SequenceLabelEnergy:
         """E, A, F in this order (the order of their initial draws), each on its own feature network from
         ``encoder``: word vectors of ``embedding.dim`` (the GloVe file's size when ``embedding.pretrained`` names one;
@@ -215,8 +215,8 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer, inner_lr=inner_lr,
             neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
-            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, cg_tol=cg_tol, cg_max_iter=cg_max_iter,
-            cg_damping=cg_damping,
+            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
         )
 
     # -------------------------------------------------------------------------------------------- helpers

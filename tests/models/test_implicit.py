@@ -15,6 +15,7 @@ from latentstruct.models.implicit import (
     grad_or_zeros,
     hvp,
     implicit_gradient,
+    minres_inverse_hvp,
     mixed_vp,
     neumann_inverse_hvp,
 )
@@ -356,3 +357,45 @@ def test_cg_implicit_gradient_matches_the_unrolled_one_closer_than_the_series():
     # a wrong solver (here: the inverse's sign flipped) is caught
     flipped = grad(inverse_hvp=lambda g, p, v: [-t for t in cg_inverse_hvp(g, p, v, tol=1e-8, max_iter=5)])
     assert (flipped - want).norm() > 0.05 * want.norm()
+
+
+# ------------------------------------------------------------------------------------------------------- MINRES
+
+
+def test_minres_solves_an_indefinite_system_with_a_monotone_residual():
+    eigs = torch.tensor([-2.0, -0.5, 0.3, 1.0, 2.0, 3.0, 5.0, 8.0])
+    grads, theta, a, v = _system(eigs, seed=70)
+    want = torch.linalg.solve(a, _flat(v))
+    history: list[float] = []
+    got = _flat(minres_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, history=history))
+    assert torch.allclose(got, want, atol=1e-8)
+    assert history[-1] <= 1e-10 and len(history) <= 8 + 2  # n products, + rounding
+    assert all(b <= a + 1e-12 for a, b in zip(history, history[1:], strict=False))
+    # its recurrence's residual is the true one, at every cap
+    for k in (1, 2, 4):
+        capped: list[float] = []
+        x = _flat(minres_inverse_hvp(grads, theta, v, tol=0.0, max_iter=k, history=capped))
+        true = ((_flat(v) - a @ x).norm() / _flat(v).norm()).item()
+        assert len(capped) == k and capped[-1] == pytest.approx(true, rel=1e-8)
+    # CG on the same system stops at once on negative curvature or wanders; MINRES's damped system is solved too
+    damped = _flat(minres_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, damping=0.7))
+    assert torch.allclose(damped, torch.linalg.solve(a + 0.7 * torch.eye(8, dtype=DT), _flat(v)), atol=1e-8)
+
+
+def test_minres_residual_is_never_above_the_series_at_equal_products():
+    eigs = torch.tensor([-1.0, 0.05, 0.2, 1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 15.0])
+    grads, theta, a, v = _system(eigs, seed=80)
+    series: list[float] = []  # [k-1]: the first k terms' residual, made by k products (the k-th is the free one)
+    neumann_inverse_hvp(grads, theta, v, terms=30, alpha=0.1, history=series)
+    mr: list[float] = []
+    minres_inverse_hvp(grads, theta, v, tol=0.0, max_iter=9, history=mr)
+    # k products of MINRES against the first k terms (k − 1 products + the free residual)
+    assert all(m <= s_ + 1e-12 for m, s_ in zip(mr, series, strict=False))
+    assert mr[-1] < 0.5 * series[len(mr) - 1]
+    assert series[-1] > series[9]  # the series diverges along λ < 0
+
+
+def test_minres_implicit_gradient_matches_the_exact_one():
+    problem = Quadratic()
+    got = _implicit(problem, inverse_hvp=lambda g, p, v: minres_inverse_hvp(g, p, v, tol=1e-12, max_iter=10))
+    assert torch.allclose(_flat(got[:2]), problem.total_derivative(), atol=1e-9)
