@@ -42,12 +42,14 @@ BENCH_DEVICE ?= cpu
 # e.g. BENCH_BASELINE=645b4f9 for the before / after tables; BENCH_LAYERS_ARGS: more options of bench/layers.py.
 BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
+# bench-implicit: more options of bench/implicit.py (e.g. --datasets bibtex --rounds 5)
+BENCH_IMPLICIT_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix bench-structures bench-layers device-bundle gpu-check-dry gpu-results gpu-unpack \
+	table-lab-gradients table-lab-matrix bench-structures bench-layers bench-implicit device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
 help: ## list the targets
@@ -149,6 +151,9 @@ bench-layers: install ## one training step of the SST / ListOps configurations -
 		--out results/bench/layers.md
 
 # ---- a GPU machine through the device tool (docs/gpu.md)
+bench-implicit: install ## the energy methods' implicit gradient on NER, POS, bibtex: HVP, series, solvers' residuals and cost -> results/bench/implicit.md
+	OMP_NUM_THREADS=1 $(BIN)/python bench/implicit.py --threads 1 $(BENCH_IMPLICIT_ARGS) --out results/bench/implicit.md
+
 device-bundle: install ## the wheels a GPU machine with torch lacks, the bench references, the data, a commit stamp -> .device/ (git-ignored; needs the package index)
 	$(BIN)/python scripts/bundle.py build --out .device
 
