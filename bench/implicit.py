@@ -272,15 +272,18 @@ def _f(x, d=3) -> str:
 
 
 def render(sheet: dict) -> list[str]:
+    runs = sheet.get("runs") or [sheet]
     a = sheet["args"]
     lines = [
         "# The implicit gradient's cost and accuracy (`bench/implicit.py`)", "",
-        f"Generated {sheet['generated']} by `{sheet['command']}` at commit {sheet['commit']}; torch "
-        f"{sheet['torch']}, CPU, {sheet['threads']} torch thread, on a shared 2-core machine under load from other "
-        "jobs (timings are noisy; every row of one table was timed interleaved in one process, so the ratios "
-        "between rows are the comparable numbers). State: "
-        f"{a['pretrain_steps']} pretraining steps then {a['method_steps']} method steps from seed "
-        "the configuration's; one training batch for the accuracy block; "
+        *[f"Generated {r['generated']} by `{r['command']}` at commit {r['commit']}." for r in runs],
+        f"Torch "
+        f"{sheet['torch']}, CPU, {sheet['threads']} torch thread, on a shared 2-core machine under heavy load from "
+        "other jobs (load average 14-20 during these runs: absolute seconds are several times the unloaded ones "
+        "and noisy; every row of one table was timed interleaved in one process, so the ratios between rows are "
+        "the comparable numbers). State: "
+        f"{a['pretrain_steps']} pretraining steps then {a['method_steps']} method steps from the configuration's "
+        "seed; one training batch for the accuracy block; "
         f"{a['rounds']} interleaved rounds of one training step per row for the cost block (medians).", "",
         "Systems: the series with K terms returns α Σ_{i≤K} (I − αH)^i v (it solves no system; its residual is "
         "(I − αH)^{K+1} v); MINRES and CG solve H w = v (no damping) and stop at relative residual `tol` or after "
@@ -342,7 +345,17 @@ def main(argv=None) -> int:
                         help="solver:tol pairs timed beside the series in the cost block")
     parser.add_argument("--max-iter", type=int, default=20, help="the solvers' cap (both blocks)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--merge", type=Path, nargs="*", help="only write --out from these sheets' datasets (runs "
+                        "of one dataset each, e.g. run side by side)")
     args = parser.parse_args(argv)
+    if args.merge:
+        sheets = [json.loads(p.read_text()) for p in args.merge]
+        sheet = {**sheets[0], "datasets": {k: v for sh in sheets for k, v in sh["datasets"].items()},
+                 "runs": [{k: sh[k] for k in ("generated", "commit", "command", "args")} for sh in sheets]}
+        args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
+        args.out.write_text("\n".join(render(sheet)) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     torch.set_num_threads(args.threads)
     import subprocess
 
