@@ -203,28 +203,28 @@ def run_dataset(dataset: str, args) -> dict:
     data_cache: dict = {}
     models = {}
     pretrained = None
-    for experiment in (*PRIMARIES, "spen", "explicit_cd"):
+    for experiment in (*args.primaries, "spen", "explicit_cd"):
         built = _build(dataset, experiment, data_cache)
         step, batches = _stepper(built)
         start = time.perf_counter()
         last = len(built.phases) - 1
-        if experiment in PRIMARIES and pretrained is not None:  # phase 0 is the same for the three: copy it
+        if experiment in args.primaries and pretrained is not None:  # phase 0 is the same for the three: copy it
             built.model.load_state_dict(pretrained[0])
             built.optimizer.load_state_dict(pretrained[1])
-        elif experiment in PRIMARIES:
+        elif experiment in args.primaries:
             for _ in range(args.pretrain_steps if last else 0):
                 step(0)
             pretrained = (copy.deepcopy(built.model.state_dict()), copy.deepcopy(built.optimizer.state_dict()))
         else:  # SPEN and the explicit L_CD: timed only, their cost per step does not depend on the state
             for _ in range(2 if last else 0):
                 step(0)
-        for _ in range(args.method_steps if experiment in PRIMARIES else 2):
+        for _ in range(args.method_steps if experiment in args.primaries else 2):
             step(last)
         print(f"  {dataset} {experiment}: {args.pretrain_steps} pretraining + method steps in "
               f"{time.perf_counter() - start:.1f} s", flush=True)
         models[experiment] = (built, step, batches, last)
     out: dict = {"accuracy": {}, "timing": {}}
-    for primary in PRIMARIES:
+    for primary in args.primaries:
         built, _, batches, last = models[primary]
         for tried in range(1, 11):  # a batch where L_prim depends on θ (a hinge may be inactive on every example)
             batch = next(batches[last])
@@ -241,11 +241,11 @@ def run_dataset(dataset: str, args) -> dict:
               f"{'converged' if ref['converged'] else 'not converged'} in {ref['products']}", flush=True)
     # cost: interleaved rounds
     rows = {"spen": [], "explicit_cd": []}
-    for primary in PRIMARIES:
+    for primary in args.primaries:
         for solver in ("neumann", *args.solvers):
             rows[f"{primary} {solver}"] = []
     solver_share = {k: [] for k in rows}
-    clocks = {p: _solver_clock(models[p][0].model) for p in PRIMARIES}
+    clocks = {p: _solver_clock(models[p][0].model) for p in args.primaries}
     for _ in range(args.rounds):
         for name in rows:
             experiment, _, solver = name.partition(" ")
@@ -335,6 +335,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="the Markdown report (and .json beside it)")
     parser.add_argument("--datasets", nargs="*", default=list(DATASETS), choices=list(DATASETS))
+    parser.add_argument("--primaries", nargs="*", default=list(PRIMARIES), choices=PRIMARIES)
     parser.add_argument("--pretrain-steps", type=int, default=100)
     parser.add_argument("--method-steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -365,7 +366,7 @@ def main(argv=None) -> int:
              "command": "python bench/implicit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
              "torch": torch.__version__, "threads": torch.get_num_threads(), "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
-                                               "ref_max_iter", "tols", "solvers", "max_iter")},
+                                               "ref_max_iter", "tols", "solvers", "max_iter", "primaries")},
              "datasets": {}}
     for dataset in args.datasets:
         sheet["datasets"][dataset] = run_dataset(dataset, args)
