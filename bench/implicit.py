@@ -273,24 +273,29 @@ def _f(x, d=3) -> str:
 
 def render(sheet: dict) -> list[str]:
     runs = sheet.get("runs") or [sheet]
-    a = sheet["args"]
     lines = [
         "# The implicit gradient's cost and accuracy (`bench/implicit.py`)", "",
-        *[f"Generated {r['generated']} by `{r['command']}` at commit {r['commit']}." for r in runs],
+        "**Status: reduced protocol** — a timing and accuracy benchmark, not a paper table: one batch per "
+        "configuration for the accuracy, a few interleaved training steps per row for the cost, after a short "
+        "pretraining; the datasets and settings each run measured are listed below (reading: "
+        "implicit_summary.md).", "",
+        *[f"- Generated {r['generated']} by `{r['command']}` at commit {r['commit']}: "
+          f"{', '.join(r['args'].get('primaries', PRIMARIES))}, {r['args']['pretrain_steps']} pretraining steps then "
+          f"{r['args']['method_steps']} method steps from the configuration's seed, {r['args']['rounds']} rounds."
+          for r in runs], "",
         f"Torch "
         f"{sheet['torch']}, CPU, {sheet['threads']} torch thread, on a shared 2-core machine under heavy load from "
-        "other jobs (load average 14-20 during these runs: absolute seconds are several times the unloaded ones "
-        "and noisy; every row of one table was timed interleaved in one process, so the ratios between rows are "
-        "the comparable numbers). State: "
-        f"{a['pretrain_steps']} pretraining steps then {a['method_steps']} method steps from the configuration's "
-        "seed; one training batch for the accuracy block; "
-        f"{a['rounds']} interleaved rounds of one training step per row for the cost block (medians).", "",
+        "other jobs (load average 14-29 during the committed runs: absolute seconds are many times the unloaded "
+        "ones and noisy; every row of one table was timed interleaved in one process, so the ratios between rows "
+        "are the comparable numbers). One training batch for the accuracy block; interleaved rounds of one training "
+        "step per row for the cost block (medians).", "",
         "Systems: the series with K terms returns α Σ_{i≤K} (I − αH)^i v (it solves no system; its residual is "
         "(I − αH)^{K+1} v); MINRES and CG solve H w = v (no damping) and stop at relative residual `tol` or after "
         "`cap` products; CG also at a direction of non-positive curvature (then it returns its last iterate). "
         "Series residual after k terms: of the sum of the first k terms (k − 1 products).", "",
     ]
     for dataset, res in sheet["datasets"].items():
+        a = res.get("args", sheet["args"])  # the run's that measured this dataset
         lines += [f"## {dataset}", "", "### Cost per training step of the method (seconds, medians)", "",
                   "| row | s / step | × SPEN | in the solver (s) | solver share |", "|---|---|---|---|---|"]
         spen = res["timing"]["spen"]["step_seconds"]
@@ -351,6 +356,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.merge:
         sheets = [json.loads(p.read_text()) for p in args.merge]
+        for sh in sheets:
+            for res in sh["datasets"].values():
+                res.setdefault("args", sh["args"])
+        for sh in sheets:  # the --out of a run is where it wrote, a machine path: its name only
+            words = sh["command"].split()
+            sh["command"] = " ".join(Path(w).name if i and words[i - 1] == "--out" else w
+                                     for i, w in enumerate(words))
         sheet = {**sheets[0], "datasets": {k: v for sh in sheets for k, v in sh["datasets"].items()},
                  "runs": [{k: sh[k] for k in ("generated", "commit", "command", "args")} for sh in sheets]}
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
@@ -362,14 +374,16 @@ def main(argv=None) -> int:
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
                             check=False).stdout.strip()
+    words = list(argv if argv is not None else sys.argv[1:])
+    words = [Path(w).name if i and words[i - 1] == "--out" else w for i, w in enumerate(words)]  # no machine paths
     sheet = {"generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
-             "command": "python bench/implicit.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+             "command": "python bench/implicit.py " + " ".join(words),
              "torch": torch.__version__, "threads": torch.get_num_threads(), "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
                                                "ref_max_iter", "tols", "solvers", "max_iter", "primaries")},
              "datasets": {}}
     for dataset in args.datasets:
-        sheet["datasets"][dataset] = run_dataset(dataset, args)
+        sheet["datasets"][dataset] = {**run_dataset(dataset, args), "args": sheet["args"]}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
         args.out.write_text("\n".join(render(sheet)) + "\n")

@@ -169,8 +169,8 @@ class BilevelEnergyTask(Task):
         inner_optimizer: the inference networks' optimizer (inner steps, pretraining, InfNet ascent): sgd
             (Algorithm 1's plain steps) or adam.
         inner_lr: its learning rate; our choice.
-        neumann_terms: implicit: terms of the von Neumann series for H⁻¹ (Appendix A; not given); our choice: on
-            bibtex 20 terms reach ~2/3 of the series' limit.
+        neumann_terms: implicit, inverse_solver=neumann: terms of the von Neumann series for H⁻¹ (Appendix A; not
+            given); our choice: on bibtex 20 terms reach ~2/3 of the series' limit.
         neumann_alpha: implicit: its step α (Lorraine et al. 2020; not given); our choice: α λ_max ≈ 0.6 for H's
             largest eigenvalue measured on bibtex (~125), λ_max ≤ 215 on CoNLL (configs/task/ner_energy.yaml); the
             series diverges when α λ_max > 2.
@@ -183,8 +183,10 @@ class BilevelEnergyTask(Task):
         inverse_solver: implicit: how H⁻¹ ∂L_prim/∂θ is computed: neumann (the seed's series: neumann_terms,
             neumann_alpha), minres (MINRES on (H + solver_damping I) w = ∂L_prim/∂θ: H need not be positive
             definite) or cg (conjugate gradient on the same system; stops at a non-positive curvature);
-            latentstruct.models.implicit.
-        solver_tol: minres, cg: stop when the residual is at most solver_tol × ‖∂L_prim/∂θ‖.
+            latentstruct.models.implicit. Our choice, minres: H is indefinite on the energy tasks, and MINRES
+            reaches the residual of the series' 20 terms in a few products (results/bench/implicit.md).
+        solver_tol: minres, cg: stop when the residual is at most solver_tol × ‖∂L_prim/∂θ‖; our choice: 0.2,
+            about the residual the seed's series reaches with 20 terms and α = 5e-3 (results/bench/implicit.md).
         solver_max_iter: minres, cg: at most this many Hessian-vector products.
         solver_damping: minres, cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
         phases: the number of ``trainer.phases``, which the task's option copies here (``${len:${trainer.phases}}``):
@@ -221,8 +223,8 @@ class BilevelEnergyTask(Task):
         spen_steps: int,
         spen_lr: float,
         pretrain: bool = False,
-        inverse_solver: str = "neumann",
-        solver_tol: float = 1e-2,
+        inverse_solver: str = "minres",
+        solver_tol: float = 0.2,
         solver_max_iter: int = 20,
         solver_damping: float = 0.0,
     ):
@@ -503,8 +505,8 @@ class MultiLabelEnergy(BilevelEnergyTask):
         spen_steps: Annotated[int, NonNegative] = 10,
         spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
-        inverse_solver: InverseSolver = "neumann",
-        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        inverse_solver: InverseSolver = "minres",
+        solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> MultiLabelEnergy:

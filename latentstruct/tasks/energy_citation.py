@@ -85,8 +85,8 @@ class CitationEnergy(SequenceLabelEnergy):
         phases: int = 0,
         ge_weight: Annotated[float, NonNegative] = 0.0,
         ge_target: Annotated[float, Probability] = 0.9,
-        inverse_solver: InverseSolver = "neumann",
-        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        inverse_solver: InverseSolver = "minres",
+        solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> CitationEnergy:

@@ -185,8 +185,8 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
         normalize_cost: bool = False,
-        inverse_solver: InverseSolver = "neumann",
-        solver_tol: Annotated[float, NonNegative] = 1e-2,
+        inverse_solver: InverseSolver = "minres",
+        solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> SequenceLabelEnergy:
