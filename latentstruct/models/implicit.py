@@ -53,12 +53,12 @@ Products, never matrices
   Krylov space span{v, Hv, …, H^{k−1}v} — which holds the series' first k terms — so its residual is never above
   the series' at the same number of products; stopped on the relative residual (``tol``) or a cap
   (``max_iter``).
-
-The solver a task uses is its ``inverse_solver`` setting (:data:`SOLVERS`).
 * :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
 
 :func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
-with ``create_graph`` (∇_θ L_aux, kept for all products), ``terms`` HVPs for H⁻¹ ∂L_prim/∂θ and one mixed product.
+with ``create_graph`` (∇_θ L_aux, kept for all products), the solver's HVPs for H⁻¹ ∂L_prim/∂θ (the series' ``terms``
+unless ``inverse_hvp`` names another solver) and one mixed product. The solver an energy task uses is its
+``inverse_solver`` setting (:data:`SOLVERS`; ``latentstruct/tasks/energy.py``).
 
 One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and φ = ``list(energy.parameters())``::
 
@@ -75,7 +75,10 @@ be whole ``model.parameters()`` lists. θ and φ must be disjoint (a tensor cann
 References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
 J. Lorraine, P. Vicol, D. Duvenaud (2020), "Optimizing millions of hyperparameters by implicit differentiation",
 AISTATS. B. Pearlmutter (1994), "Fast exact multiplication by the Hessian", Neural Computation. B. Christianson
-(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal.
+(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal. M. Hestenes, E. Stiefel (1952), "Methods of
+conjugate gradients for solving linear systems", J. Res. NBS. C. Paige, M. Saunders (1975), "Solution of sparse
+indefinite systems of linear equations", SIAM J. Numer. Anal. T. Steihaug (1983), "The conjugate gradient method and
+trust regions in large scale optimization", SIAM J. Numer. Anal.
 """
 
 from __future__ import annotations
