@@ -46,12 +46,15 @@ BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
 # bench-cpu: more options of bench/tables.py, e.g. BENCH_CPU_ARGS='--tables listops/table --config-seconds 900'
 BENCH_CPU_ARGS ?=
+# bench-implicit: more options of bench/implicit.py (e.g. --datasets bibtex --rounds 5)
+BENCH_IMPLICIT_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix bench-structures bench-layers bench-cpu device-bundle gpu-check-dry gpu-results gpu-unpack \
+	table-lab-gradients table-lab-matrix bench-structures bench-layers bench-cpu bench-implicit device-bundle gpu-check-dry \
+	gpu-results gpu-unpack \
 	gpu-stage clean
 
 help: ## list the targets
@@ -160,6 +163,9 @@ bench-cpu: install ## the CPU plan: every paper table's configurations timed on 
 	$(BIN)/python bench/tables.py --page results/bench/cpu.json > results/bench/cpu.md
 
 # ---- a GPU machine through the device tool (docs/gpu.md)
+bench-implicit: install ## the energy methods' implicit gradient on NER, POS, bibtex: HVP, series, solvers' residuals and cost -> results/bench/implicit.md
+	OMP_NUM_THREADS=1 $(BIN)/python bench/implicit.py --threads 1 $(BENCH_IMPLICIT_ARGS) --out results/bench/implicit.md
+
 device-bundle: install ## the wheels a GPU machine with torch lacks, the bench references, the data, a commit stamp -> .device/ (git-ignored; needs the package index)
 	$(BIN)/python scripts/bundle.py build --out .device
 

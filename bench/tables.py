@@ -61,10 +61,12 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -203,20 +205,33 @@ def _heads(splits: dict, n: int | None) -> tuple[dict, float]:
     return heads, full / max(kept, 1)
 
 
-def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
-    """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
-    phase (the child writes what it has so far)."""
+@dataclass
+class Built:
+    """A configuration built as train.py builds it: its config, data (and splits on the device), model, optimizer,
+    phases."""
+
+    cfg: Any
+    data: Any
+    splits: dict
+    model: Any
+    optimizer: Any
+    phases: list
+    max_steps: int
+
+
+def build_cell(cell: Cell, device: torch.device, data_cache: dict, extra: Sequence[str] = ()) -> Built:
+    """Compose ``cell`` as a sweep job (+ the overrides ``extra``) and build it (data from ``data_cache``, filled)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     import latentstruct.optim
-    from latentstruct.train import _evaluation_steps, _plan, build_model
+    from latentstruct.train import _plan, build_model
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=[f"+sweep={cell.sweep}", *cell.overrides, f"trainer.device={device.type}"])
-    tc = cfg.trainer
-    torch.manual_seed(tc.seed)
+        cfg = compose("train", overrides=[f"+sweep={cell.sweep}", *cell.overrides, *extra,
+                                          f"trainer.device={device.type}"])
+    torch.manual_seed(cfg.trainer.seed)
     key = (OmegaConf.to_yaml(cfg.dataset, resolve=True), str(device))
     if key not in data_cache:
         data = instantiate(cfg.dataset)
@@ -227,7 +242,18 @@ def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
-    phases, max_steps = _plan(tc, {name: data.size(name) for name in data.splits})
+    phases, max_steps = _plan(cfg.trainer, {name: data.size(name) for name in data.splits})
+    return Built(cfg, data, splits, model, optimizer, phases, max_steps)
+
+
+def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
+    """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
+    phase (the child writes what it has so far)."""
+    from latentstruct.train import _evaluation_steps
+
+    built = build_cell(cell, device, data_cache, getattr(args, "override", None) or ())
+    splits, model, optimizer = built.splits, built.model, built.optimizer
+    phases, max_steps, tc = built.phases, built.max_steps, built.cfg.trainer
     cell.evaluations = len(_evaluation_steps(phases, tc.eval_every, max_steps))
     model.train()
     for index, phase in enumerate(phases):
@@ -401,6 +427,8 @@ def time_isolated(cell: Cell, args, timeout: float) -> None:
                str(args.max_steps)]
         if getattr(args, "eval_examples", None):
             cmd += ["--eval-examples", str(args.eval_examples)]
+        if getattr(args, "override", None):
+            cmd += ["--override", *args.override]
         env = dict(os.environ)
         if args.threads:
             cmd += ["--threads", str(args.threads)]
@@ -637,6 +665,8 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations --out already holds (timed, failed, over a limit); time the rest")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # the child: time one configuration
+    parser.add_argument("--override", nargs="*", help="config overrides added to every configuration (e.g. "
+                        "task.inverse_solver=cg; a key a configuration lacks fails it)")
     parser.add_argument("--render", type=Path, metavar="SHEET", help="print a sheet as Markdown and exit")
     parser.add_argument("--page", type=Path, metavar="SHEET", help="print results/bench/cpu.md of a sheet and exit")
     args = parser.parse_args(argv)

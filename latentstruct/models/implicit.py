@@ -41,10 +41,24 @@ Products, never matrices
   statement (α = 1, "singular values less than 2") is the case α = 1 of this condition. With a non-convex L_aux
   (negative eigenvalues) the series diverges in those directions; a small α and few terms then act as a damped,
   truncated inverse (Lorraine et al. 2020 use it that way), which is the seed's practice.
+  What K terms compute: the polynomial p_K(H) v with p_K(λ) = (1 − (1 − αλ)^{K+1}) / λ per eigen-direction of H,
+  i.e. 1/λ where αλ(K+1) ≫ 1 and about α(K+1) (a cap) where λ is small or negative — no linear system is solved
+  exactly; the residual v − H x_K = (I − αH)^{K+1} v is the series' next term (``history``).
+* :func:`cg_inverse_hvp` — (H + μI)⁻¹ v by conjugate gradient (μ = ``damping``, 0 by default: the seed's H w = v),
+  one HVP per iteration, stopped on the relative residual (``tol``) or a cap (``max_iter``); on a direction of
+  non-positive curvature (H not positive definite) it stops and returns its last iterate (truncated Newton).
+* :func:`minres_inverse_hvp` — (H + μI)⁻¹ v by MINRES (Paige & Saunders 1975), for a symmetric H that need not be
+  positive definite (L_aux is not convex in θ: on the energy tasks CG meets negative curvature within a few
+  products, ``results/bench/implicit.md``): after k products its iterate has the least residual ‖v − H x‖ over the
+  Krylov space span{v, Hv, …, H^{k−1}v} — which holds the series' first k terms — so its residual is never above
+  the series' at the same number of products; stopped on the relative residual (``tol``) or a cap
+  (``max_iter``).
 * :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
 
 :func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
-with ``create_graph`` (∇_θ L_aux, kept for all products), ``terms`` HVPs for H⁻¹ ∂L_prim/∂θ and one mixed product.
+with ``create_graph`` (∇_θ L_aux, kept for all products), the solver's HVPs for H⁻¹ ∂L_prim/∂θ (the series' ``terms``
+unless ``inverse_hvp`` names another solver) and one mixed product. The solver an energy task uses is its
+``inverse_solver`` setting (:data:`SOLVERS`; ``latentstruct/tasks/energy.py``).
 
 One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and φ = ``list(energy.parameters())``::
 
@@ -61,7 +75,10 @@ be whole ``model.parameters()`` lists. θ and φ must be disjoint (a tensor cann
 References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
 J. Lorraine, P. Vicol, D. Duvenaud (2020), "Optimizing millions of hyperparameters by implicit differentiation",
 AISTATS. B. Pearlmutter (1994), "Fast exact multiplication by the Hessian", Neural Computation. B. Christianson
-(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal.
+(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal. M. Hestenes, E. Stiefel (1952), "Methods of
+conjugate gradients for solving linear systems", J. Res. NBS. C. Paige, M. Saunders (1975), "Solution of sparse
+indefinite systems of linear equations", SIAM J. Numer. Anal. T. Steihaug (1983), "The conjugate gradient method and
+trust regions in large scale optimization", SIAM J. Numer. Anal.
 """
 
 from __future__ import annotations
@@ -71,10 +88,13 @@ from collections.abc import Callable, Sequence
 import torch
 
 __all__ = [
+    "SOLVERS",
+    "cg_inverse_hvp",
     "exact_inverse_hvp",
     "grad_or_zeros",
     "hvp",
     "implicit_gradient",
+    "minres_inverse_hvp",
     "mixed_vp",
     "neumann_inverse_hvp",
 ]
@@ -82,6 +102,8 @@ __all__ = [
 Tensors = Sequence[torch.Tensor]
 #: ``(grads_theta, theta, v) -> H⁻¹ v``: the signature of an inverse-HVP solver accepted by :func:`implicit_gradient`
 InverseHVP = Callable[[Tensors, Tensors, Tensors], list[torch.Tensor]]
+#: the inverse-HVP solvers a task may name (``inverse_solver``): the seed's series, conjugate gradient, MINRES
+SOLVERS: tuple[str, ...] = ("neumann", "cg", "minres")
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -171,6 +193,7 @@ def neumann_inverse_hvp(
     v: Tensors,
     terms: int = 20,
     alpha: float = 0.01,
+    history: list[float] | None = None,
 ) -> list[torch.Tensor]:
     """H⁻¹ v ≈ α Σ_{i=0}^{terms} (I − αH)^i v, the truncated von Neumann series (seed Appendix A; Lorraine et al.
     2020, Algorithm 3).
@@ -179,6 +202,11 @@ def neumann_inverse_hvp(
     parameter. ``terms`` = K ≥ 0 HVPs are made (K = 0 returns α v). Converges to H⁻¹ v as K → ∞ iff every
     eigenvalue λ of H satisfies 0 < αλ < 2, i.e. H positive definite and 0 < α < 2/λ_max; the error after K terms
     is (I − αH)^{K+1} H⁻¹ v. See the module docstring.
+
+    ``history``: a list that receives, after the k-th product (k = 1..K), the relative residual ‖v − H x‖ / ‖v‖ of
+    the partial sum of the first k terms x = α Σ_{i<k} (I − αH)^i v — free, since that residual is (I − αH)^k v, the
+    term the k-th product makes. The returned sum (K + 1 terms) has its residual one product further (run K + 1
+    terms to see it).
     """
     if terms < 0:
         raise ValueError(f"terms={terms} must be >= 0")
@@ -188,11 +216,156 @@ def neumann_inverse_hvp(
     grads = _first_grads(loss_or_grads, params)
     u = [t.detach().clone() for t in _check_vectors(v, params)]
     p = [t.clone() for t in u]
+    v_norm = _norm(u) if history is not None else 0.0
     for _ in range(terms):
         hu = hvp(grads, params, u)
         u = [a - alpha * b for a, b in zip(u, hu, strict=True)]
         p = [a + b for a, b in zip(p, u, strict=True)]
+        if history is not None:
+            history.append(_norm(u) / v_norm if v_norm else 0.0)
     return [alpha * a for a in p]
+
+
+def cg_inverse_hvp(
+    loss_or_grads: torch.Tensor | Tensors,
+    params: Tensors,
+    v: Tensors,
+    tol: float = 1e-2,
+    max_iter: int = 20,
+    damping: float = 0.0,
+    history: list[float] | None = None,
+) -> list[torch.Tensor]:
+    """(H + μI)⁻¹ v by conjugate gradient (Hestenes & Stiefel 1952), μ = ``damping`` ≥ 0, one HVP per iteration.
+
+    Starts from x₀ = 0 and stops at the first iterate whose residual r = v − (H + μI) x satisfies
+    ‖r‖ ≤ ``tol`` · ‖v‖, or after ``max_iter`` iterations (the cap; ``max_iter`` = 0 returns 0), whichever comes
+    first; the residual is CG's recurrence (exact in exact arithmetic). With μ = 0 the system is the seed's H w = v.
+
+    **What it solves.** On a symmetric positive definite H + μI, CG minimises the H-norm error over the Krylov space
+    of its iterates, and reaches the solution in at most |θ| steps; the relative residual after k steps shrinks at
+    least like 2 ((√κ − 1)/(√κ + 1))^k, κ = λ_max/λ_min of H + μI — versus (1 − αλ_min)^k for the series. **An H
+    that is not positive definite** (L_aux is not convex in θ, and θ is only T_inner steps from a minimiser): CG's
+    step needs the curvature pᵀ(H + μI)p of its search direction p to be positive. When it is not (a direction of
+    negative or zero curvature), the method stops and returns the last iterate — the solution of the system
+    restricted to the Krylov space where H + μI was positive definite (the truncated-Newton rule of Steihaug 1983);
+    at the first iteration that is x = 0, i.e. no implicit term. Its ``history`` then ends with ``inf``. A damping
+    μ > |λ_min| makes H + μI positive definite (and shrinks the directions of small curvature, as the truncated
+    series does: see the module docstring).
+
+    ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration (``inf`` at a negative-curvature stop).
+    """
+    if max_iter < 0:
+        raise ValueError(f"max_iter={max_iter} must be >= 0")
+    if tol < 0 or damping < 0:
+        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    r = [t.detach().clone() for t in _check_vectors(v, params)]
+    x = [torch.zeros_like(t) for t in r]
+    v_norm = _norm(r)
+    if v_norm == 0:
+        return x
+    p = [t.clone() for t in r]
+    rr = _dot(r, r)
+    for _ in range(max_iter):
+        if rr ** 0.5 <= tol * v_norm:
+            break
+        hp = hvp(grads, params, p)
+        if damping:
+            hp = [a + damping * b for a, b in zip(hp, p, strict=True)]
+        curvature = _dot(p, hp)
+        if not curvature > 0:  # also NaN
+            if history is not None:
+                history.append(float("inf"))
+            break
+        step = rr / curvature
+        x = [a + step * b for a, b in zip(x, p, strict=True)]
+        r = [a - step * b for a, b in zip(r, hp, strict=True)]
+        rr_new = _dot(r, r)
+        if history is not None:
+            history.append(rr_new ** 0.5 / v_norm)
+        p = [a + (rr_new / rr) * b for a, b in zip(r, p, strict=True)]
+        rr = rr_new
+    return x
+
+
+def minres_inverse_hvp(
+    loss_or_grads: torch.Tensor | Tensors,
+    params: Tensors,
+    v: Tensors,
+    tol: float = 1e-1,
+    max_iter: int = 20,
+    damping: float = 0.0,
+    history: list[float] | None = None,
+) -> list[torch.Tensor]:
+    """(H + μI)⁻¹ v by MINRES (Paige & Saunders 1975), μ = ``damping`` ≥ 0, one HVP per iteration; H symmetric,
+    positive definite or not (non-singular for the limit to exist).
+
+    From x₀ = 0, iteration k returns the x in the Krylov space K_k = span{v, Hv, …, H^{k−1}v} with the least residual
+    ‖v − (H + μI) x‖ (the Lanczos basis of K_k and a QR factorisation of its tridiagonal matrix by Givens rotations,
+    updated with a short recurrence: a few vectors of θ's size are kept). The residual norm is known without a
+    product (the rotations' running product), never increases, and the method stops at the first iterate with
+    ‖r‖ ≤ ``tol`` · ‖v‖, or after ``max_iter`` products (the cap), or when the Krylov space stops growing (then the
+    iterate solves the system). The series' first k terms lie in K_k, so k MINRES products never leave a larger
+    residual than the series' first k terms.
+
+    ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration.
+    """
+    if max_iter < 0:
+        raise ValueError(f"max_iter={max_iter} must be >= 0")
+    if tol < 0 or damping < 0:
+        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    b = [t.detach().clone() for t in _check_vectors(v, params)]
+    x = [torch.zeros_like(t) for t in b]
+    beta1 = _norm(b)
+    if beta1 == 0:
+        return x
+    # Lanczos: q_prev, q the last two basis vectors (q_prev = 0 at first), beta_prev the entry that links them
+    q_prev, q = [torch.zeros_like(t) for t in b], [t / beta1 for t in b]
+    beta_prev = 0.0
+    # the previous Givens rotation (c, s), the entries it leaves for the next column, the residual's norm
+    c, s, delta_bar, eps_next, phi_bar = -1.0, 0.0, 0.0, 0.0, beta1
+    d_prev2, d_prev = [torch.zeros_like(t) for t in b], [torch.zeros_like(t) for t in b]  # search directions
+    for _ in range(max_iter):
+        if phi_bar <= tol * beta1:
+            break
+        hq = hvp(grads, params, q)
+        if damping:
+            hq = [a + damping * t for a, t in zip(hq, q, strict=True)]
+        alpha = _dot(q, hq)
+        nxt = [a - alpha * t - beta_prev * u for a, t, u in zip(hq, q, q_prev, strict=True)]
+        beta_next = _norm(nxt)
+        # the new column of the tridiagonal (beta_prev·, alpha, beta_next) through the previous rotation
+        eps = eps_next
+        delta = c * delta_bar + s * alpha
+        gamma_bar = s * delta_bar - c * alpha
+        eps_next = s * beta_next
+        delta_bar = -c * beta_next
+        # the new rotation, zeroing beta_next
+        gamma = max((gamma_bar**2 + beta_next**2) ** 0.5, torch.finfo(b[0].dtype).tiny)
+        c, s = gamma_bar / gamma, beta_next / gamma
+        phi = c * phi_bar
+        phi_bar = s * phi_bar
+        d = [(t - eps * p2 - delta * p1) / gamma for t, p2, p1 in zip(q, d_prev2, d_prev, strict=True)]
+        x = [a + phi * t for a, t in zip(x, d, strict=True)]
+        d_prev2, d_prev = d_prev, d
+        if history is not None:
+            history.append(abs(phi_bar) / beta1)
+        if beta_next == 0:  # K_k is invariant under H: x solves the system
+            break
+        q_prev, q = q, [t / beta_next for t in nxt]
+        beta_prev = beta_next
+    return x
+
+
+def _dot(a: Tensors, b: Tensors) -> float:
+    return float(sum((x * y).sum() for x, y in zip(a, b, strict=True)))
+
+
+def _norm(a: Tensors) -> float:
+    return _dot(a, a) ** 0.5
 
 
 def exact_inverse_hvp(loss_or_grads: torch.Tensor | Tensors, params: Tensors, v: Tensors) -> list[torch.Tensor]:

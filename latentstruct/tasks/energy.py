@@ -34,8 +34,11 @@ Methods (``method``), for a training batch (x, y)
 
       g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
 
-  (:func:`~latentstruct.models.implicit.implicit_gradient`, H⁻¹ by ``neumann_terms`` terms of the von Neumann series
-  with step ``neumann_alpha``). :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
+  (:func:`~latentstruct.models.implicit.implicit_gradient`; H⁻¹ by the solver ``inverse_solver``: ``neumann``, the
+  seed's von Neumann series with ``neumann_terms`` terms of step ``neumann_alpha``; ``minres`` or ``cg``, MINRES or
+  conjugate gradient on (H + ``solver_damping`` I) w = ∂L_prim/∂θ stopped at relative residual ``solver_tol`` or
+  after ``solver_max_iter`` products; CG also at a direction of non-positive curvature).
+  :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
   L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
   The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
@@ -94,6 +97,7 @@ A. Angelova (2017), ICML.
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,7 +118,14 @@ from latentstruct.models.energy import (
     soft_f1_loss,
     ssvm_loss,
 )
-from latentstruct.models.implicit import grad_or_zeros, implicit_gradient
+from latentstruct.models.implicit import (
+    SOLVERS,
+    cg_inverse_hvp,
+    grad_or_zeros,
+    implicit_gradient,
+    minres_inverse_hvp,
+    neumann_inverse_hvp,
+)
 from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.tasks.base import Task
 
@@ -123,6 +134,7 @@ __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "Mu
 Method = Literal["mbce", "implicit", "explicit", "infnet", "spen"]
 Primary = Literal["ssvm", "cd", "dvn"]
 InnerOptimizer = Literal["sgd", "adam"]
+InverseSolver = Literal["neumann", "cg", "minres"]  # latentstruct.models.implicit.SOLVERS
 METHODS: tuple[str, ...] = get_args(Method)
 PRIMARY_LOSSES: tuple[str, ...] = get_args(Primary)
 INNER_OPTIMIZERS: tuple[str, ...] = get_args(InnerOptimizer)
@@ -157,8 +169,8 @@ class BilevelEnergyTask(Task):
         inner_optimizer: the inference networks' optimizer (inner steps, pretraining, InfNet ascent): sgd
             (Algorithm 1's plain steps) or adam.
         inner_lr: its learning rate; our choice.
-        neumann_terms: implicit: terms of the von Neumann series for H⁻¹ (Appendix A; not given); our choice: on
-            bibtex 20 terms reach ~2/3 of the series' limit.
+        neumann_terms: implicit, inverse_solver=neumann: terms of the von Neumann series for H⁻¹ (Appendix A; not
+            given); our choice: on bibtex 20 terms reach ~2/3 of the series' limit.
         neumann_alpha: implicit: its step α (Lorraine et al. 2020; not given); our choice: α λ_max ≈ 0.6 for H's
             largest eigenvalue measured on bibtex (~125), λ_max ≤ 215 on CoNLL (configs/task/ner_energy.yaml); the
             series diverges when α λ_max > 2.
@@ -168,6 +180,15 @@ class BilevelEnergyTask(Task):
         infnet_ce: infnet: weight of the inference networks' MLE loss in their ascent (InfNet+'s +CE).
         spen_steps: spen: projected gradient steps of (loss-augmented) inference; our choice.
         spen_lr: spen: their step size; our choice.
+        inverse_solver: implicit: how H⁻¹ ∂L_prim/∂θ is computed: neumann (the seed's series: neumann_terms,
+            neumann_alpha), minres (MINRES on (H + solver_damping I) w = ∂L_prim/∂θ: H need not be positive
+            definite) or cg (conjugate gradient on the same system; stops at a non-positive curvature);
+            latentstruct.models.implicit. Our choice, minres: H is indefinite on the energy tasks, and MINRES
+            reaches the residual of the series' 20 terms in a few products (results/bench/implicit.md).
+        solver_tol: minres, cg: stop when the residual is at most solver_tol × ‖∂L_prim/∂θ‖; our choice: 0.2,
+            about the residual the seed's series reaches with 20 terms and α = 5e-3 (results/bench/implicit.md).
+        solver_max_iter: minres, cg: at most this many Hessian-vector products.
+        solver_damping: minres, cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
         phases: the number of ``trainer.phases``, which the task's option copies here (``${len:${trainer.phases}}``):
             none, or two (phase 0 pretrains, then the method).
     """
@@ -202,6 +223,10 @@ class BilevelEnergyTask(Task):
         spen_steps: int,
         spen_lr: float,
         pretrain: bool = False,
+        inverse_solver: str = "minres",
+        solver_tol: float = 0.2,
+        solver_max_iter: int = 20,
+        solver_damping: float = 0.0,
     ):
         super().__init__()
         if method not in self.METHODS:
@@ -210,6 +235,10 @@ class BilevelEnergyTask(Task):
             raise ValueError(f"primary must be one of {PRIMARY_LOSSES}, got {primary!r}")
         if inner_optimizer not in INNER_OPTIMIZERS:
             raise ValueError(f"inner_optimizer must be one of {INNER_OPTIMIZERS}, got {inner_optimizer!r}")
+        if inverse_solver not in SOLVERS:
+            raise ValueError(f"inverse_solver must be one of {SOLVERS}, got {inverse_solver!r}")
+        if solver_tol < 0 or solver_max_iter < 0 or solver_damping < 0:
+            raise ValueError("need solver_tol, solver_max_iter, solver_damping >= 0")
         if inner_steps < 0 or neumann_terms < 0 or num_samples < 1 or spen_steps < 0:
             raise ValueError("need inner_steps, neumann_terms, spen_steps >= 0 and num_samples >= 1")
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
@@ -226,6 +255,9 @@ class BilevelEnergyTask(Task):
         self.num_samples, self.straight_through = int(num_samples), bool(straight_through)
         self.infnet_ce = float(infnet_ce)
         self.spen_steps, self.spen_lr = int(spen_steps), float(spen_lr)
+        self.inverse_solver = inverse_solver
+        self.solver_tol, self.solver_max_iter = float(solver_tol), int(solver_max_iter)
+        self.solver_damping = float(solver_damping)
         self.pretrain = bool(pretrain)
         self._pretraining = False
         theta = self.inference_parameters()
@@ -318,6 +350,16 @@ class BilevelEnergyTask(Task):
         for p in theta:
             p.grad = None
 
+    def inverse_hvp(self, history: list[float] | None = None):
+        """The ``(∇_θ L_aux, θ, v) -> H⁻¹ v`` solver of ``inverse_solver`` with the task's settings (``history``: the
+        solver's relative residuals, for the benchmark)."""
+        if self.inverse_solver in ("cg", "minres"):
+            solver = cg_inverse_hvp if self.inverse_solver == "cg" else minres_inverse_hvp
+            return functools.partial(solver, tol=self.solver_tol, max_iter=self.solver_max_iter,
+                                     damping=self.solver_damping, history=history)
+        return functools.partial(neumann_inverse_hvp, terms=self.neumann_terms, alpha=self.neumann_alpha,
+                                 history=history)
+
     def aux_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Eq. 6 at the current (θ, φ), batch mean."""
         y_bar, nll = self.inference(self.infnet, batch)
@@ -381,7 +423,8 @@ class BilevelEnergyTask(Task):
         prim = self.primary_loss(batch, y_bar)
         aux = auxiliary_loss(nll, self.energy(batch, y_bar), self.lam)
         if self.method == "implicit":
-            grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha)
+            grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha,
+                                      inverse_hvp=self.inverse_hvp())
         else:
             grads = [g.detach() for g in grad_or_zeros(prim, phi)]
         return EnergyOutput(_with_gradient(prim, phi, grads), prim.detach(), aux.detach())
@@ -462,6 +505,10 @@ class MultiLabelEnergy(BilevelEnergyTask):
         spen_steps: Annotated[int, NonNegative] = 10,
         spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
+        inverse_solver: InverseSolver = "minres",
+        solver_tol: Annotated[float, NonNegative] = 0.2,
+        solver_max_iter: Annotated[int, NonNegative] = 20,
+        solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> MultiLabelEnergy:
         """E, A, F in this order (the order of their initial draws), sized by the data (``input_dim``,
         ``num_labels``: ``dataset=bibtex|delicious|eurlex|bookmarks``)."""
@@ -473,7 +520,8 @@ class MultiLabelEnergy(BilevelEnergyTask):
             *nets, method=method, primary=primary, lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer,
             inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
-            pretrain=cls.pretrains(phases),
+            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
         )
 
     # hooks

@@ -92,6 +92,7 @@ from latentstruct.tasks.energy import (
     BilevelEnergyTask,
     EnergyOutput,
     InnerOptimizer,
+    InverseSolver,
     Method,
     Primary,
 )
@@ -184,6 +185,10 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         spen_lr: Annotated[float, Positive] = 0.1,
         phases: int = 0,
         normalize_cost: bool = False,
+        inverse_solver: InverseSolver = "minres",
+        solver_tol: Annotated[float, NonNegative] = 0.2,
+        solver_max_iter: Annotated[int, NonNegative] = 20,
+        solver_damping: Annotated[float, NonNegative] = 0.0,
     ) -> SequenceLabelEnergy:
         """E, A, F in this order (the order of their initial draws), each on its own feature network from
         ``encoder``: word vectors of ``embedding.dim`` (the GloVe file's size when ``embedding.pretrained`` names one;
@@ -210,7 +215,8 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             lam=lam, inner_steps=inner_steps, inner_optimizer=inner_optimizer, inner_lr=inner_lr,
             neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
-            pretrain=cls.pretrains(phases),
+            pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
         )
 
     # -------------------------------------------------------------------------------------------- helpers

@@ -1,17 +1,21 @@
 """Implicit gradients of seed 004 (eq. 3-4): Hessian-vector products against finite differences, the implicit gradient
 against the analytic total derivative of a quadratic bi-level problem, the Neumann series' convergence, and the
-implicit gradient against autograd through a long unrolled inner optimisation."""
+implicit gradient against autograd through a long unrolled inner optimisation; conjugate gradient (its stopping rule,
+its cap, its stop on negative curvature, its damped system) against a dense solve."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import latentstruct.models.implicit as implicit_module
 from latentstruct.models.implicit import (
+    cg_inverse_hvp,
     exact_inverse_hvp,
     grad_or_zeros,
     hvp,
     implicit_gradient,
+    minres_inverse_hvp,
     mixed_vp,
     neumann_inverse_hvp,
 )
@@ -264,3 +268,134 @@ def test_implicit_gradient_matches_unrolled_optimisation():
     assert torch.allclose(_flat(neumann), want, atol=1e-8, rtol=1e-6)
     # and the implicit term matters here
     assert (_flat(list(explicit)) - want).norm() > 0.05 * want.norm()
+
+
+# ------------------------------------------------------------------------------------------- conjugate gradient
+
+
+def _system(eigs: torch.Tensor, seed: int = 50):
+    """θ = two tensors with L = ½ θᵀAθ, A = Q diag(eigs) Qᵀ: (∇_θ L with a graph, θ, A, v)."""
+    n = eigs.numel()
+    q, _ = torch.linalg.qr(_randn(n, n, seed=seed))
+    a = q @ torch.diag(eigs.to(DT)) @ q.T
+    theta = [_randn(3, seed=seed + 1).requires_grad_(), _randn(n - 3, seed=seed + 2).requires_grad_()]
+    t = torch.cat(theta)
+    grads = torch.autograd.grad(0.5 * t @ a @ t, theta, create_graph=True)
+    v = [_randn(3, seed=seed + 3), _randn(n - 3, seed=seed + 4)]
+    return list(grads), theta, a, v
+
+
+def test_cg_solves_a_positive_definite_system_to_its_tolerance_within_its_cap(monkeypatch):
+    grads, theta, a, v = _system(torch.logspace(-1, 1, 12))  # κ = 100
+    want = torch.linalg.solve(a, _flat(v))
+    calls = []
+    real_hvp = implicit_module.hvp
+    monkeypatch.setattr(implicit_module, "hvp", lambda *args: calls.append(1) or real_hvp(*args))
+    history: list[float] = []
+    got = _flat(cg_inverse_hvp(grads, theta, v, tol=1e-6, max_iter=100, history=history))
+    # it stopped on its rule: the first iterate with residual ≤ tol, one product per iteration
+    assert history[-1] <= 1e-6 < min(history[:-1]) and len(calls) == len(history) <= 12 + 2  # n, + rounding
+    residual = (_flat(v) - a @ got).norm() / _flat(v).norm()
+    assert residual <= 1e-6 and torch.allclose(got, want, rtol=1e-4, atol=1e-8)
+    # the cap: 3 products, however far from the tolerance
+    calls.clear()
+    capped: list[float] = []
+    cg_inverse_hvp(grads, theta, v, tol=1e-12, max_iter=3, history=capped)
+    assert len(calls) == len(capped) == 3 and capped[-1] > 1e-3
+    # a loose tolerance stops early; tol reached at once (v = 0) costs nothing
+    loose: list[float] = []
+    cg_inverse_hvp(grads, theta, v, tol=0.5, max_iter=100, history=loose)
+    assert len(loose) < len(history) and loose[-1] <= 0.5
+    assert all(torch.equal(t, torch.zeros_like(t)) for t in cg_inverse_hvp(grads, theta, [0 * t for t in v]))
+
+
+def test_cg_beats_the_series_with_fewer_products():
+    grads, theta, a, v = _system(torch.logspace(-1, 1, 12))
+    want = torch.linalg.solve(a, _flat(v))
+    series: list[float] = []
+    neumann = _flat(neumann_inverse_hvp(grads, theta, v, terms=20, alpha=1.0 / 10))
+    # the series' free residual history is its true residual: of 20 terms after the 21st product
+    neumann_inverse_hvp(grads, theta, v, terms=21, alpha=1.0 / 10, history=series)
+    assert series[-1] == pytest.approx(((_flat(v) - a @ neumann).norm() / _flat(v).norm()).item(), rel=1e-9)
+    assert all(a > b for a, b in zip(series, series[1:], strict=False))  # α = 1/λ_max: monotone
+    cg = _flat(cg_inverse_hvp(grads, theta, v, tol=series[-1], max_iter=20))
+    assert (cg - want).norm() < 0.5 * (neumann - want).norm()
+
+
+def test_cg_stops_on_negative_curvature_and_damping_makes_the_system_definite():
+    eigs = torch.tensor([-0.5, 0.2, 1.0, 2.0, 3.0, 5.0])
+    grads, theta, a, v = _system(eigs, seed=60)
+    history: list[float] = []
+    got = cg_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, history=history)
+    assert history[-1] == float("inf")  # stopped on pᵀHp ≤ 0, not on the tolerance nor the cap
+    assert len(history) < 50 and all(torch.isfinite(t).all() for t in got)
+    # with μ = 1 > |λ_min| the system (H + μI) w = v is definite: solved to the tolerance
+    damped: list[float] = []
+    got = _flat(cg_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, damping=1.0, history=damped))
+    want = torch.linalg.solve(a + torch.eye(6, dtype=DT), _flat(v))
+    assert damped[-1] <= 1e-10 and torch.allclose(got, want, atol=1e-8)
+
+
+def test_cg_implicit_gradient_matches_the_unrolled_one_closer_than_the_series():
+    aux, prim, d, n = _reweighted_logistic()
+    phi_w = (0.3 * _randn(n, seed=41)).requires_grad_()
+    phi_t = (0.5 * _randn(d, seed=42)).requires_grad_()
+    theta = torch.zeros(d, dtype=DT, requires_grad=True)
+    for _ in range(300):
+        (g,) = torch.autograd.grad(aux(theta, phi_w, phi_t), theta, create_graph=True)
+        theta = theta - 1.0 * g
+    want = _flat(list(torch.autograd.grad(prim(theta, phi_w, phi_t), [phi_w, phi_t])))
+    theta_star = theta.detach().requires_grad_()
+
+    def grad(**kwargs):
+        return _flat(implicit_gradient(prim(theta_star, phi_w, phi_t), aux(theta_star, phi_w, phi_t), [theta_star],
+                                       [phi_w, phi_t], **kwargs))
+
+    series = grad(terms=5, alpha=1.0)
+    cg = grad(inverse_hvp=lambda g, p, v: cg_inverse_hvp(g, p, v, tol=1e-8, max_iter=5))
+    assert (cg - want).norm() < 1e-6 * want.norm() < (series - want).norm()
+    # a wrong solver (here: the inverse's sign flipped) is caught
+    flipped = grad(inverse_hvp=lambda g, p, v: [-t for t in cg_inverse_hvp(g, p, v, tol=1e-8, max_iter=5)])
+    assert (flipped - want).norm() > 0.05 * want.norm()
+
+
+# ------------------------------------------------------------------------------------------------------- MINRES
+
+
+def test_minres_solves_an_indefinite_system_with_a_monotone_residual():
+    eigs = torch.tensor([-2.0, -0.5, 0.3, 1.0, 2.0, 3.0, 5.0, 8.0])
+    grads, theta, a, v = _system(eigs, seed=70)
+    want = torch.linalg.solve(a, _flat(v))
+    history: list[float] = []
+    got = _flat(minres_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, history=history))
+    assert torch.allclose(got, want, atol=1e-8)
+    assert history[-1] <= 1e-10 and len(history) <= 8 + 2  # n products, + rounding
+    assert all(b <= a + 1e-12 for a, b in zip(history, history[1:], strict=False))
+    # its recurrence's residual is the true one, at every cap
+    for k in (1, 2, 4):
+        capped: list[float] = []
+        x = _flat(minres_inverse_hvp(grads, theta, v, tol=0.0, max_iter=k, history=capped))
+        true = ((_flat(v) - a @ x).norm() / _flat(v).norm()).item()
+        assert len(capped) == k and capped[-1] == pytest.approx(true, rel=1e-8)
+    # CG on the same system stops at once on negative curvature or wanders; MINRES's damped system is solved too
+    damped = _flat(minres_inverse_hvp(grads, theta, v, tol=1e-10, max_iter=50, damping=0.7))
+    assert torch.allclose(damped, torch.linalg.solve(a + 0.7 * torch.eye(8, dtype=DT), _flat(v)), atol=1e-8)
+
+
+def test_minres_residual_is_never_above_the_series_at_equal_products():
+    eigs = torch.tensor([-1.0, 0.05, 0.2, 1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 15.0])
+    grads, theta, a, v = _system(eigs, seed=80)
+    series: list[float] = []  # [k-1]: the first k terms' residual, made by k products (the k-th is the free one)
+    neumann_inverse_hvp(grads, theta, v, terms=30, alpha=0.1, history=series)
+    mr: list[float] = []
+    minres_inverse_hvp(grads, theta, v, tol=0.0, max_iter=9, history=mr)
+    # k products of MINRES against the first k terms (k − 1 products + the free residual)
+    assert all(m <= s_ + 1e-12 for m, s_ in zip(mr, series, strict=False))
+    assert mr[-1] < 0.5 * series[len(mr) - 1]
+    assert series[-1] > series[9]  # the series diverges along λ < 0
+
+
+def test_minres_implicit_gradient_matches_the_exact_one():
+    problem = Quadratic()
+    got = _implicit(problem, inverse_hvp=lambda g, p, v: minres_inverse_hvp(g, p, v, tol=1e-12, max_iter=10))
+    assert torch.allclose(_flat(got[:2]), problem.total_derivative(), atol=1e-9)

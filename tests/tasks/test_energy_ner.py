@@ -136,7 +136,8 @@ def test_the_phi_gradient_is_the_implicit_gradient_or_the_explicit_one(primary):
     x, lengths = batch["x"][:, :4], batch["lengths"]
     gold = _one_hot(batch["y"][:, :4], lengths, 4)
     mask = length_mask(lengths, 4).unsqueeze(-1).double()
-    settings = dict(primary=primary, inner_steps=2, neumann_terms=3, neumann_alpha=0.05, lam=0.7, num_samples=3)
+    settings = dict(primary=primary, inner_steps=2, neumann_terms=3, neumann_alpha=0.05, lam=0.7, num_samples=3,
+                    inverse_solver="neumann")
     grads = {}
     for method in ("implicit", "explicit"):
         task = _task(method, **settings)
