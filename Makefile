@@ -123,8 +123,8 @@ table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/1
 	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS)/energy/citation_rules.md
 	@$(MAKE) --no-print-directory table T=energy/citation
 
-table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient -> results/lab/gradients.md, .csv, .png
-	$(BIN)/python -m latentstruct.diagnose --out results/lab/gradients.md
+table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png
+	$(BIN)/python -m latentstruct.diagnose --sizes 10 30 --out results/lab/gradients.md
 
 table-lab-planted: install ## the planted tasks' calibration: gold, symmetry-moved and random latents through the data's read-out -> results/lab/planted.md
 	$(BIN)/python -m latentstruct.data.planted --out results/lab/planted.md
