@@ -272,29 +272,45 @@ def measure(option: str, estimator, structure_name: str, loss_name: str, batch: 
     )
 
 
+#: the slowest estimators past enumeration (SparseMAP's active set grows with n), measured last there
+_SLOW = ("sparsemap", "spigot", "spigot_ce")
+
+
 def run(options: list[str], structures: list[str], losses: list[str], batch: int, draws: int, seed: int,
         log=print, sizes: dict[str, list[int]] | None = None, reference_samples: int = 10_000,
-        real_draws: int | None = None) -> tuple[pd.DataFrame, dict[tuple[str, str], str]]:
+        real_draws: int | None = None, saved=None) -> tuple[pd.DataFrame, dict[tuple[str, str], str]]:
     """Every cell; the measurements as a frame (a row per estimator, structure, size n and loss; the per-example
     values in the ``ex_<metric>`` columns), and the cells that could not run, with why, keyed (estimator, structure)
     at the :data:`STRUCTURES` sizes and (estimator, ``"<structure> n = <n>"``) at the ``sizes`` beyond them
-    (``real_draws``: the draws there, default ``draws``)."""
+    (``real_draws``: the draws there, default ``draws``). Every estimator at the enumerable sizes first, then at
+    ``sizes``, the slowest (:data:`_SLOW`) last; ``saved(frame, skipped)`` is called after each estimator of each
+    pass (so a run stopped part-way leaves what it measured)."""
     rows, skipped = [], {}
-    for option in options:
-        estimator = build_estimator(option)
-        for structure_name in structures:
-            base_n = STRUCTURES[structure_name][1]
-            for n in [base_n, *(sizes or {}).get(structure_name, [])]:
-                for loss_name in losses:
-                    got = measure(option, estimator, structure_name, loss_name, batch,
-                                  draws if n == base_n else (real_draws or draws), seed, n, reference_samples)
-                    if isinstance(got, str):
-                        skipped[option, structure_name if n == base_n else f"{structure_name} n = {n}"] = got
-                        break
-                    row = vars(got).copy()
-                    row.update({f"ex_{k}": v for k, v in row.pop("examples").items()})
-                    rows.append(row)
-        log(f"{option}: {sum(r['estimator'] == option for r in rows)} cells")
+
+    def cells(option, estimator, structure_name, n):
+        base_n = STRUCTURES[structure_name][1]
+        for loss_name in losses:
+            got = measure(option, estimator, structure_name, loss_name, batch,
+                          draws if n == base_n else (real_draws or draws), seed, n, reference_samples)
+            if isinstance(got, str):
+                skipped[option, structure_name if n == base_n else f"{structure_name} n = {n}"] = got
+                return
+            row = vars(got).copy()
+            row.update({f"ex_{k}": v for k, v in row.pop("examples").items()})
+            rows.append(row)
+
+    passes = [("enumerable sizes", options, lambda s: [STRUCTURES[s][1]])]
+    if sizes:
+        passes.append(("real sizes", sorted(options, key=lambda o: o in _SLOW), lambda s: sizes.get(s, [])))
+    for what, order, ns in passes:
+        for option in order:
+            estimator = build_estimator(option)
+            for structure_name in structures:
+                for n in ns(structure_name):
+                    cells(option, estimator, structure_name, n)
+            log(f"{what}: {option}: {sum(r['estimator'] == option for r in rows)} cells")
+            if saved is not None:
+                saved(pd.DataFrame(rows), skipped)
     return pd.DataFrame(rows), skipped
 
 
@@ -491,33 +507,73 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", type=int, nargs="*", default=[],
                         help=f"sizes n past enumeration for {', '.join(GROWN)} (make: {' '.join(map(str, REAL_SIZES))})")
-    parser.add_argument("--real-draws", type=int, default=50, help="draws per stochastic estimator at those sizes")
-    parser.add_argument("--reference-samples", type=int, default=5000,
+    parser.add_argument("--real-draws", type=int, default=20, help="draws per stochastic estimator at those sizes")
+    parser.add_argument("--reference-samples", type=int, default=2000,
                         help="exact samples of the nonlinear loss's reference at those sizes")
     parser.add_argument("--out", type=Path, default=Path("results/lab/gradients.md"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the page from the .csv and .json beside it (a finished or stopped run's)")
     args = parser.parse_args(argv)
-    sizes = {s: list(args.sizes) for s in GROWN if s in args.structures and args.sizes}
+    import json
+
     from latentstruct.records import environment
 
+    sidecar = args.out.with_suffix(".json")
+    if args.report_only:
+        saved = json.loads(sidecar.read_text())
+        for key in ("estimators", "structures", "losses", "batch", "draws", "seed", "sizes", "real_draws",
+                    "reference_samples"):
+            setattr(args, key, saved["args"][key])
+        df = pd.read_csv(args.out.with_suffix(".csv"))
+        for column in [c for c in df if c.startswith("ex_")]:
+            df[column] = [[float(v) for v in str(text).split()] for text in df[column]]
+        skipped = {(o, s): why for o, s, why in saved["skipped"]}
+        _write(df, skipped, saved["options"], args, saved["seconds"], saved["env"], saved["finished"])
+        return 0
     env = environment(torch.device("cpu"))
     torch.set_num_threads(1)
     options = args.estimators or estimator_options()
     start = time.perf_counter()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(df, skipped, finished=False):
+        table = df.copy()
+        for column in [c for c in df if c.startswith("ex_")]:
+            table[column] = [" ".join(f"{v:.6g}" for v in values) for values in df[column]]
+        table.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
+        sidecar.write_text(json.dumps({
+            "args": {k: v for k, v in vars(args).items() if k not in ("out", "report_only")}, "options": options,
+            "skipped": [[o, s, why] for (o, s), why in sorted(skipped.items())], "env": env,
+            "seconds": time.perf_counter() - start, "finished": finished}, indent=1, default=str) + "\n")
+
     df, skipped = run(options, args.structures, args.losses, args.batch, args.draws, args.seed,
                       log=lambda m: print(f"{m} ({(time.perf_counter() - start) / 60:.1f} min)", file=sys.stderr,
                                           flush=True),
-                      sizes=sizes, reference_samples=args.reference_samples, real_draws=args.real_draws)
-    seconds = time.perf_counter() - start
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    table = df.copy()
-    for column in [c for c in df if c.startswith("ex_")]:
-        table[column] = [" ".join(f"{v:.6g}" for v in values) for values in df[column]]
-    table.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
-    args.out.write_text("\n".join(report(df, skipped, options, args.structures, args, seconds, env, sizes)) + "\n")
+                      sizes=_sizes(args), reference_samples=args.reference_samples, real_draws=args.real_draws,
+                      saved=save)
+    save(df, skipped, finished=True)
+    _write(df, skipped, options, args, time.perf_counter() - start, env, True)
+    return 0
+
+
+def _sizes(args) -> dict[str, list[int]]:
+    return {s: list(args.sizes) for s in GROWN if s in args.structures and args.sizes}
+
+
+def _write(df, skipped, options, args, seconds, env, finished: bool) -> None:
+    """The page and the figure from the measurements (``finished``: False for a run stopped part-way)."""
+    sizes = _sizes(args)
+    lines = report(df, skipped, options, args.structures, args, seconds, env, sizes)
+    if not finished:
+        measured = set(df.estimator[df.n > [STRUCTURES[s][1] for s in df.structure]]) if len(df) else set()
+        missing = [o for o in options if o not in measured and o not in _ENUMERATES]
+        lines[4] += (" **Stopped part-way** (the CPU time budget): past the enumerable sizes "
+                     + (f"{', '.join(f'`{o}`' for o in missing)} not measured." if missing else "every estimator "
+                        "measured, the last one possibly on fewer structures."))
+    args.out.write_text("\n".join(lines) + "\n")
     base = df[[n == STRUCTURES[s][1] for s, n in zip(df.structure, df.n, strict=True)]] if len(df) else df
     figure(base, args.structures, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}, {args.out.with_suffix('.csv')} and {args.out.with_suffix('.png')} ({seconds:.0f} s)")
-    return 0
+    print(f"wrote {args.out}, {args.out.with_suffix('.csv')}, .json and .png ({seconds:.0f} s)")
 
 
 if __name__ == "__main__":
