@@ -278,13 +278,14 @@ _SLOW = ("sparsemap", "spigot", "spigot_ce")
 
 def run(options: list[str], structures: list[str], losses: list[str], batch: int, draws: int, seed: int,
         log=print, sizes: dict[str, list[int]] | None = None, reference_samples: int = 10_000,
-        real_draws: int | None = None, saved=None) -> tuple[pd.DataFrame, dict[tuple[str, str], str]]:
+        real_draws: int | None = None, saved=None, enumerable: bool = True
+        ) -> tuple[pd.DataFrame, dict[tuple[str, str], str]]:
     """Every cell; the measurements as a frame (a row per estimator, structure, size n and loss; the per-example
     values in the ``ex_<metric>`` columns), and the cells that could not run, with why, keyed (estimator, structure)
     at the :data:`STRUCTURES` sizes and (estimator, ``"<structure> n = <n>"``) at the ``sizes`` beyond them
     (``real_draws``: the draws there, default ``draws``). Every estimator at the enumerable sizes first, then at
     ``sizes``, the slowest (:data:`_SLOW`) last; ``saved(frame, skipped)`` is called after each estimator of each
-    pass (so a run stopped part-way leaves what it measured)."""
+    pass (so a run stopped part-way leaves what it measured); ``enumerable=False`` skips the first pass."""
     rows, skipped = [], {}
 
     def cells(option, estimator, structure_name, n):
@@ -299,7 +300,7 @@ def run(options: list[str], structures: list[str], losses: list[str], batch: int
             row.update({f"ex_{k}": v for k, v in row.pop("examples").items()})
             rows.append(row)
 
-    passes = [("enumerable sizes", options, lambda s: [STRUCTURES[s][1]])]
+    passes = [("enumerable sizes", options, lambda s: [STRUCTURES[s][1]])] if enumerable else []
     if sizes:
         passes.append(("real sizes", sorted(options, key=lambda o: o in _SLOW), lambda s: sizes.get(s, [])))
     for what, order, ns in passes:
@@ -513,6 +514,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/lab/gradients.md"))
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the page from the .csv and .json beside it (a finished or stopped run's)")
+    parser.add_argument("--real-only", action="store_true",
+                        help="measure the --sizes only (a run that shares the work of another; see --merge)")
+    parser.add_argument("--merge", type=Path, nargs="*", default=[],
+                        help="with --report-only: the pages (.md paths) of --real-only runs whose .csv and .json "
+                             "to add (cells already measured are kept from the first)")
     args = parser.parse_args(argv)
     import json
 
@@ -528,7 +534,18 @@ def main(argv: list[str] | None = None) -> int:
         for column in [c for c in df if c.startswith("ex_")]:
             df[column] = [[float(v) for v in str(text).split()] for text in df[column]]
         skipped = {(o, s): why for o, s, why in saved["skipped"]}
-        _write(df, skipped, saved["options"], args, saved["seconds"], saved["env"], saved["finished"])
+        finished, seconds, options = saved["finished"], saved["seconds"], list(saved["options"])
+        for other in args.merge:
+            extra = json.loads(other.with_suffix(".json").read_text())
+            more = pd.read_csv(other.with_suffix(".csv"))
+            for column in [c for c in more if c.startswith("ex_")]:
+                more[column] = [[float(v) for v in str(text).split()] for text in more[column]]
+            df = pd.concat([df, more]).drop_duplicates(["estimator", "structure", "n", "loss"], keep="first")
+            skipped.update({(o, s): why for o, s, why in extra["skipped"] if (o, s) not in skipped})
+            finished, seconds = finished and extra["finished"], max(seconds, extra["seconds"])
+            options += [o for o in extra["options"] if o not in options]
+        df = df.reset_index(drop=True)
+        _write(df, skipped, options, args, seconds, saved["env"], finished)
         return 0
     env = environment(torch.device("cpu"))
     torch.set_num_threads(1)
@@ -550,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                       log=lambda m: print(f"{m} ({(time.perf_counter() - start) / 60:.1f} min)", file=sys.stderr,
                                           flush=True),
                       sizes=_sizes(args), reference_samples=args.reference_samples, real_draws=args.real_draws,
-                      saved=save)
+                      saved=save, enumerable=not args.real_only)
     save(df, skipped, finished=True)
     _write(df, skipped, options, args, time.perf_counter() - start, env, True)
     return 0
