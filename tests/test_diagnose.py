@@ -97,3 +97,17 @@ def test_a_real_size_cell_uses_the_jvp_and_skips_enumerating_estimators():
     mlp = diagnose.measure("ste_i", diagnose.build_estimator("ste_i"), "sequence", "mlp", 2, 3, 0, n=7,
                            reference_samples=300)
     assert mlp.exact == "300 exact samples" and 0 < mlp.reference_se < 1
+
+
+def test_real_sizes_a_second_run_merged_and_the_page_rebuilt_from_the_records(tmp_path):
+    common = ["--structures", "sequence", "--sizes", "5", "--draws", "3", "--real-draws", "3",
+              "--reference-samples", "100"]
+    first, second = tmp_path / "a" / "gradients.md", tmp_path / "b" / "gradients.md"
+    assert diagnose.main(["--estimators", "ste_i", "exact", *common, "--out", str(first)]) == 0
+    assert diagnose.main(["--estimators", "marginals", *common, "--real-only", "--out", str(second)]) == 0
+    text = first.read_text()
+    assert "| `ste_i` (det.) | " in text and "sequence n=5" in text and "- `exact` on sequence n = 5: enumerates" in text
+    assert diagnose.main(["--report-only", "--merge", str(second), "--out", str(first)]) == 0
+    merged = first.read_text()
+    assert "| `marginals` (det.) | — | 0." in merged.split("### Cosine of one call")[1]  # real size only
+    assert merged.split("## Cost")[0].count("| `ste_i` (det.) |") == text.split("## Cost")[0].count("| `ste_i` (det.) |")
