@@ -228,9 +228,9 @@ def read_out(data: TensorSplits, split: str, z: torch.Tensor) -> torch.Tensor:
 def calibrate(structure: str, score_seed: int = 0, split: str = "test", **settings) -> dict[str, dict[str, float]]:
     """How the planted task of ``structure`` (``planted_structure(structure, **settings)``) scores three latents
     on ``split``: ``gold`` (z*), ``moved`` (z* moved by the structure's symmetry, :func:`move`) and ``random`` (the
-    MAP of random scores, N(0, 1) per part, drawn with torch seed ``score_seed``). For each: ``acc``, the accuracy of the
-    data's fixed read-out fed that latent against the labels (the gold one's is 100 minus the flipped labels), and
-    the recovery metrics of ``latentstruct.tasks.classification.recovery_metrics`` against z* (×100)."""
+    MAP of random scores, N(0, 1) per part, drawn with torch seed ``score_seed``). For each: ``acc``, the accuracy of
+    the data's fixed read-out fed that latent against the labels (the gold one's is 100 minus the flipped labels),
+    and the recovery metrics of ``latentstruct.tasks.classification.recovery_metrics`` against z* (×100)."""
     from latentstruct.tasks.classification import recovery_metrics
 
     data = planted_structure(structure, **settings)
