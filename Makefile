@@ -53,8 +53,8 @@ BENCH_IMPLICIT_ARGS ?=
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix bench-structures bench-layers bench-cpu bench-implicit device-bundle gpu-check-dry \
-	gpu-results gpu-unpack \
+	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-cpu bench-implicit \
+	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
 help: ## list the targets
@@ -133,8 +133,11 @@ table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/1
 	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS)/energy/citation_rules.md
 	@$(MAKE) --no-print-directory table T=energy/citation
 
-table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient -> results/lab/gradients.md, .csv, .png
-	$(BIN)/python -m latentstruct.diagnose --out results/lab/gradients.md
+table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png
+	$(BIN)/python -m latentstruct.diagnose --sizes 10 30 --out results/lab/gradients.md
+
+table-lab-planted: install ## the planted tasks' calibration: gold, symmetry-moved and random latents through the data's read-out -> results/lab/planted.md
+	$(BIN)/python -m latentstruct.data.planted --out results/lab/planted.md
 
 table-lab-matrix: install ## every estimator x planted structure, lr/eta chosen on valid, 4 seeds; reruns only what is missing -> results/lab/matrix.md, .csv, .png
 	+$(BIN)/python -m latentstruct.report.matrix --runs $(RUNS) --results $(RESULTS) --jobs $(JOBS) $(DRY)

@@ -63,3 +63,53 @@ def test_main_writes_the_tables_the_csv_and_the_figure(tmp_path):
     assert "| `ste_i` (det.) |" in text and "| `sfe` |" in text
     assert "- `sfe` on matching:" in text  # no exact sampler / marginals for matchings
     assert out.with_suffix(".png").stat().st_size > 0 and len(out.with_suffix(".csv").read_text().splitlines()) > 3
+
+
+@pytest.mark.parametrize("name", ["sequence", "binary_tree", "projective", "nonprojective"])
+def test_past_enumeration_the_exact_gradient_is_the_marginals_jvp(name):
+    """At the enumerable size the JVP of the marginals equals the enumerated gradient for the linear and the
+    quadratic loss (linear on 0/1 vertices); the sampled reference of the mlp loss is within its standard error."""
+    structure, n, shape = diagnose.STRUCTURES[name]
+    assert diagnose.part_shape(name, n) == shape
+    vertices = structure.enumerate(n)
+    for loss_name in ("linear", "quadratic"):
+        gen = torch.Generator().manual_seed(3)
+        scores = torch.randn(2, *shape, generator=gen, dtype=torch.float64)
+        loss = diagnose.make_loss(loss_name, shape, gen)
+        exact = diagnose.exact_gradient(scores, vertices, loss)
+        torch.testing.assert_close(diagnose.marginal_gradient(scores, structure, loss.vertex_weights), exact)
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.randn(2, *shape, generator=gen, dtype=torch.float64)
+    loss = diagnose.make_loss("mlp", shape, gen)
+    assert not hasattr(loss, "vertex_weights")
+    exact = diagnose.exact_gradient(scores, vertices, loss)
+    ref, se = diagnose.sampled_gradient(scores, structure, loss, 4000, seed=0)
+    assert ((ref - exact).abs() <= 5 * se + 1e-9).all()
+    assert float((ref - exact).norm() / exact.norm()) < 0.5
+
+
+def test_a_real_size_cell_uses_the_jvp_and_skips_enumerating_estimators():
+    got = diagnose.measure("marginals", diagnose.build_estimator("marginals"), "projective", "linear", 2, 3, 0, n=12)
+    assert got.exact == "marginals JVP" and got.n == 12 and got.cosine == pytest.approx(1.0)  # exact for a linear L
+    assert len(got.examples["cosine"]) == 2
+    assert "enumerates" in diagnose.measure("exact", diagnose.build_estimator("exact"), "projective", "linear", 2, 3,
+                                            0, n=12)
+    mlp = diagnose.measure("ste_i", diagnose.build_estimator("ste_i"), "sequence", "mlp", 2, 3, 0, n=7,
+                           reference_samples=300)
+    assert mlp.exact == "300 exact samples" and 0 < mlp.reference_se < 1
+
+
+def test_real_sizes_a_second_run_merged_and_the_page_rebuilt_from_the_records(tmp_path):
+    common = ["--structures", "sequence", "--sizes", "5", "--draws", "3", "--real-draws", "3",
+              "--reference-samples", "100"]
+    first, second = tmp_path / "a" / "gradients.md", tmp_path / "b" / "gradients.md"
+    assert diagnose.main(["--estimators", "ste_i", "exact", *common, "--out", str(first)]) == 0
+    assert diagnose.main(["--estimators", "marginals", *common, "--real-only", "--out", str(second)]) == 0
+    text = first.read_text()
+    assert "| `ste_i` (det.) | " in text and "sequence n=5" in text
+    assert "- `exact` on sequence n = 5: enumerates" in text
+    assert diagnose.main(["--report-only", "--merge", str(second), "--out", str(first)]) == 0
+    merged = first.read_text()
+    assert "| `marginals` (det.) | — | 0." in merged.split("### Cosine of one call")[1]  # real size only
+    row = "| `ste_i` (det.) |"
+    assert merged.split("## Cost")[0].count(row) == text.split("## Cost")[0].count(row)

@@ -45,18 +45,21 @@ class LatentClassifier(Task):
     def build(cls, dims: dict[str, int], extras: dict, encoder, scorer, structure, estimator, decoder,
               latent: Literal["predicted", "gold", "none"] = "predicted") -> LatentClassifier:
         """encoder → scorer → structure, estimator → decoder, sized by the data (``input_dim``, ``latent_dim``,
-        ``num_classes``); ``latent`` is the top-level config key."""
+        ``num_classes``; a decoder that lists an extra of the data in its ``FROM_DATA``, such as the planted
+        structures' fixed ``readout``, gets it too); ``latent`` is the top-level config key."""
         encoder = encoder(input_dim=dims["input_dim"])
         shape = tuple(dims.get("part_shape", (dims["latent_dim"],)))
         if math.prod(shape) != dims["latent_dim"]:
             raise ValueError(f"part_shape {shape} does not hold latent_dim={dims['latent_dim']} parts")
+        given = {k: extras[k] for k in getattr(getattr(decoder, "func", decoder), "FROM_DATA", ()) if k in extras}
         return cls(
             encoder=encoder,
             scorer=scorer(in_features=encoder.output_dim, num_parts=dims["latent_dim"]),
             structure=structure,
             estimator=estimator,
             decoder=decoder(
-                in_features=encoder.output_dim, latent_dim=dims["latent_dim"], num_classes=dims["num_classes"]
+                in_features=encoder.output_dim, latent_dim=dims["latent_dim"], num_classes=dims["num_classes"],
+                **given,
             ),
             latent=latent,
             part_shape=shape,

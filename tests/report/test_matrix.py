@@ -9,7 +9,7 @@ import yaml
 
 from latentstruct.report import matrix
 from latentstruct.report.tables import load_runs, load_spec
-from tests.helpers import ROOT
+from tests.helpers import ROOT, compose
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,30 @@ def test_the_spec_names_real_experiments_and_estimators(spec):
     # enumerates every vertex (thousands on the planted trees)
     assert named == estimators - {"perturb_and_map", "ppo", "exact"}
     assert all(key in spec["grid"] for r in spec["rows"] for key in r["grid"])
+
+
+#: each estimator's own key (issue #38), tuned beside the learning rate
+OWN_KEYS = {"gumbel_softmax": ["estimator.tau"], "st_gumbel": ["estimator.tau"], "sfe_rloo": ["estimator.samples"],
+            "spigot": ["estimator.eta"], "spigot_ce": ["estimator.eta"], "spigot_eg": ["estimator.eta"],
+            "blackbox": ["estimator.lam"], "imle": ["estimator.lam"], "neuralsort": ["estimator.tau"],
+            "neuralsort_stochastic": ["estimator.tau"], "perturbed": ["estimator.sigma", "estimator.samples"]}
+
+
+def test_every_estimator_tunes_its_own_setting_beside_the_learning_rate(spec):
+    rows = {r["name"]: r for r in spec["rows"]}
+    for name, keys in OWN_KEYS.items():
+        assert rows[name]["grid"] == ["optim.lr", *keys], name
+        estimator = dict(matrix._pairs(rows[name]["overrides"]))["estimator"]
+        for key in keys:  # a setting of that estimator, swept by a launch, with more than one value
+            assert key.removeprefix("estimator.") in compose(f"estimator={estimator}").estimator, (name, key)
+            assert key in matrix.SWEPT
+            values = (rows[name].get("grid_values") or {}).get(key, spec["grid"][key])
+            assert len(values) > 1
+    assert set(spec["grid"]) <= set(matrix.SWEPT)
+    perturbed = next(c for c in matrix.cells(spec) if c.row == "perturbed" and c.setting == "topk")
+    assert len(matrix.grid_points(spec, perturbed)) == 4 * 3 * 2
+    rloo = next(c for c in matrix.cells(spec) if c.row == "sfe_rloo" and c.setting == "topk")
+    assert {dict(p)["estimator.samples"] for p in matrix.grid_points(spec, rloo)} == {"2", "4", "8"}
 
 
 def test_cells_apply_each_row_where_it_can(spec):
@@ -117,9 +141,10 @@ def test_the_table_marks_the_best_and_the_cells_with_fewer_seeds(spec, tmp_path)
 
 @pytest.mark.slow
 def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, tmp_path, monkeypatch, capsys):
-    """End to end on one planted structure (a few steps): grid at seed 301, selection, seed 302, then nothing."""
-    small = {**_small_spec(spec, rows=("spigot",), settings=("categorical",)),
-             "grid": {"optim.lr": [0.01], "estimator.eta": [0.1, 1.0]}, "notes": ["a note"]}
+    """End to end on one planted structure (a few steps): grid at seed 301, selection, seed 302, then nothing; a row
+    tuning its own key (blackbox's λ) on a structure read through the data's fixed read-out (issue #38)."""
+    small = {**_small_spec(spec, rows=("blackbox",), settings=("topk",)),
+             "grid": {"optim.lr": [0.01], "estimator.lam": [1.0, 10.0]}, "notes": ["a note"]}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(small))
     monkeypatch.setattr(matrix, "LAUNCHER", ("hydra/launcher=basic", "trainer.threads=1", "trainer.progress=false",
@@ -130,11 +155,12 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
             "--args", tiny]
     assert matrix.main(argv) == 0
     said = capsys.readouterr().out
-    assert "categorical grid: 2 runs to go in 1 launches" in said and "seed 302: 1 runs to go" in said
+    assert "topk grid: 2 runs to go in 1 launches" in said and "seed 302: 1 runs to go" in said
     runs = load_runs(tmp_path / "runs" / small["sweep_dir"])
     assert len(runs) == 3 and runs["completed"].all()
+    assert set(runs["choices.decoder"]) == {"known_readout"} and set(runs["estimator.lam"]) == {1.0, 10.0}
     text = (tmp_path / "res" / "lab" / "matrix.md").read_text()
     assert "**Status:** 1 of 1 cells with all 2 seeds." in text and "- a note" in text
     assert matrix.main(argv) == 0
     said = capsys.readouterr().out
-    assert "categorical grid: 0 runs to go" in said and "seed 302: 0 runs to go" in said
+    assert "topk grid: 0 runs to go" in said and "seed 302: 0 runs to go" in said

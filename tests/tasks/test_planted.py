@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from latentstruct.data.planted import STRUCTURES, make_structure, part_shape, planted_structure
+from latentstruct.data.planted import (
+    STRUCTURES,
+    calibrate,
+    make_structure,
+    move,
+    part_shape,
+    planted_structure,
+    read_out,
+)
+from latentstruct.models.decoders import KnownReadout
 from latentstruct.tasks.classification import recovery_metrics
 from latentstruct.train import train
 from tests.helpers import compose
@@ -25,6 +34,7 @@ def test_shapes_determinism_and_balance(structure):
     data = _data(structure, seed=3)
     shape = part_shape(structure, SMALL["size"], SMALL["num_tags"])
     assert data.dims == {"input_dim": 6, "num_classes": 2, "latent_dim": math.prod(shape), "part_shape": shape}
+    assert data.extras["readout"].shape == (6, math.prod(shape))
     for name, n in (("train", 300), ("valid", 50), ("test", 50)):
         split = data.splits[name]
         assert split["x"].shape == (n, 6) and split["x"].dtype == torch.float32
@@ -107,3 +117,43 @@ def test_every_planted_experiment_runs_a_few_steps(tmp_path, structure):
             assert {"test/recovery", "test/exact"} <= set(metrics)
         if name == "gold":
             assert metrics["test/recovery"] == 100.0 and metrics["test/exact"] == 100.0
+
+
+# --- identifiability (issue #38): the fixed read-out tells z* from its symmetric images --------------------------
+
+
+@pytest.mark.parametrize("structure", STRUCTURES)
+def test_a_moved_latent_is_a_vertex_and_not_the_gold_one(structure):
+    z = _data(structure, seed=5).splits["test"]["z"]
+    moved = move(structure, z)
+    struct = make_structure(structure, SMALL["num_tags"], SMALL["k"])
+    assert torch.equal(struct.map(moved.double()).float(), moved)  # a vertex of the same structure
+    assert torch.equal(moved.flatten(1).sum(1), z.flatten(1).sum(1))
+    assert (moved != z).flatten(1).any(1).float().mean() > 0.5  # most examples move
+
+
+@pytest.mark.parametrize("structure", STRUCTURES)
+def test_gold_recovers_100_and_a_moved_latent_reads_out_clearly_worse(structure):
+    """The calibration: z* fed to the data's read-out gives the labels (but the flips) and recovers 100; z* moved by
+    the structure's symmetry and the MAP of random scores read out at least 15 points below."""
+    got = calibrate(structure, **{**SMALL, "n_test": 400, "label_noise": 0.0, "seed": 2})
+    assert got["gold"]["acc"] == 100.0 and got["gold"]["recovery"] == 100.0 and got["gold"]["exact"] == 100.0
+    assert got["moved"]["acc"] < 85.0 and got["random"]["acc"] < 85.0
+    assert got["random"]["exact"] < 20.0
+    if structure == "categorical":  # V-measure: identified up to a permutation of the classes only
+        assert got["moved"]["recovery"] == pytest.approx(100.0)
+    else:
+        assert got["moved"]["recovery"] < 90.0
+
+
+def test_the_known_readout_decoder_is_the_data_s_read_out():
+    data = _data("projective_dep_tree", seed=1, label_noise=0.0)
+    decoder = KnownReadout(SMALL["num_features"], data.dims["latent_dim"], 2, data.extras["readout"])
+    assert [name for name, _ in decoder.named_parameters()] == ["scale", "bias"]  # V is frozen
+    with torch.no_grad():
+        decoder.scale.fill_(1.0)
+        decoder.bias.fill_(-data.extras["threshold"])
+    test = data.splits["test"]
+    logits = decoder(test["x"], test["z"].flatten(1))
+    assert torch.equal(logits.argmax(-1), test["y"])
+    assert torch.equal(read_out(data, "test", test["z"]), test["y"])
