@@ -49,7 +49,7 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["SPEC_FIGURES", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render",
+__all__ = ["SPEC_FIGURES", "NothingToDraw", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render",
            "redraw", "from_table", "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
@@ -230,8 +230,24 @@ def render(data: dict) -> Figure:
     return fig
 
 
+class NothingToDraw(ValueError):
+    """A figure whose every line would be invisible (e.g. one evaluation per run): it is not written."""
+
+
+def _drawable(series: dict) -> bool:
+    """Whether a series leaves a mark: a line of two finite points or more, or one marked point (error bars)."""
+    finite = sum(1 for v in series["y"] if v is not None and math.isfinite(v))
+    return finite >= 2 or (finite >= 1 and ("err" in series or series.get("dashed")))
+
+
 def _write(data: dict, out: str | Path) -> Path:
-    """Draw ``data`` into the PNG ``out`` and write it beside as ``<name>.data.json`` (what :func:`redraw` reads)."""
+    """Draw ``data`` into the PNG ``out`` and write it beside as ``<name>.data.json`` (what :func:`redraw` reads);
+    :class:`NothingToDraw` (nothing written) when no series would leave a mark."""
+    series = [s for panel in data.get("panels", []) for s in panel["series"]]
+    if not any(_drawable(s) for s in series):
+        points = max((len(s["y"]) for s in series), default=0)
+        raise NothingToDraw(f"{out} not written: nothing to draw ({len(series)} line(s), at most {points} point(s) "
+                            "each: one evaluation per run draws no line; evaluate more often or train longer)")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(render(data)).print_png(str(out))
@@ -568,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
             inner_steps(args.runs, args.out, num_clusters=args.num_clusters, spec=args.spec)
         else:
             learning_curves(args.runs, args.out, num_clusters=args.num_clusters)
+    except NothingToDraw as exc:
+        print(exc)  # not an error: the reproduction goes on to its other tables
+        return 0
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.data.json')}")
