@@ -35,10 +35,8 @@ REPLACED := INNER_SEEDS SORT_SEEDS KNN_DATASET KNN_ARGS SST_SEEDS SST_ARGS SST_T
 	NER_SEEDS NER_ARGS POS_SEEDS POS_ARGS
 $(foreach v,$(REPLACED),$(if $(filter command line environment,$(origin $(v))),\
 	$(error $(v) is gone: SEEDS=... and ARGS='...' replace it (a dataset: ARGS=dataset=...); see docs/reference.md)))
-# Real datasets (see docs/reference.md); the shared copy beside the checkout when it exists, else the package's default (data/).
-ifneq ($(wildcard ../shared/data),)
-export LATENTSTRUCT_DATA ?= $(abspath ../shared/data)
-endif
+# Real datasets: one rule for make, python -m, the library and the tests: $LATENTSTRUCT_DATA, else paths.data_dir
+# (default data/ under the working directory); make sets neither (docs/reference.md, Data).
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu

@@ -40,6 +40,7 @@ from latentstruct.config import (  # importing latentstruct.config registers the
     validate,
 )
 from latentstruct.data.base import iterate_batches, num_batches
+from latentstruct.data.files import DataMissing, data_missing
 from latentstruct.guards import Interrupted, NonFinite, StopSignals, diagnose
 from latentstruct.progress import Progress
 from latentstruct.records import (
@@ -270,7 +271,10 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
     _seed_everything(tc.seed)
     device = _device(option_name(tc.device))
     env = environment(device)  # at the start: the code that runs is the code of this commit
-    data = instantiate(cfg.dataset)
+    try:
+        data = instantiate(cfg.dataset)
+    except Exception as err:  # a missing file: one line naming it, the data root and the rule that chose it
+        raise (data_missing(err, cfg.paths.data_dir) or err) from err
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
@@ -435,6 +439,11 @@ def main(cfg: DictConfig) -> float | None:
     except NonFinite:  # recorded and said in one line by train(); a sweep's job fails as any other would
         if HydraConfig.get().mode == RunMode.RUN:
             sys.exit(1)
+        raise
+    except DataMissing as err:  # recorded by train(); one line, not a traceback
+        if HydraConfig.get().mode == RunMode.RUN:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         raise
     # The returned value lets Hydra sweepers optimise validation accuracy (none for a run skipped as in progress).
     return record.get("metrics", {}).get("valid/acc")

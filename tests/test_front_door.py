@@ -1,0 +1,54 @@
+"""Issue 37, the front door part 2: what a new user meets first (data found one way, clear refusals)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from latentstruct.data.files import DataMissing, data_missing
+from tests.helpers import ROOT
+
+
+def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "LATENTSTRUCT_DATA"}
+    return subprocess.run([sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
+
+
+@pytest.mark.parametrize("where", ["default", "env"])
+def test_a_missing_data_file_is_one_line_naming_the_file_the_root_and_the_rule(tmp_path, where):
+    """`python -m latentstruct.train +experiment=sst_spigot` without the data: a 40-line traceback ending in
+    FileNotFoundError('missing train.txt[.gz] in data/sst; ...') without a word of LATENTSTRUCT_DATA."""
+    env = {"LATENTSTRUCT_DATA": str(tmp_path / "empty")} if where == "env" else {}
+    (tmp_path / "empty").mkdir()
+    done = _train("+experiment=sst_spigot", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, **env)
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith("error: missing train.txt[.gz] in ")
+    root = tmp_path / "empty" if where == "env" else tmp_path / "data"
+    assert f"The data root is {root}" in line
+    assert ("$LATENTSTRUCT_DATA=" if where == "env" else "$LATENTSTRUCT_DATA is unset") in line
+    assert "$LATENTSTRUCT_DATA, else paths.data_dir" in line and "docs/reference.md" in line
+    assert "failed" in (tmp_path / "run" / "metrics.json").read_text()  # the run is still recorded
+
+
+def test_data_missing_finds_the_file_error_behind_a_wrapper_and_leaves_others():
+    try:
+        try:
+            raise FileNotFoundError("missing x.txt in data/x")
+        except FileNotFoundError as inner:
+            raise RuntimeError("Error in call to target 'x'") from inner
+    except RuntimeError as outer:
+        found = data_missing(outer, "data")
+    assert isinstance(found, DataMissing) and str(found).startswith("missing x.txt in data/x. The data root is")
+    assert data_missing(ValueError("a bad value"), "data") is None
+
+
+def test_make_and_python_find_the_data_the_same_way():
+    """The Makefile used to point LATENTSTRUCT_DATA at a folder beside the checkout, which `python -m` never did."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "export LATENTSTRUCT_DATA" not in makefile and "../shared" not in makefile
