@@ -270,6 +270,10 @@ def validate(cfg: DictConfig, where: str = "") -> None:
     dataclass nodes (``trainer``, ``paths``...) against their fields."""
     if not isinstance(cfg, DictConfig):
         return
+    if not where:  # the whole configuration: what the estimator calls, the structure has (and the data fills)
+        from latentstruct.capabilities import check  # it imports this module
+
+        check(cfg)
     known: set[str] | None = None  # the keys this node may hold; None: anything
     ranges: dict[str, tuple[Constraint, bool]] = {}
     target = cfg._get_node("_target_")._value() if "_target_" in cfg else None

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from latentstruct import capabilities
+from latentstruct.config import ConfigError, check_command_line, validate
 from latentstruct.data.files import DataMissing, data_missing
-from tests.helpers import ROOT
+from tests.helpers import ROOT, compose
 
 
 def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -52,3 +54,48 @@ def test_make_and_python_find_the_data_the_same_way():
     """The Makefile used to point LATENTSTRUCT_DATA at a folder beside the checkout, which `python -m` never did."""
     makefile = (ROOT / "Makefile").read_text()
     assert "export LATENTSTRUCT_DATA" not in makefile and "../shared" not in makefile
+
+
+# ------------------------------------------------------------------ capabilities (latentstruct.capabilities)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["+experiment=planted_matching", "estimator=marginals"],
+     "estimator=marginals calls marginals, which structure=matching does not have; the estimators that fit "
+     "structure=matching: blackbox, direct, imle, perturbed, sparsemap, spigot, ste_i"),
+    (["structure=matching"], "structure=matching does not fit dataset=synthetic_clusters, whose scores fill "
+                             "categorical only; a task on planted matchings: +experiment=planted_matching"),
+    (["+experiment=planted_matching", "structure=topk"], "structure=topk does not fit the planted data of "
+                                                         "dataset.structure=matching"),
+])
+def test_a_mismatch_is_refused_at_composition_in_one_line(overrides, expected):
+    """`+experiment=planted_matching estimator=marginals` loaded the data, started training, then printed a 40-line
+    traceback ending in `Matching.sinkhorn(...)`; `structure=matching` on the default task, a shape error."""
+    with pytest.raises(ConfigError) as refused:
+        check_command_line(overrides)
+    assert str(refused.value).startswith(expected) and "\n" not in str(refused.value)
+    assert check_command_line(["+experiment=planted_matching", "estimator=spigot"])  # what fits goes through
+
+
+def test_the_cli_refuses_a_mismatch_with_status_2_before_any_run_directory(tmp_path):
+    done = _train("+experiment=planted_matching", "estimator=marginals", f"hydra.run.dir={tmp_path / 'run'}",
+                  cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: estimator=marginals calls marginals")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
+def test_train_refuses_a_mismatch_before_reading_data(tmp_path):
+    cfg = compose("+experiment=planted_matching", "estimator=marginals", f"paths.output_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="estimator=marginals calls marginals"):
+        validate(cfg)
+
+
+def test_the_readme_table_is_the_one_the_declarations_give():
+    assert capabilities.readme_block() == capabilities.table(), "run: python -m latentstruct.capabilities --write"
+    assert "| `ppo` | a sequential policy |" in capabilities.table()
+
+
+def test_every_option_declares_known_capabilities():
+    for cls in [*capabilities.options("estimator").values(), *capabilities.options("structure").values()]:
+        declared = getattr(cls, "calls", None) or cls.has
+        assert declared and set(declared) <= set(capabilities.CAPABILITIES), cls
