@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
-from latentstruct import capabilities
+from latentstruct import capabilities, summary
 from latentstruct.config import ConfigError, check_command_line, validate
 from latentstruct.data.files import DataMissing, data_missing
 from tests.helpers import ROOT, compose
@@ -99,3 +103,45 @@ def test_every_option_declares_known_capabilities():
     for cls in [*capabilities.options("estimator").values(), *capabilities.options("structure").values()]:
         declared = getattr(cls, "calls", None) or cls.has
         assert declared and set(declared) <= set(capabilities.CAPABILITIES), cls
+
+
+# ------------------------------------------------------------------ the end-of-sweep summary (latentstruct.summary)
+
+
+def _record(root: Path, name: str, overrides: list[str], status: str = "completed", acc: float = 50.0,
+            wall: float = 120.0) -> None:
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*overrides, "trainer.threads=1"]))
+    hydra = {"hydra": {"job": {"config": {"override_dirname": {"exclude_keys": ["trainer.threads"]}}}}}
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    metrics = {"valid/acc": acc + 1, "test/acc": acc, "test/loss": 0.5} if status == "completed" else {}
+    (run / "metrics.json").write_text(json.dumps({"status": status, "metrics": metrics, "wall_seconds": wall,
+                                                  "error": None if status == "completed" else "ValueError: boom"}))
+
+
+def test_the_summary_has_a_row_per_run_and_groups_the_seeds(tmp_path, capsys):
+    _record(tmp_path, "a1", ["estimator=spigot", "trainer.seed=1"], acc=50.0)
+    _record(tmp_path, "a2", ["estimator=spigot", "trainer.seed=2"], acc=54.0, wall=60.0)
+    _record(tmp_path, "b1", ["estimator=sfe", "trainer.seed=1"], status="failed")
+    assert summary.main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "3 run(s) under" in printed and "seeds grouped" in printed
+    md = (tmp_path / "summary.md").read_text()
+    assert "| estimator=spigot trainer.seed=1 | completed | 50.00 | 0.50 | 2.00 |" in md  # test/ metrics, loss last
+    assert "| estimator=spigot | 2/2 | 52.00 ± 2.83 | 0.50 ± 0.00 | 1.50 |" in md
+    assert "| estimator=sfe | 0/1 | — | — | 2.00 |" in md and "- b1: ValueError: boom" in md
+    rows = list(csv.reader((tmp_path / "summary.csv").open()))
+    assert rows[0] == ["run", "overrides", "status", "test/acc", "test/loss", "minutes", "error"] and len(rows) == 4
+    assert "trainer.threads" not in md  # the keys that do not change a run's result are left out
+
+
+def test_every_multirun_ends_with_the_summary(tmp_path):
+    cfg = compose(hydra=True)
+    assert cfg.hydra.callbacks.summary._target_ == "latentstruct.summary.SweepSummary"
+    _record(tmp_path, "a1", ["estimator=spigot"])
+    callback = summary.SweepSummary()
+    sweep = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback.on_multirun_start(sweep)
+    callback.on_multirun_end(sweep)
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.csv").is_file()
