@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,12 @@ def test_every_multirun_ends_with_the_summary(tmp_path):
     callback.on_multirun_start(sweep)
     callback.on_multirun_end(sweep)
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.csv").is_file()
+
+
+def test_the_readme_links_only_inside_the_checkout():
+    """It pointed at ../shared/DESIGN.md and ../shared/seeds/, which a user's clone has neither of."""
+    text = (ROOT / "README.md").read_text()
+    assert "../" not in text
+    for target in re.findall(r"\]\(([^)#]+)", text):
+        assert (ROOT / target).exists(), target
+    assert "docs/architecture.md" in text
