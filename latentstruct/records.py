@@ -21,13 +21,13 @@ import torch
 
 __all__ = ["RESUMABLE", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
            "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
-           "load_checkpoint", "environment"]
+           "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 
 # The flat config keys (and prefixes) that may change between a run and its resumption: how it runs, not what it
 # computes. Two configurations that differ only in these are the same run (a checkpoint resumes; a report groups them).
 RESUMABLE = ("paths", "logger", "trainer.resume", "trainer.force", "trainer.progress", "trainer.log_seconds",
              "trainer.threads", "trainer.device", "trainer.max_steps", "trainer.max_epochs", "trainer.checkpoint_every",
-             "trainer.checkpoint_seconds")
+             "trainer.checkpoint_seconds", "trainer.keep_checkpoint")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -99,6 +99,29 @@ def write_history(path: Path, history: list[dict[str, float]]) -> None:
 #: the key, true, of a checkpoint that keeps only a completed run's final weights (model, config, step, history), as
 #: ``scripts/carry.py`` packs them for the report steps that read weights: such a checkpoint cannot resume a run
 FINAL_WEIGHTS = "final_weights_only"
+
+
+def _rebuilt(model: torch.nn.Module) -> set[str]:
+    """The state keys of the parameters that building the model rebuilds from the data (frozen pretrained word
+    vectors: a parameter marked ``rebuilt_from_data``), which a checkpoint need not hold."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False)
+            if getattr(p, "rebuilt_from_data", False) and not p.requires_grad}
+
+
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` less what building the model rebuilds from the data (:func:`_rebuilt`)."""
+    skip = _rebuilt(model)
+    return {k: v for k, v in model.state_dict().items() if k not in skip}
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint's ``model`` (:func:`model_weights`, or a full state dict of an older checkpoint) into
+    ``model``, which was built from the same data: only the rebuilt parameters may be missing."""
+    result = model.load_state_dict(weights, strict=False)
+    missing = set(result.missing_keys) - _rebuilt(model)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"the checkpoint's model does not fit: missing {sorted(missing)}, unexpected "
+                           f"{sorted(result.unexpected_keys)}")
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

@@ -7,13 +7,14 @@ A stop signal (SIGTERM, SIGINT, SIGUSR1/2) saves a checkpoint at the current ste
 (the next run of it resumes there); a non-finite loss or gradient fails the run naming the value
 (:mod:`latentstruct.guards`).
 
-What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
-directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
+What a run says goes through the ``latentstruct`` logger, which Hydra (or, for ``train(cfg)`` called from Python,
+:func:`train` itself) sends to the console and to the run directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
 lines (:mod:`latentstruct.progress`: a bar instead on a terminal), resume and skip notices, the metrics table.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import signal
@@ -36,6 +37,7 @@ import latentstruct.optim
 from latentstruct.config import (  # importing latentstruct.config registers the schemas
     ConfigError,
     check_command_line,
+    help_page,
     option_name,
     validate,
 )
@@ -51,6 +53,8 @@ from latentstruct.records import (
     environment,
     flatten,
     load_checkpoint,
+    load_model_weights,
+    model_weights,
     read_record,
     remove_partial_writes,
     save_checkpoint,
@@ -215,15 +219,42 @@ def _log_metrics(metrics: dict[str, float], header: str) -> None:
         log.info(line)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+@contextlib.contextmanager
+def _logging(out: Path, console: bool):
+    """Outside Hydra (``train(cfg)`` from Python), what the CLI's logging gives: the run's lines in ``out/train.log``
+    and, when ``console`` and nothing else logs them already (no root handler), on stdout, in the CLI's format."""
+    if HydraConfig.initialized():  # the CLI: Hydra's job_logging already sends them to both
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S")
+    handlers: list[logging.Handler] = [logging.FileHandler(out / "train.log")]
+    if console and not logging.getLogger().handlers:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    level = log.level
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+
+
+def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
     """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict.
 
     The run directory is claimed first (:func:`latentstruct.records.claim`): a run that another live process is
     running is skipped (``{"status": "in_progress", "claimed_by": ...}``, nothing written), a completed one too
     (unless ``trainer.force``). A run that raises leaves ``status: failed`` with the error, then the error goes on.
+    Called from Python, it logs as the CLI does: to the run's ``train.log`` and (``console=False``: not) the console.
     """
     out = Path(cfg.paths.output_dir)
-    with claim(out) as held, StopSignals() as stop:
+    with _logging(out, console), claim(out) as held, StopSignals() as stop:
         if not held:
             log.info("%s is being run by %s; skipping it", out, describe_claim(held.holder))
             return {"status": "in_progress", "claimed_by": held.holder}
@@ -292,7 +323,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
         ckpt = None
     if ckpt is not None:
         _check_same_run(ckpt["config"], config, ckpt_path)
-        model.load_state_dict(ckpt["model"])
+        load_model_weights(model, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
         # written between evaluations (a stop signal, trainer.checkpoint_every / _seconds): the loss since the last
@@ -317,7 +348,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
 
     def checkpoint() -> None:  # the whole state after `step` steps: resuming from it continues bit-exactly
         nonlocal saved
-        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+        save_checkpoint(ckpt_path, {"model": model_weights(model), "optimizer": optimizer.state_dict(), "step": step,
                                     "history": history, "loss_sum": loss_sum, "loss_count": loss_count,
                                     "wall_seconds": time.perf_counter() - start, "rng": _rng_state(),
                                     "config": config})
@@ -425,6 +456,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals) -> dict[st
         "selection": select,
     }
     write_json(out / "metrics.json", record)
+    if not tc.keep_checkpoint:  # the run is complete: nothing will resume it
+        ckpt_path.unlink(missing_ok=True)
     _log_metrics(metrics, f"{out}  ({select} evaluation, step {chosen['step']})")
     return record
 
@@ -450,6 +483,13 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if {"--help", "-h"} & set(sys.argv[1:]):  # every setting with its help text (Hydra's shows values only)
+        try:
+            print(help_page(check_command_line(sys.argv[1:])), end="")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
     try:  # before Hydra: nested experiment names, unknown experiments and keys (latentstruct.config)
         sys.argv[1:] = check_command_line(sys.argv[1:])
     except ConfigError as err:

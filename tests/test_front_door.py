@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import subprocess
@@ -11,13 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from omegaconf import OmegaConf
 
 from latentstruct import capabilities, summary
 from latentstruct.config import ConfigError, check_command_line, validate
 from latentstruct.data.files import DataMissing, data_missing
+from latentstruct.records import load_model_weights, model_weights
+from latentstruct.report.trees import load_tree_model
+from latentstruct.train import train
 from tests.helpers import ROOT, compose
+from tests.tasks.test_text import WORDS, write_glove, write_sst
 
 
 def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
@@ -155,3 +161,70 @@ def test_the_readme_links_only_inside_the_checkout():
     for target in re.findall(r"\]\(([^)#]+)", text):
         assert (ROOT / target).exists(), target
     assert "docs/architecture.md" in text
+
+
+# ------------------------------------------------------------------ checkpoints: what cannot be rebuilt
+
+
+def _sst_run(tmp_path: Path, *overrides: str) -> dict:
+    write_sst(tmp_path / "data" / "sst")
+    glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS, dim=8)
+    return train(compose("+experiment=sst_spigot", "dataset.check_sizes=false", "trainer.batch_size=8",
+                         "embedding.dim=8", "encoder.hidden=6", f"embedding.pretrained={glove.name}",
+                         "trainer.progress=false", "trainer.device=cpu", f"paths.data_dir={tmp_path / 'data'}",
+                         f"paths.output_dir={tmp_path / 'run'}", f"embedding.cache_dir={tmp_path / 'cache'}",
+                         *overrides))
+
+
+def test_a_checkpoint_leaves_out_the_frozen_word_vectors_and_resumes_bit_exactly(tmp_path):
+    """Every SST run wrote its frozen GloVe table into checkpoint.pt (61 MB), which building the model rebuilds."""
+    _sst_run(tmp_path, "trainer.max_steps=2", "trainer.eval_every=2")
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert not any("embedding" in key for key in ckpt["model"]), list(ckpt["model"])
+    again = _sst_run(tmp_path, "trainer.max_steps=4", "trainer.eval_every=2", "trainer.resume=true",
+                     "trainer.force=true")
+    assert again["status"] == "completed" and again["steps"] == 4
+    whole = _sst_run(tmp_path / "whole", "trainer.max_steps=4", "trainer.eval_every=2")
+    assert again["metrics"] == whole["metrics"]  # resuming from the trimmed checkpoint changes nothing
+    model, _, _ = load_tree_model(tmp_path / "run")  # the tree drawings load it too
+    frozen = [p for p in model.parameters() if getattr(p, "rebuilt_from_data", False)]
+    assert len(frozen) == 1 and frozen[0].requires_grad is False
+
+
+def test_a_checkpoint_refuses_a_model_it_does_not_fit():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    weights = model_weights(model)
+    with pytest.raises(RuntimeError, match="missing"):
+        load_model_weights(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)), weights)
+
+
+def test_keep_checkpoint_false_removes_it_when_the_run_completes(tmp_path):
+    cfg = compose("dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.progress=false",
+                  "trainer.max_steps=4", "trainer.keep_checkpoint=false", f"paths.output_dir={tmp_path}")
+    assert train(cfg)["status"] == "completed"
+    assert not (tmp_path / "checkpoint.pt").exists() and (tmp_path / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------ train(cfg) from Python; --help; docs/configs.md
+
+
+def test_train_from_python_logs_to_train_log_and_the_console_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    """`train(cfg)` from Python printed nothing and wrote no train.log."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a plain script (pytest adds its own)
+    tiny = ["dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.progress=false",
+            "trainer.max_steps=4"]
+    train(compose(*tiny, f"paths.output_dir={tmp_path / 'loud'}"))
+    printed = capsys.readouterr().out
+    log = (tmp_path / "loud" / "train.log").read_text()
+    assert "training 4 steps" in log and "test/acc" in log
+    assert "training 4 steps" in printed and "test/acc" in printed
+    train(compose(*tiny, f"paths.output_dir={tmp_path / 'quiet'}"), console=False)
+    assert capsys.readouterr().out == "" and "test/acc" in (tmp_path / "quiet" / "train.log").read_text()
+    assert not logging.getLogger("latentstruct").handlers  # nothing left behind
+
+
+def test_docs_configs_gives_full_keys_and_what_each_experiment_sets():
+    text = (ROOT / "docs" / "configs.md").read_text()
+    assert "| `estimator.eta` |" in text and "| `trainer.keep_checkpoint` |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `sst_spigot` |"))
+    assert "`estimator=spigot`" in row and "`estimator.eta=0.1`" in row and "`optim.lr=0.0001`" in row
