@@ -20,6 +20,7 @@ from latentstruct import capabilities, summary
 from latentstruct.config import ConfigError, check_command_line, validate
 from latentstruct.data.files import DataMissing, data_missing
 from latentstruct.records import load_model_weights, model_weights
+from latentstruct.report import figures
 from latentstruct.report.trees import load_tree_model
 from latentstruct.train import train
 from tests.helpers import ROOT, compose
@@ -228,3 +229,18 @@ def test_docs_configs_gives_full_keys_and_what_each_experiment_sets():
     assert "| `estimator.eta` |" in text and "| `trainer.keep_checkpoint` |" in text
     row = next(line for line in text.splitlines() if line.startswith("| `sst_spigot` |"))
     assert "`estimator=spigot`" in row and "`estimator.eta=0.1`" in row and "`optim.lr=0.0001`" in row
+
+
+def test_lines_that_coincide_get_markers_and_a_note_instead_of_hiding_each_other():
+    """results/direct/vae_unsupervised.png: two of five methods were hidden under a third, with no marker or note."""
+    x = [1, 2, 3, 4]
+    series = [{"label": "A (a)", "color": 0, "x": x, "y": [10.0, 9.0, 8.0, 7.0]},
+              {"label": "B", "color": 1, "x": x, "y": [10.01, 9.0, 8.01, 7.0]},
+              {"label": "C", "color": 2, "x": [1.5, 2.5, 3.5], "y": [9.5, 8.5, 7.5]},  # on A's line, elsewhere
+              {"label": "D", "color": 3, "x": x, "y": [0.0, 1.0, 2.0, 3.0]}]
+    assert figures._overlapping(series, span=10.0) == [[0, 1, 2]]
+    fig = figures.render({"figure": "curves", "panels": [{"title": "p", "series": series}]})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["overlapping (within 0.1): A = B = C"]
+    markers = [line.get_marker() for line in ax.lines]
+    assert markers[:3] == ["o", "s", "^"] and markers[3] in ("None", None, "")
