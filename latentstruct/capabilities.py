@@ -43,8 +43,8 @@ CAPABILITIES = {
 }
 #: the README table's columns: the structure options, in this order, with their headings
 COLUMNS = {"categorical": "categorical", "projective_dep_tree": "proj. dep. tree",
-           "nonprojective_dep_tree": "non-proj. dep. tree", "sequence_tagging": "sequence", "binary_tree": "binary tree",
-           "matching": "matching", "topk": "top-k", "binary_vector": "bit vector"}
+           "nonprojective_dep_tree": "non-proj. dep. tree", "sequence_tagging": "sequence",
+           "binary_tree": "binary tree", "matching": "matching", "topk": "top-k", "binary_vector": "bit vector"}
 
 
 @cache

@@ -8,8 +8,9 @@ A stop signal (SIGTERM, SIGINT, SIGUSR1/2) saves a checkpoint at the current ste
 (:mod:`latentstruct.guards`).
 
 What a run says goes through the ``latentstruct`` logger, which Hydra (or, for ``train(cfg)`` called from Python,
-:func:`train` itself) sends to the console and to the run directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
-lines (:mod:`latentstruct.progress`: a bar instead on a terminal), resume and skip notices, the metrics table.
+:func:`train` itself) sends to the console and to the run directory's ``train.log``: the expected length before the
+loop, a line per evaluation and the periodic progress lines (:mod:`latentstruct.progress`: a bar instead on a
+terminal), resume and skip notices, the metrics table.
 """
 
 from __future__ import annotations

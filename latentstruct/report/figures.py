@@ -49,7 +49,8 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["SPEC_FIGURES", "NothingToDraw", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render",
+__all__ = ["SPEC_FIGURES", "NothingToDraw", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves",
+           "row_curves", "render",
            "redraw", "from_table", "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
@@ -252,8 +253,8 @@ def render(data: dict) -> Figure:
                 handles.setdefault(s["label"], artist)
         for row, group in enumerate(overlaps):  # one note per group, stacked from the bottom
             names = " = ".join(_short(panel["series"][i].get("label")) for i in group)
-            ax.text(0.01, 0.01 + 0.055 * row, f"overlapping (within {_OVERLAP * span:.2g}): {names}", transform=ax.transAxes,
-                    fontsize=7, color="0.25", va="bottom", ha="left", wrap=True)
+            ax.text(0.01, 0.01 + 0.055 * row, f"overlapping (within {_OVERLAP * span:.2g}): {names}",
+                    transform=ax.transAxes, fontsize=7, color="0.25", va="bottom", ha="left", wrap=True)
         for mark in panel.get("phases", []):
             ax.axvline(mark["x"], color="0.35", linestyle=":", linewidth=1.2)
             ax.annotate(mark["label"], (mark["x"], 1), xycoords=("data", "axes fraction"), xytext=(0, 2),

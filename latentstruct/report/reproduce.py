@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "sweeps":
         why = ("the spec's own protocol" if results == "results" and not args.results
                else "as asked (--results / RESULTS=)" if args.results
-               else f"not the spec's protocol (--seeds / --args): a scratch folder, git-ignored; RESULTS=results "
-                    f"writes into results/")
+               else "not the spec's protocol (--seeds / --args): a scratch folder, git-ignored; RESULTS=results "
+                    "writes into results/")
         print(f"{'would write' if args.dry_run else 'wrote'} the tables and figures under {results}/ ({why})",
               flush=True)
     return 0

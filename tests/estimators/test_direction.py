@@ -37,4 +37,4 @@ def test_the_mean_gradient_points_along_the_exact_one(option):
         got = diagnose.measure(option, estimator, name, "linear", batch=3, draws=8, seed=0)
         assert not isinstance(got, str), f"{option} on {name}: {got}"
         cosines[name] = got.cosine_of_mean
-    assert all(c > 0.05 for c in cosines.values()), f"{option}: cosine of the mean gradient with the exact one {cosines}"
+    assert all(c > 0.05 for c in cosines.values()), f"{option}: cosine of the mean gradient with the exact {cosines}"

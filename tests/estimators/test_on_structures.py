@@ -32,7 +32,6 @@ from latentstruct.structures import (
     NonProjectiveDepTree,
     ProjectiveDepTree,
     SequenceTagging,
-    Structure,
     TopK,
 )
 
