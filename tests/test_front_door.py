@@ -33,21 +33,24 @@ def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
                           env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
 
 
-@pytest.mark.parametrize("where", ["default", "env"])
-def test_a_missing_data_file_is_one_line_naming_the_file_the_root_and_the_rule(tmp_path, where):
+def test_a_missing_data_file_is_one_line_naming_the_file_the_root_and_the_rule(tmp_path):
     """`python -m latentstruct.train +experiment=sst_spigot` without the data: a 40-line traceback ending in
     FileNotFoundError('missing train.txt[.gz] in data/sst; ...') without a word of LATENTSTRUCT_DATA."""
-    env = {"LATENTSTRUCT_DATA": str(tmp_path / "empty")} if where == "env" else {}
-    (tmp_path / "empty").mkdir()
-    done = _train("+experiment=sst_spigot", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, **env)
+    done = _train("+experiment=sst_spigot", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     line = done.stderr.strip()
     assert line.count("\n") == 0 and line.startswith("error: missing train.txt[.gz] in ")
-    root = tmp_path / "empty" if where == "env" else tmp_path / "data"
-    assert f"The data root is {root}" in line
-    assert ("$LATENTSTRUCT_DATA=" if where == "env" else "$LATENTSTRUCT_DATA is unset") in line
+    assert f"The data root is {tmp_path / 'data'}" in line and "$LATENTSTRUCT_DATA is unset" in line
     assert "$LATENTSTRUCT_DATA, else paths.data_dir" in line and "docs/reference.md" in line
     assert "failed" in (tmp_path / "run" / "metrics.json").read_text()  # the run is still recorded
+
+
+def test_the_data_root_from_the_environment_is_named_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATENTSTRUCT_DATA", str(tmp_path / "empty"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataMissing) as missing:
+        train(compose("+experiment=sst_spigot", f"paths.output_dir={tmp_path / 'run'}"), console=False)
+    assert f"The data root is {tmp_path / 'empty'} ($LATENTSTRUCT_DATA={tmp_path / 'empty'})" in str(missing.value)
 
 
 def test_data_missing_finds_the_file_error_behind_a_wrapper_and_leaves_others():
