@@ -12,14 +12,18 @@ RUNS := multirun
 # make table: T=<paper>/<table> of experiments/ (its spec's `reproduce` block: sweeps, then tables, figures and extra
 # steps; latentstruct/report/reproduce.py). SEEDS: trainer.seed of its sweeps (default: the spec's). ARGS: more Hydra
 # overrides; one written <sweep>:<override> sets that sweep only (ListOps: ARGS='listops_chart:trainer.seed=301').
-# RESULTS: where the tables and figures go instead of results/ (a trial run). `make -n table T=...` prints the commands.
-# A table ends by refreshing <RESULTS>/README.md from the tables' JSON sidecars, as `make report` does.
+# RESULTS: where the tables and figures go. Default: results/ for the spec's own protocol (no SEEDS, no ARGS), else
+# the git-ignored scratch/results/, so that a trial never overwrites a committed table (RESULTS=results: on purpose).
+# `make -n table T=...` prints the commands. A table ends by refreshing <that folder>/README.md from the tables' JSON
+# sidecars, as `make report` does, and says where it wrote; each table's "regenerate with" is the command that made it.
 # The aliases (table-spigot-sst, ...) take the same SEEDS / ARGS; table-spigot-synthetic and table-direct-sorting pass
 # them to both their parts.
 T ?=
 SEEDS ?=
 ARGS ?=
-RESULTS ?= results
+RESULTS ?=
+# The folder make table writes to (as latentstruct.report.reproduce.results_dir decides), for the targets beside it.
+RESULTS_DIR = $(or $(RESULTS),$(if $(strip $(SEEDS)$(ARGS)),scratch/results,results))
 # ONLY=steps: the tables of the runs already there, no run launched (runs brought back from a GPU machine);
 # ONLY=sweeps: the runs alone. FROM: a folder of files a device call brought back (make gpu-results, gpu-unpack).
 ONLY ?=
@@ -33,10 +37,8 @@ REPLACED := INNER_SEEDS SORT_SEEDS KNN_DATASET KNN_ARGS SST_SEEDS SST_ARGS SST_T
 	NER_SEEDS NER_ARGS POS_SEEDS POS_ARGS
 $(foreach v,$(REPLACED),$(if $(filter command line environment,$(origin $(v))),\
 	$(error $(v) is gone: SEEDS=... and ARGS='...' replace it (a dataset: ARGS=dataset=...); see docs/reference.md)))
-# Real datasets (see docs/reference.md); the shared copy beside the checkout when it exists, else the package's default (data/).
-ifneq ($(wildcard ../shared/data),)
-export LATENTSTRUCT_DATA ?= $(abspath ../shared/data)
-endif
+# Real datasets: one rule for make, python -m, the library and the tests: $LATENTSTRUCT_DATA, else paths.data_dir
+# (default data/ under the working directory); make sets neither (docs/reference.md, Data).
 # Reference libraries for the benchmarks only (never dependencies of latentstruct), installed beside .venv.
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu
@@ -83,8 +85,7 @@ lint: install ## ruff on the package and the tests
 
 table: install ## any table from its spec: make table T=spigot/table3_sst SEEDS=301 ARGS='trainer.max_epochs=2'
 	+$(BIN)/python -m latentstruct.report.reproduce $(T) --seeds "$$SEEDS" --args "$$ARGS" --runs $(RUNS) \
-		--results $(RESULTS) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) $(DRY)
-	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
+		$(if $(RESULTS),--results $(RESULTS)) --jobs $(JOBS) $(if $(ONLY),--only $(ONLY)) --made-by make $(DRY)
 
 table-spigot-synthetic: spigot-table2 spigot-inner-steps ## seed 001 Table 2 + Figures 2-3 into results/spigot/
 
@@ -130,7 +131,7 @@ table-energy-pos: ## seed 004 Table 9: 9 methods x 3 seeds on Twitter POS -> res
 	@$(MAKE) --no-print-directory table T=energy/pos
 
 table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/10/50 labelled Cora citations x 3 seeds -> results/energy/citation.md, citation_rules.md
-	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS)/energy/citation_rules.md
+	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS_DIR)/energy/citation_rules.md
 	@$(MAKE) --no-print-directory table T=energy/citation
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png
@@ -140,13 +141,13 @@ table-lab-planted: install ## the planted tasks' calibration: gold, symmetry-mov
 	$(BIN)/python -m latentstruct.data.planted --out results/lab/planted.md
 
 table-lab-matrix: install ## every estimator x planted structure, lr/eta chosen on valid, 4 seeds; reruns only what is missing -> results/lab/matrix.md, .csv, .png
-	+$(BIN)/python -m latentstruct.report.matrix --runs $(RUNS) --results $(RESULTS) --jobs $(JOBS) $(DRY)
+	+$(BIN)/python -m latentstruct.report.matrix --runs $(RUNS) --results $(or $(RESULTS),results) --jobs $(JOBS) $(DRY)
 
 reliability: install ## fault-injection suite: kills, stop signals, kills mid-write, concurrent launchers, damaged files, bad values -> results/reliability.md (~12 min)
 	$(BIN)/python -m latentstruct.reliability --out results/reliability.md
 
 report: install ## results/README.md: a line per table (status vs the paper's protocol, cells within tolerance, headline) from the JSON beside each table
-	$(BIN)/python -m latentstruct.report.report --results $(RESULTS)
+	$(BIN)/python -m latentstruct.report.report --results $(or $(RESULTS),results)
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

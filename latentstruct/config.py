@@ -271,6 +271,10 @@ def validate(cfg: DictConfig, where: str = "") -> None:
     dataclass nodes (``trainer``, ``paths``...) against their fields."""
     if not isinstance(cfg, DictConfig):
         return
+    if not where:  # the whole configuration: what the estimator calls, the structure has (and the data fills)
+        from latentstruct.capabilities import check  # it imports this module
+
+        check(cfg)
     known: set[str] | None = None  # the keys this node may hold; None: anything
     ranges: dict[str, tuple[Constraint, bool]] = {}
     target = cfg._get_node("_target_")._value() if "_target_" in cfg else None
@@ -384,6 +388,9 @@ class TrainerConf:
         "also checkpoint when this many seconds have passed since the last checkpoint (0: every step); null = never "
         "by time", 600,
         NonNegative)
+    keep_checkpoint: bool = _help(
+        "keep checkpoint.pt once the run completes (what resuming it for more steps, and the tree drawings, read); "
+        "false: remove it then", True)
 
 
 @dataclass
@@ -598,7 +605,8 @@ def _cell(value: Any) -> str:
     return f"`{text}`".replace("|", "\\|")
 
 
-def _rows(fields, values: dict) -> list[str]:
+def _rows(fields, values: dict, prefix: str = "") -> list[str]:
+    """A table row per setting: its full key (``prefix`` + name, e.g. ``estimator.eta``), value and help."""
     rows = []
     for f in fields:
         if f.name.startswith("_") or f.name in ("defaults",):
@@ -608,8 +616,93 @@ def _rows(fields, values: dict) -> list[str]:
         text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
         if "range" in f.metadata:
             text += f" (range: `{range_text(f.metadata['range'], _optional(f))}`)"
-        rows.append(f"| `{f.name}` | {_cell(value)} | {text} |")
+        rows.append(f"| `{prefix}{f.name}` | {_cell(value)} | {text} |")
     return rows
+
+
+def _field_helps(node: DictConfig) -> dict[str, str]:
+    """The help text of each setting of a config node: its ``_target_``'s schema, or its dataclass's fields."""
+    target = node._get_node("_target_")._value() if "_target_" in node else None
+    if isinstance(target, str) and not target.startswith("${"):
+        try:
+            fields = dataclasses.fields(schema(target))
+        except ConfigError:
+            return {}
+    else:
+        typed = OmegaConf.get_type(node)
+        fields = dataclasses.fields(typed) if dataclasses.is_dataclass(typed) else ()
+    return {f.name: " ".join(str(f.metadata.get("help", "")).split()) for f in fields if f.metadata.get("help")}
+
+
+def annotated(cfg: DictConfig, indent: str = "") -> list[str]:
+    """The configuration as YAML lines, each setting followed by its help text as a comment (``--help``)."""
+    import yaml
+
+    lines, helps = [], _field_helps(cfg)
+    for key in cfg.keys():
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_none() and not node._is_interpolation() and len(node):
+            lines += [f"{indent}{key}:", *annotated(node, indent + "  ")]
+            continue
+        raw = node._value() if not isinstance(node, (DictConfig, ListConfig)) else OmegaConf.to_container(
+            node, resolve=False)
+        value = yaml.safe_dump(getattr(raw, "value", raw), default_flow_style=True, width=10_000).strip()
+        value = value.removesuffix("\n...").removesuffix("...").strip()
+        comment = f"  # {helps[key]}" if key in helps else ""
+        lines.append(f"{indent}{key}: {value}{comment}")
+    return lines
+
+
+def help_page(args: list[str], config_dir: Path = CONFIG_DIR) -> str:
+    """``python -m latentstruct.train [overrides] --help``: the groups and their options, then every setting of the
+    configuration the overrides compose, with its full key's value and its help text."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = [a for a in args if a not in ("--help", "-h") and not a.startswith("-")]
+    groups = sorted(p.name for p in config_dir.iterdir() if p.is_dir())
+    lines = ["usage: python -m latentstruct.train [group=option ...] [key=value ...] [-m for a sweep]", "",
+             "Every setting below can be given as its full key (estimator.eta=0.1); docs/configs.md lists every "
+             "option of every group, and what each experiment sets. --hydra-help: Hydra's own flags.", "",
+             "== Groups (group=option) ==", ""]
+    lines += [f"{g}: {', '.join(sorted(p.stem for p in (config_dir / g).glob('*.yaml')))}" for g in groups]
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    lines += ["", f"== Settings of {' '.join(overrides) or 'the default experiment'} (key: value  # help) ==", ""]
+    return "\n".join(lines + annotated(cfg)) + "\n"
+
+
+def experiment_delta(name: str, config_dir: Path = CONFIG_DIR) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``+experiment=<name>`` changes, read from its file and the ``/common_*`` files it includes (in order,
+    later ones winning): the options it chooses (``{group: option}``) and the settings it gives (``{full key:
+    value}``)."""
+    import yaml  # the experiment files as written, not composed: fast, and exactly the delta
+
+    groups: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+
+    def read(path: Path) -> None:
+        raw = yaml.safe_load(path.read_text()) or {}
+        for entry in raw.get("defaults") or []:
+            if isinstance(entry, str) and entry.startswith("/") and entry != "_self_":
+                read(config_dir / f"{entry.lstrip('/')}.yaml")
+            elif isinstance(entry, dict):
+                for key, option in entry.items():
+                    groups[key.removeprefix("override ").lstrip("/")] = option
+        values.update(flatten_values({k: v for k, v in raw.items() if k != "defaults"}))
+
+    read(config_dir / "experiment" / f"{name}.yaml")
+    return groups, values
+
+
+def flatten_values(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and empty dicts are values)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten_values(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def reference(config_dir: Path = CONFIG_DIR) -> str:
@@ -626,13 +719,24 @@ def reference(config_dir: Path = CONFIG_DIR) -> str:
             "says what each one runs.", ""]
     families = experiments(config_dir)
     out += [f"- **{family}**: {', '.join(f'`{e}`' for e in names)}" for family, names in families.items()] + [""]
+    out += ["### What each experiment sets", "",
+            "The options it chooses and the settings it gives (its file and the `common_*.yaml` it includes, later "
+            "ones winning): what differs from the defaults of `configs/train.yaml` and of the options chosen. "
+            "`python -m latentstruct.train +experiment=<name> --cfg job` prints the whole composed configuration.", "",
+            "| experiment | options | settings |", "| --- | --- | --- |"]
+    for names in families.values():
+        for name in names:
+            groups, values = experiment_delta(name, config_dir)
+            chosen = ", ".join(f"`{g}={_cell(v).strip('`')}`" for g, v in groups.items())
+            given = ", ".join(f"`{k}={_cell(v).strip('`')}`" for k, v in values.items())
+            out.append(f"| `{name}` | {chosen or '—'} | {given or '—'} |")
+    out.append("")
     run = [("trainer", TrainerConf), ("paths", PathsConf), ("embedding", EmbeddingConf), ("optim_groups.<name>",
            OptimConf)]
     out += ["## Run settings", "", "| setting | default | help |", "| --- | --- | --- |"]
     out += _rows([f for f in dataclasses.fields(TrainConf) if f.name in ("latent", "tuned")], {})
     for name, conf in run:
-        out += [f"| **{name}** | | |"] + [r.replace("| `", f"| `{name}.", 1) for r in _rows(dataclasses.fields(conf),
-                                                                                            {})]
+        out += [f"| **{name}** | | |"] + _rows(dataclasses.fields(conf), {}, f"{name}.")
     groups = sorted({p.parent.relative_to(config_dir).as_posix() for p in config_dir.rglob("*.yaml")
                      if p.parent != config_dir} - {"experiment", "sweep", "preset"}, key=str)
     for group in groups:
@@ -648,7 +752,7 @@ def reference(config_dir: Path = CONFIG_DIR) -> str:
             comment = " ".join(line[1:].strip() for line in path.read_text().splitlines()
                                if line.startswith("#") and "@package" not in line)
             out += [f"### `{group}={path.stem}` → `{names[0]}`", ""] + ([comment, ""] if comment else [])
-            rows = _rows(dataclasses.fields(schema(names[0])), values)
+            rows = _rows(dataclasses.fields(schema(names[0])), values, f"{group.replace('/', '.')}.")
             out += (["| setting | value | help |", "| --- | --- | --- |", *rows] if rows else ["(no settings)"]) + [""]
     return "\n".join(out).rstrip() + "\n"
 

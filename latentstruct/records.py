@@ -23,7 +23,7 @@ import torch
 __all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
            "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
            "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
-           "load_checkpoint", "environment"]
+           "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
 # progress, when it checkpoints, whether it resumes, and the device (a run may move between CPU and GPU; the record
@@ -167,6 +167,29 @@ def write_history(path: Path, history: list[dict[str, float]]) -> None:
 #: the key, true, of a checkpoint that keeps only a completed run's final weights (model, config, step, history), as
 #: ``scripts/carry.py`` packs them for the report steps that read weights: such a checkpoint cannot resume a run
 FINAL_WEIGHTS = "final_weights_only"
+
+
+def _rebuilt(model: torch.nn.Module) -> set[str]:
+    """The state keys of the parameters that building the model rebuilds from the data (frozen pretrained word
+    vectors: a parameter marked ``rebuilt_from_data``), which a checkpoint need not hold."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False)
+            if getattr(p, "rebuilt_from_data", False) and not p.requires_grad}
+
+
+def model_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` less what building the model rebuilds from the data (:func:`_rebuilt`)."""
+    skip = _rebuilt(model)
+    return {k: v for k, v in model.state_dict().items() if k not in skip}
+
+
+def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Load a checkpoint's ``model`` (:func:`model_weights`, or a full state dict of an older checkpoint) into
+    ``model``, which was built from the same data: only the rebuilt parameters may be missing."""
+    result = model.load_state_dict(weights, strict=False)
+    missing = set(result.missing_keys) - _rebuilt(model)
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"the checkpoint's model does not fit: missing {sorted(missing)}, unexpected "
+                           f"{sorted(result.unexpected_keys)}")
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

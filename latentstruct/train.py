@@ -7,9 +7,10 @@ A stop signal (SIGTERM, SIGINT, SIGUSR1/2) saves a checkpoint at the current ste
 (the next run of it resumes there); a non-finite loss or gradient fails the run naming the value
 (:mod:`latentstruct.guards`).
 
-What a run says goes through the ``latentstruct`` logger, which Hydra sends to the console and to the run
-directory's ``train.log``: the expected length before the loop, a line per evaluation and the periodic progress
-lines (:mod:`latentstruct.progress`: a bar instead on a terminal), resume and skip notices, the metrics table.
+What a run says goes through the ``latentstruct`` logger, which Hydra (or, for ``train(cfg)`` called from Python,
+:func:`train` itself) sends to the console and to the run directory's ``train.log``: the expected length before the
+loop, a line per evaluation and the periodic progress lines (:mod:`latentstruct.progress`: a bar instead on a
+terminal), resume and skip notices, the metrics table.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ import latentstruct.optim
 from latentstruct.config import (  # importing latentstruct.config registers the schemas
     ConfigError,
     check_command_line,
+    help_page,
     option_name,
     validate,
 )
 from latentstruct.data.base import iterate_batches, num_batches
+from latentstruct.data.files import DataMissing, data_missing
 from latentstruct.guards import Interrupted, NonFinite, StopSignals, diagnose
 from latentstruct.progress import Progress
 from latentstruct.records import (
@@ -57,6 +60,8 @@ from latentstruct.records import (
     fingerprint,
     identity,
     load_checkpoint,
+    load_model_weights,
+    model_weights,
     read_record,
     remove_partial_writes,
     save_checkpoint,
@@ -258,7 +263,33 @@ def _log_metrics(metrics: dict[str, float], header: str) -> None:
         log.info(line)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+@contextlib.contextmanager
+def _logging(out: Path, console: bool):
+    """Outside Hydra (``train(cfg)`` from Python), what the CLI's logging gives: the run's lines in ``out/train.log``
+    and, when ``console`` and nothing else logs them already (no root handler), on stdout, in the CLI's format."""
+    if HydraConfig.initialized():  # the CLI: Hydra's job_logging already sends them to both
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("[%(asctime)s] %(message)s", "%Y-%m-%d %H:%M:%S")
+    handlers: list[logging.Handler] = [logging.FileHandler(out / "train.log")]
+    if console and not logging.getLogger().handlers:
+        handlers.append(logging.StreamHandler(sys.stdout))
+    level = log.level
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+        for handler in handlers:
+            log.removeHandler(handler)
+            handler.close()
+
+
+def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
     """Train one configuration; write its run record into ``cfg.paths.output_dir``; return metrics.json's dict.
 
     The run directory is claimed first (:func:`latentstruct.records.claim`): a run that another live process is
@@ -269,9 +300,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run is skipped, or goes on to a longer ``trainer.max_steps`` / ``max_epochs`` from its checkpoint (exactly as a
     run of that length); an interrupted one resumes. A run that raises leaves ``status: failed`` with the error, then
     the error goes on.
+    Called from Python, it logs as the CLI does: to the run's ``train.log`` and (``console=False``: not) the console.
     """
     out = Path(cfg.paths.output_dir)
-    with claim(out) as held, StopSignals() as stop:
+    with _logging(out, console), claim(out) as held, StopSignals() as stop:
         if not held:
             log.info("%s is being run by %s; skipping it", out, describe_claim(held.holder))
             return {"status": "in_progress", "claimed_by": held.holder}
@@ -310,8 +342,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 failure = {"status": "failed", "reason": "non_finite", "step": err.step, "tensor": err.tensor,
                            "error": f"{err}; configuration: {_identity(cfg)}"}
                 log.error("%s failed: %s", out, failure["error"])
-            write_json(out / "metrics.json", {**failure, "seed": cfg.trainer.seed,
-                                              **environment(torch.device("cpu"))})
+            # the failure is this configuration's (its run.json says so: the next launch of it goes on here)
+            write_json(out / "metrics.json", {**failure, "seed": cfg.trainer.seed, "fingerprint": write_run_file(
+                out, ident), **environment(torch.device("cpu"))})
             raise
 
 
@@ -342,7 +375,10 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     _seed_everything(tc.seed)
     device = _device(option_name(tc.device))
     env = environment(device)  # at the start: the code that runs is the code of this commit
-    data = instantiate(cfg.dataset)
+    try:
+        data = instantiate(cfg.dataset)
+    except Exception as err:  # a missing file: one line naming it, the data root and the rule that chose it
+        raise (data_missing(err, cfg.paths.data_dir) or err) from err
     splits = {name: {k: v.to(device) for k, v in split.items()} for name, split in data.splits.items()}
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
@@ -381,7 +417,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
     if ckpt is not None:
         _check_same_run(ckpt["config"], config, ckpt_path)
-        model.load_state_dict(ckpt["model"])
+        load_model_weights(model, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
         # a run gone on to a longer length keeps the evaluations that a run of that length makes, not its old end,
@@ -414,7 +450,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
 
     def checkpoint() -> None:  # the whole state after `step` steps: resuming from it continues bit-exactly
         nonlocal saved
-        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+        save_checkpoint(ckpt_path, {"model": model_weights(model), "optimizer": optimizer.state_dict(), "step": step,
                                     "history": history, "loss_sum": loss_sum, "loss_count": loss_count,
                                     "window": window,
                                     "wall_seconds": time.perf_counter() - start, "rng": _rng_state(),
@@ -526,6 +562,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         "selection": select,
     }
     write_json(out / "metrics.json", record)
+    if not tc.keep_checkpoint:  # the run is complete: nothing will resume it
+        ckpt_path.unlink(missing_ok=True)
     _log_metrics(metrics, f"{out}  ({select} evaluation, step {chosen['step']})")
     return record
 
@@ -541,7 +579,7 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.RUN:
             sys.exit(1)
         raise
-    except RunMismatch as err:  # the directory holds another configuration's run: refused, nothing touched
+    except (RunMismatch, DataMissing) as err:  # another configuration's run (nothing touched); data absent (recorded)
         if HydraConfig.get().mode == RunMode.RUN:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
@@ -551,6 +589,13 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if {"--help", "-h"} & set(sys.argv[1:]):  # every setting with its help text (Hydra's shows values only)
+        try:
+            print(help_page(check_command_line(sys.argv[1:])), end="")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
     try:  # before Hydra: nested experiment names, unknown experiments and keys (latentstruct.config)
         sys.argv[1:] = check_command_line(sys.argv[1:])
     except ConfigError as err:

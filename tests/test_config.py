@@ -88,8 +88,10 @@ def test_option_lists_hold_no_internal_names():
         cwd=CONFIGS.parent,
         check=True,
     ).stdout
-    groups = out.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = out.split("== Groups (group=option) ==")[1].split("== Settings")[0]
     assert "base_" not in groups and "common" not in groups
+    settings = out.split("== Settings")[1]
+    assert "  eta: 1.0  # pull-back step size η." in settings.splitlines()  # each setting with its help (issue 37)
 
 
 def test_unknown_keys_and_choices_are_refused_naming_the_key():

@@ -13,13 +13,21 @@ import contextlib
 import gzip
 import io
 import lzma
+import os
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["open_binary", "open_text", "read_lines", "first_file", "stream_error", "STREAM_ERRORS"]
+__all__ = ["open_binary", "open_text", "read_lines", "first_file", "stream_error", "STREAM_ERRORS", "DATA_ENV",
+           "DataMissing", "data_missing"]
+
+#: The one rule for where the real datasets are, for every entry point (the CLI, make, the library, the tests):
+#: ``$LATENTSTRUCT_DATA``, else ``paths.data_dir`` (whose default is ``data`` under the working directory).
+DATA_ENV = "LATENTSTRUCT_DATA"
+_HOW = ("docs/reference.md (Data) says what each dataset's folder holds and where to get it; "
+        "scripts/download_text_data.sh fetches SST, SNLI and GloVe")
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -115,3 +123,30 @@ def read_lines(path: str | Path, final_newline: bool = True) -> Iterator[tuple[i
 def first_file(candidates: Iterable[Path]) -> Path | None:
     """The first candidate that is an existing file, or None."""
     return next((c for c in candidates if c.is_file()), None)
+
+
+class DataMissing(FileNotFoundError):
+    """A dataset's file is not where the run looked: the message names the file, the root and how it was chosen
+    (``$LATENTSTRUCT_DATA``, else ``paths.data_dir``) and how to get the data."""
+
+
+def data_missing(err: BaseException, data_dir: str | Path) -> DataMissing | None:
+    """The :class:`DataMissing` for an error raised while a dataset was read from ``data_dir`` (a run's
+    ``paths.data_dir``), or None when no FileNotFoundError is behind it (Hydra's instantiate wraps the reader's)."""
+    cause, seen = err, set()
+    while cause is not None and not isinstance(cause, FileNotFoundError) and id(cause) not in seen:
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if cause is None or isinstance(cause, DataMissing):
+        return cause
+    env = os.environ.get(DATA_ENV)
+    root = Path(data_dir)
+    source = (f"${DATA_ENV}={env}" if env and root == Path(env)
+              else f"paths.data_dir={data_dir}" + ("" if env else f" (${DATA_ENV} is unset)"))
+    missing = str(cause.args[-1] if cause.args else cause) if not cause.filename else f"no file {cause.filename}"
+    return DataMissing(
+        f"{missing.rstrip('.')}. The data root is {root.resolve()} ({source}); the rule, for every entry point: "
+        f"${DATA_ENV}, else paths.data_dir (default: data/ under the working directory). Point "
+        f"{DATA_ENV}=<folder> (or paths.data_dir=<folder>) at the folder that holds the datasets; {_HOW}."
+    )
+

@@ -61,3 +61,7 @@ def synthetic_clusters(
         for name, (x, z, proj) in raw.items()
     }
     return TensorSplits(splits, dims={"input_dim": num_features, "num_classes": 2, "latent_dim": num_clusters})
+
+
+#: the structures whose scores this data's latent fills (latentstruct.capabilities): one of K clusters
+synthetic_clusters.structures = ("categorical",)

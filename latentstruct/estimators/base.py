@@ -76,6 +76,10 @@ class Estimator(nn.Module):
         eval_latent: decoder input at evaluation: relaxed (the relaxation, if any) or map.
     """
 
+    #: what this estimator calls of a structure (:mod:`latentstruct.capabilities`: refused at composition when the
+    #: structure lacks one)
+    calls: frozenset[str] = frozenset({"map"})
+
     relaxed: bool = False
 
     def __init__(self, eval_latent: Literal["map", "relaxed"] = "relaxed"):

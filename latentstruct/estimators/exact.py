@@ -54,6 +54,8 @@ class Exact(Estimator):
         max_vertices: refuse structures with more vertices than this (the cost is one loss per vertex).
     """
 
+    calls = frozenset({"exact_samples", "enumerate"})
+
     def __init__(self, max_vertices: Annotated[int, AtLeast(1)] = 4096,
                  eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__(eval_latent)

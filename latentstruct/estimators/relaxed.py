@@ -18,6 +18,8 @@ __all__ = ["Marginals", "Sparsemap", "GumbelSoftmax", "NeuralSort"]
 class Marginals(Estimator):
     """Structured attention: Marg(s) = E_p[z] (softmax on Categorical), exact autograd."""
 
+    calls = frozenset({"marginals"})
+
     relaxed = True
 
     def train_forward(self, scores, structure, lengths, downstream):
@@ -45,6 +47,8 @@ class GumbelSoftmax(Tempered):
     At evaluation the relaxation drops the noise: Marg(s / τ).
     """
 
+    calls = frozenset({"marginals"})
+
     relaxed = True
 
     def train_forward(self, scores, structure, lengths, downstream):
@@ -64,6 +68,8 @@ class NeuralSort(Tempered):
         stochastic: relax Plackett-Luce samples of the scores (stochastic NeuralSort) instead of their sort.
         samples: stochastic: samples per example, whose relaxed top-k are averaged.
     """
+
+    calls = frozenset({"k"})
 
     relaxed = True
 

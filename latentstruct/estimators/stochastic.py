@@ -31,6 +31,8 @@ class StGumbel(Tempered):
     the chain-rule factor 1/τ is 1.
     """
 
+    calls = frozenset({"map", "marginals"})
+
     def train_forward(self, scores, structure, lengths, downstream):
         noise = gumbel_like(scores)
         z = structure.map(scores.detach() + noise, lengths)
@@ -86,6 +88,8 @@ class Sfe(Estimator):
         samples: M, draws per example on a structure (exact_sample on the batch repeated M times); the scores'
             gradient averages over them, the decoder is fed the first.
     """
+
+    calls = frozenset({"map", "marginals", "exact_samples"})
 
     BASELINES = ("none", "moving_average", "self_critical", "rloo")
 
@@ -200,6 +204,8 @@ class Ppo(Sfe):
         refresh: training steps between refreshes of the behaviour policy (the PPO updates per sample; Havrylov et
             al. 2019: 15 per batch).
     """
+
+    calls = frozenset({"sequential_policy"})
 
     def __init__(self, baseline: Literal["none", "moving_average", "self_critical"] = "none",
                  decay: Annotated[float, Between(0, 1, hi_open=True)] = 0.9, entropy_weight: float = 0.0,

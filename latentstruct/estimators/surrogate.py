@@ -95,11 +95,15 @@ class Spigot(PulledBack):
 class SpigotCe(Spigot):
     """SPIGOT-CE: projected gradient from μ0 = Marg(s), with the cross-entropy (CRF) loss (seed 001, Eq. 16-17)."""
 
+    calls = frozenset({"map", "marginals"})
+
     starts_at_map = False
 
 
 class SpigotEg(PulledBack):
     """SPIGOT-EG: exponentiated-gradient / mirror-descent steps on the scores (seed 001, Eq. 18-22)."""
+
+    calls = frozenset({"map", "marginals"})
 
     starts_at_map = False
 
@@ -116,6 +120,8 @@ class SteS(Estimator):
 
     (The authors' code used only the Jacobian's diagonal; this is the estimator as the paper defines it.)
     """
+
+    calls = frozenset({"map", "marginals"})
 
     def train_forward(self, scores, structure, lengths, downstream):
         return straight_through(scores, structure.map(scores, lengths), structure, lengths)

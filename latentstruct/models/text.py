@@ -147,6 +147,8 @@ class Embedder(nn.Module):
             with torch.no_grad():
                 self.embedding.weight.copy_(pretrained)
             self.embedding.weight.requires_grad_(not freeze)
+            # frozen vectors are the data's: checkpoints leave them out (latentstruct.records.model_weights)
+            self.embedding.weight.rebuilt_from_data = freeze
         else:
             with torch.no_grad():
                 nn.init.normal_(self.embedding.weight, 0.0, 1.0)

@@ -49,7 +49,8 @@ from latentstruct.report.tables import (
     provenance,
 )
 
-__all__ = ["SPEC_FIGURES", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves", "row_curves", "render",
+__all__ = ["SPEC_FIGURES", "NothingToDraw", "ROW_CURVE_AXES", "learning_curves", "inner_steps", "setting_curves",
+           "row_curves", "render",
            "redraw", "from_table", "main"]
 
 # The figures drawn from a table spec's rows and settings: they take --spec and --metric.
@@ -164,6 +165,41 @@ def _legend_columns(labels: list[str], width: float) -> int:
     return max(1, min(len(labels), int(width // column)))
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+_OVERLAP = 0.01  # two lines within this share of the panel's height at every common x: one hides the other
+
+
+def _overlapping(series: list[dict], span: float) -> list[list[int]]:
+    """Groups (of two or more, by index) of the series that lie within :data:`_OVERLAP` of the panel's height of
+    each other at every x they share: drawn one over the other, all but the last would be hidden."""
+    def points(s: dict) -> tuple[np.ndarray, np.ndarray]:
+        keep = [(x, y) for x, y in zip(s["x"], s["y"], strict=True) if x is not None and y is not None]
+        xy = np.array(sorted(keep), dtype=float).reshape(-1, 2)
+        return xy[:, 0], xy[:, 1]
+
+    def close(a: dict, b: dict) -> bool:  # at a's points within b's x range, b interpolated
+        (xa, ya), (xb, yb) = points(a), points(b)
+        inside = (xa >= xb.min()) & (xa <= xb.max()) if len(xb) else np.zeros_like(xa, dtype=bool)
+        if inside.sum() < 2:
+            return False
+        return bool(np.all(np.abs(ya[inside] - np.interp(xa[inside], xb, yb)) <= _OVERLAP * span))
+
+    groups: list[list[int]] = []
+    for i, s in enumerate(series):
+        if "err" in s or s.get("dashed"):  # drawn with markers already
+            continue
+        group = next((g for g in groups if close(series[g[0]], s)), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    return [g for g in groups if len(g) > 1]
+
+
+def _short(label: str | None) -> str:
+    return (label or "?").split(" (")[0].rstrip("*")
+
+
 def render(data: dict) -> Figure:
     """Draw a figure description (the ``.data.json`` written beside each PNG): a panel per entry of ``panels``, each
     with its ``series``, axis labels, x ticks and phase marks; one legend below the panels, never over the data.
@@ -188,10 +224,17 @@ def render(data: dict) -> Figure:
     for ax, panel in zip(axes, panels, strict=True):
         ys = [v for s in panel["series"] for v in s["y"] if v is not None]
         span, noted = (max(ys) - min(ys) if ys else 0.0) or 1.0, []
-        for s in panel["series"]:
+        # lines that coincide get a marker each, at staggered points, and a note says so: none is hidden
+        overlaps = _overlapping(panel["series"], span)
+        marked = {i: (k, len(g)) for g in overlaps for k, i in enumerate(g)}
+        for index, s in enumerate(panel["series"]):
             x, y, color = np.array(s["x"], dtype=float), np.array(s["y"], dtype=float), f"C{s['color']}"
             style = {"color": color, "linestyle": "--" if s.get("dashed") else "-",
                      "marker": ("x" if s.get("dashed") else "o") if "err" in s or s.get("dashed") else None}
+            if index in marked and style["marker"] is None:
+                k, n = marked[index]
+                style.update(marker=_MARKERS[k % len(_MARKERS)], markevery=(k, n), markersize=6,
+                             markerfacecolor="none", linewidth=1.2 + 1.2 * (n - 1 - k))
             if "err" in s:
                 artist = ax.errorbar(x, y, yerr=np.array(s["err"], dtype=float), capsize=3, **style)
             else:
@@ -208,6 +251,10 @@ def render(data: dict) -> Figure:
                 ax.margins(x=0.08, y=0.08)  # room for the notes inside the axes
             if s.get("label"):
                 handles.setdefault(s["label"], artist)
+        for row, group in enumerate(overlaps):  # one note per group, stacked from the bottom
+            names = " = ".join(_short(panel["series"][i].get("label")) for i in group)
+            ax.text(0.01, 0.01 + 0.055 * row, f"overlapping (within {_OVERLAP * span:.2g}): {names}",
+                    transform=ax.transAxes, fontsize=7, color="0.25", va="bottom", ha="left", wrap=True)
         for mark in panel.get("phases", []):
             ax.axvline(mark["x"], color="0.35", linestyle=":", linewidth=1.2)
             ax.annotate(mark["label"], (mark["x"], 1), xycoords=("data", "axes fraction"), xytext=(0, 2),
@@ -226,12 +273,28 @@ def render(data: dict) -> Figure:
         fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=8, frameon=False,
                    ncol=_legend_columns(list(handles), fig.get_figwidth()))
     if data.get("title"):
-        fig.suptitle("\n".join(textwrap.wrap(data["title"], int(15 * fig.get_figwidth()))), fontsize=9)
+        fig.suptitle("\n".join(textwrap.wrap(data["title"], int(12 * fig.get_figwidth()))), fontsize=9)
     return fig
 
 
+class NothingToDraw(ValueError):
+    """A figure whose every line would be invisible (e.g. one evaluation per run): it is not written."""
+
+
+def _drawable(series: dict) -> bool:
+    """Whether a series leaves a mark: a line of two finite points or more, or one marked point (error bars)."""
+    finite = sum(1 for v in series["y"] if v is not None and math.isfinite(v))
+    return finite >= 2 or (finite >= 1 and ("err" in series or series.get("dashed")))
+
+
 def _write(data: dict, out: str | Path) -> Path:
-    """Draw ``data`` into the PNG ``out`` and write it beside as ``<name>.data.json`` (what :func:`redraw` reads)."""
+    """Draw ``data`` into the PNG ``out`` and write it beside as ``<name>.data.json`` (what :func:`redraw` reads);
+    :class:`NothingToDraw` (nothing written) when no series would leave a mark."""
+    series = [s for panel in data.get("panels", []) for s in panel["series"]]
+    if not any(_drawable(s) for s in series):
+        points = max((len(s["y"]) for s in series), default=0)
+        raise NothingToDraw(f"{out} not written: nothing to draw ({len(series)} line(s), at most {points} point(s) "
+                            "each: one evaluation per run draws no line; evaluate more often or train longer)")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(render(data)).print_png(str(out))
@@ -568,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
             inner_steps(args.runs, args.out, num_clusters=args.num_clusters, spec=args.spec)
         else:
             learning_curves(args.runs, args.out, num_clusters=args.num_clusters)
+    except NothingToDraw as exc:
+        print(exc)  # not an error: the reproduction goes on to its other tables
+        return 0
     except ValueError as exc:
         sys.exit(f"error: {exc}")
     print(f"wrote {args.out} and {Path(args.out).with_suffix('.data.json')}")

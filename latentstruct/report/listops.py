@@ -42,7 +42,7 @@ from omegaconf import OmegaConf
 
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
-from latentstruct.records import LENGTH, NOT_RESULT, flatten, load_checkpoint
+from latentstruct.records import LENGTH, NOT_RESULT, flatten, load_checkpoint, load_model_weights
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.listops import ListOps, tree_scores
 from latentstruct.train import build_model
@@ -89,7 +89,7 @@ def load_run(run_dir: str | Path, data_dir: str | None = None) -> tuple[ListOps,
     model = build_model(cfg, data.dims, data.extras)
     if not isinstance(model, ListOps):
         raise ValueError(f"{run_dir} is not a ListOps run (task {cfg.task._target_})")
-    model.load_state_dict(ckpt["model"])
+    load_model_weights(model, ckpt["model"])
     return model.eval(), data, OmegaConf.to_container(cfg)
 
 

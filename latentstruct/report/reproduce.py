@@ -17,7 +17,11 @@ its ``reproduce`` block (the format is documented in ``experiments/spigot/table2
   subcommand, its ``metric`` and ``out``), ``listops`` (a :mod:`latentstruct.report.listops` subcommand, its ``out``)
   and ``trees`` (the sentence drawn with one run per ``rows`` entry of ``seed``, :mod:`latentstruct.report.trees`).
 
-Every path under ``results/`` goes under ``--results`` instead, so a trial run can write elsewhere. Runs are found
+Every path under ``results/`` goes under ``--results`` instead, so a trial run can write elsewhere. Without
+``--results``, the spec's own protocol (no ``--seeds``, no ``--args``) writes into ``results/``, anything else into
+the git-ignored scratch folder :data:`SCRATCH` (``make table ... RESULTS=results`` writes a reduced protocol into
+``results/`` on purpose), and the last line says where the tables went. Each table's "regenerate with" line (and its
+JSON sidecar's ``command``) is the command that made it (``--made-by``; ``make table`` passes its own). Runs are found
 by their records, never by directory names. ``--dry-run`` prints the commands without running them (``make -n``).
 ``--only sweeps`` runs the sweeps alone (what ``scripts/gpu_table.sh`` runs on a GPU machine), ``--only steps`` the
 steps alone, on the runs already there (``make table ONLY=steps``: the tables of runs brought back from a GPU, with no
@@ -40,7 +44,7 @@ import yaml
 from latentstruct.report.figures import SPEC_FIGURES
 from latentstruct.report.tables import load_spec, output_path
 
-__all__ = ["LAUNCHER", "Command", "spec_path", "commands", "sweep_root", "main"]
+__all__ = ["LAUNCHER", "SCRATCH", "Command", "spec_path", "results_dir", "made_by", "commands", "sweep_root", "main"]
 
 # How every sweep runs: local parallel jobs (one thread each: trainer.threads' default), no progress bars, resuming
 # (and skipping) finished runs.
@@ -52,6 +56,8 @@ LAUNCHER = (
     "paths.multirun_dir={runs}",
 )
 SWEEPS = Path(__file__).resolve().parents[2] / "configs" / "sweep"
+# Where a reproduction other than the spec's own protocol writes its tables unless told (git-ignored).
+SCRATCH = "scratch/results"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,26 @@ class Command:
 def spec_path(name: str | Path) -> Path:
     """``spigot/table3_sst`` -> ``experiments/spigot/table3_sst.yaml`` (a path ending in .yaml is kept)."""
     return Path(name) if str(name).endswith(".yaml") else Path("experiments", f"{name}.yaml")
+
+
+def results_dir(seeds: str = "", args: str = "", results: str | None = None) -> str:
+    """Where the tables go: ``results`` when given, else ``results/`` for the spec's own protocol (no seeds, no
+    args) and :data:`SCRATCH` for anything else, so that a trial never overwrites a committed table."""
+    if results:
+        return results
+    return "results" if not (seeds.strip() or args.strip()) else SCRATCH
+
+
+def made_by(spec: str, seeds: str = "", args: str = "", results: str | None = None, only: str | None = None,
+            via: str = "make") -> str:
+    """The command a user types to make the table again: ``make table T=... [SEEDS=...] [ARGS='...'] [RESULTS=...]``
+    (``via="python"``: the ``python -m latentstruct.report.reproduce`` line)."""
+    if via == "python":
+        extra = [*(["--seeds", seeds] if seeds else []), *(["--args", args] if args else []),
+                 *(["--results", results] if results else []), *(["--only", only] if only else [])]
+        return shlex.join(["python", "-m", "latentstruct.report.reproduce", str(spec), *extra])
+    given = {"T": str(spec), "SEEDS": seeds, "ARGS": args, "RESULTS": results, "ONLY": only}
+    return "make table " + " ".join(f"{k}={shlex.quote(v)}" for k, v in given.items() if v)
 
 
 def _key(override: str) -> str:
@@ -111,14 +137,15 @@ def _results(path: str, results: str) -> str:
     return str(Path(results, *parts[1:])) if parts[:1] == ("results",) else path
 
 
-def _step(step: dict, spec: Path, runs: str, results: str) -> list[str]:
+def _step(step: dict, spec: Path, runs: str, results: str, command: str | None = None) -> list[str]:
     """The module and arguments of one ``steps`` entry (module docstring)."""
     out = ["--out", _results(step["out"], results)] if step.get("out") else []
     if "table" in step:
         table = spec.parent / f"{step['table']}.yaml"
         out = ["--out", _results(output_path(load_spec(table)), results)]
         empty = ["--allow-empty"] if step.get("allow_empty") else []
-        return ["latentstruct.report.tables", str(table), "--runs", runs, *out, *empty]
+        made = ["--command", command] if command else []
+        return ["latentstruct.report.tables", str(table), "--runs", runs, *out, *empty, *made]
     if "figure" in step:
         by_spec = ["--spec", str(spec), "--metric", step["metric"]] if step["figure"] in SPEC_FIGURES else []
         by_spec += ["--x", str(step["x"])] if step.get("x") else []  # row-curves: its x axis
@@ -144,12 +171,14 @@ def _made_by(spec: Path) -> str:
 
 
 def commands(
-    spec: str | Path, seeds: str = "", args: str = "", runs: str = "multirun", results: str = "results", jobs: int = 1,
-    only: str | None = None,
+    spec: str | Path, seeds: str = "", args: str = "", runs: str = "multirun", results: str | None = None,
+    jobs: int = 1, only: str | None = None, command: str | None = None,
 ) -> list[Command]:
     """The commands that reproduce the table ``spec`` (a name such as ``spigot/table3_sst`` or a spec file):
     its sweeps with ``seeds`` and the overrides ``args`` (a shell-quoted string), then its steps (module docstring);
-    ``only="sweeps"`` or ``"steps"``: those alone (runs on a GPU machine; tables from the runs already there)."""
+    ``only="sweeps"`` or ``"steps"``: those alone (runs on a GPU machine; tables from the runs already there).
+    ``results``: where the tables go (default :func:`results_dir`); ``command``: the tables' "regenerate with"."""
+    results = results_dir(seeds, args, results)
     spec = spec_path(spec)
     plan = load_spec(spec).get("reproduce")
     if not plan:
@@ -165,7 +194,7 @@ def commands(
         overrides = [f"+sweep={sweep['sweep']}", *_sweep_overrides(sweep, given), *launcher]
         out.append(Command([*python, "latentstruct.train", "--multirun", *overrides], bool(sweep.get("may_fail"))))
     steps = (plan.get("steps") or []) if only != "sweeps" else []
-    return out + [Command([*python, *_step(step, spec, run_dir, results)]) for step in steps]
+    return out + [Command([*python, *_step(step, spec, run_dir, results, command)]) for step in steps]
 
 
 def sweep_root(spec: str | Path, runs: str = "multirun") -> str:
@@ -193,16 +222,24 @@ def main(argv: list[str] | None = None) -> int:
         help="more Hydra overrides of the sweeps, shell-quoted; <sweep>:<override> for one sweep only",
     )
     parser.add_argument("--runs", default="multirun", help="root of the sweeps' run directories (default multirun)")
-    parser.add_argument("--results", default="results", help="written instead of results/ (default results)")
+    parser.add_argument("--results", default=None,
+                        help=f"where the tables and figures go (default: results/ for the spec's own protocol, "
+                             f"{SCRATCH}/ with --seeds or --args)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="runs at a time (default: the cores)")
     parser.add_argument("--only", choices=("sweeps", "steps"),
                         help="run only the sweeps (the runs), or only the steps (tables from the runs already there)")
+    parser.add_argument("--made-by", choices=("make", "python"), default="python",
+                        help="how the tables' 'regenerate with' line writes this command (make table passes make)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
+    results = results_dir(args.seeds, args.args, args.results)
+    made = made_by(args.spec, args.seeds, args.args, args.results, args.only, args.made_by)
     try:
-        todo = commands(args.spec, args.seeds, args.args, args.runs, args.results, args.jobs, args.only)
+        todo = commands(args.spec, args.seeds, args.args, args.runs, results, args.jobs, args.only, made)
     except (OSError, ValueError) as exc:
         sys.exit(f"error: {exc}")
+    if args.only != "sweeps":  # then results/README.md (or the scratch folder's) from the tables' sidecars
+        todo.append(Command([sys.executable, "-m", "latentstruct.report.report", "--results", results]))
     for command in todo:
         print(shlex.join(command.argv), flush=True)
         if args.dry_run:
@@ -212,6 +249,13 @@ def main(argv: list[str] | None = None) -> int:
             print("*** some runs of this sweep failed: the tables list their errors", flush=True)
         elif code:
             return code
+    if args.only != "sweeps":
+        why = ("the spec's own protocol" if results == "results" and not args.results
+               else "as asked (--results / RESULTS=)" if args.results
+               else "not the spec's protocol (--seeds / --args): a scratch folder, git-ignored; RESULTS=results "
+                    "writes into results/")
+        print(f"{'would write' if args.dry_run else 'wrote'} the tables and figures under {results}/ ({why})",
+              flush=True)
     return 0
 
 

@@ -386,8 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="Markdown file to write (default: the spec's `output`)")
     parser.add_argument("--allow-empty", action="store_true",
                         help="write the table even when every matching run failed (it then lists their errors)")
+    parser.add_argument("--command", help="the command that made the table, for its 'regenerate with' line and its "
+                                          "sidecar (default: the spec's `command`; make table passes its own)")
     args = parser.parse_args(argv)
     spec = load_spec(args.spec)
+    if args.command:
+        spec["command"] = args.command
     if "rows" not in spec:
         sys.exit(f"error: {args.spec} has no rows: it makes figures only (python -m latentstruct.report.reproduce)")
     runs = load_runs(args.runs)

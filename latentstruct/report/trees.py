@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.text import tokenize
-from latentstruct.records import load_checkpoint
+from latentstruct.records import load_checkpoint, load_model_weights
 from latentstruct.report.drawing import depth, draw_tree, format_tree, heads_from_arcs
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
 from latentstruct.tasks.text import _TreeTask
@@ -59,7 +59,7 @@ def load_tree_model(run_dir: str | Path, data_dir: str | None = None):
     model = build_model(cfg, data.dims, data.extras)
     if not isinstance(model, _TreeTask) or model.scorer is None:
         raise ValueError(f"{run_dir}: the model has no latent tree (task {cfg.task._target_}, latent={cfg.latent})")
-    model.load_state_dict(ckpt["model"])
+    load_model_weights(model, ckpt["model"])
     return model.eval(), data.extras["vocab"], bool(cfg.embedding.lowercase)
 
 

@@ -42,6 +42,10 @@ class Structure:
     inexact projection: what the authors of seed 001 ran, lp-sparsemap with ``max_inner_iter=50``).
     """
 
+    #: what this structure can do, for the estimators' ``calls`` (:mod:`latentstruct.capabilities`); SparseMAP
+    #: comes with MAP (the generic active-set solver calls only ``map``)
+    has: frozenset[str] = frozenset({"map"})
+
     sparsemap_max_iter: int | None = None
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

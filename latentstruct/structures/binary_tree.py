@@ -91,6 +91,8 @@ class BinaryTree(Structure):
     inside-outside pass).
     """
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate"})  # latentstruct.capabilities
+
     # ------------------------------------------------------------------------------------------------- interface
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

@@ -49,6 +49,8 @@ def _keep(scores: torch.Tensor, lengths) -> torch.Tensor:
 class BinaryVector(Structure):
     """Independent binary variables, scores ``[batch, n, 2]`` (module docstring: the part layout and why)."""
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate"})  # latentstruct.capabilities
+
     def map(self, scores, lengths=None):
         s = scores.detach()
         z = F.one_hot(s.argmax(-1), 2).to(s.dtype)

@@ -17,6 +17,8 @@ class Categorical(Structure):
     ``lengths`` is accepted for interface uniformity and ignored: every example has all K choices.
     """
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate"})  # latentstruct.capabilities
+
     def map(self, scores, lengths=None):
         return F.one_hot(scores.detach().argmax(-1), scores.shape[-1]).to(scores.dtype)
 

@@ -129,6 +129,8 @@ class ProjectiveDepTree(Structure):
             and use the iterate (the seed 001 authors ran lp-sparsemap with 50).
     """
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate"})  # latentstruct.capabilities
+
     def __init__(self, multiroot: bool = True, sparsemap_max_iter: Annotated[int | None, AtLeast(1)] = None):
         self.multiroot = bool(multiroot)
         if sparsemap_max_iter is not None and sparsemap_max_iter < 1:

@@ -68,6 +68,8 @@ class Matching(Structure):
     raise ``NotImplementedError``: :meth:`sinkhorn` is the approximation.
     """
 
+    has = frozenset({"map", "enumerate"})  # no marginals, no exact samples: #P-hard (latentstruct.capabilities)
+
     # ------------------------------------------------------------------------------------------------- interface
 
     def map(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:

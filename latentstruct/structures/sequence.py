@@ -61,6 +61,8 @@ class SequenceTagging(Structure):
         num_tags: number of tags T (scores [batch, n, T, T]).
     """
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate"})  # latentstruct.capabilities
+
     def __init__(self, num_tags: Annotated[int, AtLeast(1)]):
         if int(num_tags) < 1:
             raise ValueError(f"SequenceTagging needs num_tags >= 1, got {num_tags}")

@@ -59,6 +59,8 @@ class TopK(Structure):
         k: size of the selected subset (scores [batch, n], vertices k-hot).
     """
 
+    has = frozenset({"map", "marginals", "exact_samples", "enumerate", "k"})  # latentstruct.capabilities
+
     def __init__(self, k: Annotated[int, AtLeast(1)]):
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"TopK needs an integer k >= 1, got {k!r}")

@@ -507,7 +507,61 @@ def test_table3_sst_runs_what_its_make_target_ran(monkeypatch, capsys):
          "--out-dir", "results/spigot/trees", "A taut, intelligent psychological drama."]]
     assert reproduce.main(["spigot/table3_sst", "--jobs", "2", "--dry-run"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert [shlex.split(line)[2:] for line in printed] == _argv("spigot/table3_sst", jobs=2)
+    made = "python -m latentstruct.report.reproduce spigot/table3_sst"
+    assert [shlex.split(line)[2:] for line in printed[:-2]] == _argv("spigot/table3_sst", jobs=2, command=made)
+    assert shlex.split(printed[-2])[2:] == ["latentstruct.report.report", "--results", "results"]
+    assert printed[-1] == "would write the tables and figures under results/ (the spec's own protocol)"
+
+
+def test_a_trial_writes_into_a_scratch_folder_unless_told_and_says_where(monkeypatch, capsys):
+    """Issue 37: `make table T=spigot/table2 SEEDS=301 ARGS=...` (the README's example) replaced the committed
+    full-protocol table; anything but the spec's protocol now goes to the git-ignored scratch folder."""
+    monkeypatch.chdir(REPO)
+
+    def outs(**kwargs):
+        return [c[c.index("--out") + 1] for c in _argv("spigot/table2", **kwargs) if "--out" in c]
+
+    assert outs() == ["results/spigot/table2.md", "results/spigot/figure2_learning_curves.png"]
+    for trial in ({"seeds": "301"}, {"args": "trainer.max_steps=100"}, {"args": "+preset=listops_cpu"}):
+        assert all(o.startswith(f"{reproduce.SCRATCH}/") for o in outs(**trial)), trial
+    assert outs(seeds="301", results="results") == outs()  # RESULTS=results: on purpose
+    assert reproduce.main(["spigot/table2", "--seeds", "301", "--args", "trainer.max_steps=100", "--made-by", "make",
+                           "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    table = shlex.split(next(line for line in printed if "latentstruct.report.tables" in line))
+    assert table[table.index("--command") + 1] == "make table T=spigot/table2 SEEDS=301 ARGS=trainer.max_steps=100"
+    assert printed[-2].endswith(f"latentstruct.report.report --results {reproduce.SCRATCH}")
+    assert printed[-1].startswith(f"would write the tables and figures under {reproduce.SCRATCH}/ (not the spec's")
+    assert "RESULTS=results" in printed[-1]
+    assert f"/{reproduce.SCRATCH.split('/')[0]}/" in (REPO / ".gitignore").read_text().split()
+    quoted = reproduce.made_by("listops/table", "301", "+preset=listops_cpu listops_chart:trainer.seed=301")
+    assert shlex.split(quoted) == ["make", "table", "T=listops/table", "SEEDS=301",
+                                   "ARGS=+preset=listops_cpu listops_chart:trainer.seed=301"]
+
+
+def test_a_tables_regenerate_line_and_sidecar_name_the_command_that_made_it(tmp_path):
+    _four_runs(tmp_path / "runs")
+    out = tmp_path / "t.md"
+    command = "make table T=fake/t1 SEEDS=1 ARGS='trainer.max_steps=100'"
+    assert tables.main([str(_spec(tmp_path)), "--runs", str(tmp_path / "runs"), "--out", str(out),
+                        "--command", command]) == 0
+    assert f"- regenerate with: `{command}`" in out.read_text().splitlines()
+    assert json.loads(out.with_suffix(".json").read_text())["command"] == command
+    tables.main([str(_spec(tmp_path)), "--runs", str(tmp_path / "runs"), "--out", str(out)])
+    assert json.loads(out.with_suffix(".json").read_text())["command"] == "make table-fake"  # the spec's
+
+
+def test_a_figure_with_nothing_to_draw_is_not_written_and_the_command_says_why(tmp_path, capsys):
+    """One evaluation per run (a 100-step trial) drew an empty figure2_learning_curves.png without a word."""
+    for seed in (1, 2):
+        run = _run(tmp_path / "runs", f"r{seed}", "synthetic_spigot", k=10, seed=seed)
+        pd.DataFrame({"step": [100], "valid/acc": [60.0], "valid/v_measure": [1.0], "test/acc": [60.0],
+                      "test/v_measure": [1.0]}).to_csv(run / "history.csv", index=False)
+    out = tmp_path / "fig" / "curves.png"
+    with pytest.raises(figures.NothingToDraw, match="one evaluation per run"):
+        figures.learning_curves(tmp_path / "runs", out)
+    assert figures.main(["learning-curves", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert "not written: nothing to draw" in capsys.readouterr().out and not out.exists()
 
 
 def test_seeds_and_args_replace_the_specs_defaults_and_scope_to_one_sweep(monkeypatch):
@@ -537,7 +591,8 @@ def test_a_failed_sweep_stops_the_reproduction_unless_its_runs_may_fail(monkeypa
 
     monkeypatch.setattr(reproduce.subprocess, "run", run)
     assert reproduce.main(["spigot/table3_snli"]) == 0  # SNLI: the tables list the failed runs
-    assert ran == ["latentstruct.train", "latentstruct.report.tables", "latentstruct.report.tables"]
+    assert ran == ["latentstruct.train", "latentstruct.report.tables", "latentstruct.report.tables",
+                   "latentstruct.report.report"]
     assert "*** some runs of this sweep failed" in capsys.readouterr().out
     ran.clear()
     assert reproduce.main(["spigot/table3_sst"]) == 1 and ran == ["latentstruct.train"]
