@@ -278,7 +278,7 @@ def render(sheet: dict) -> list[str]:
         "**Status: reduced protocol** — a timing and accuracy benchmark, not a paper table: one batch per "
         "configuration for the accuracy, a few interleaved training steps per row for the cost, after a short "
         "pretraining; the datasets and settings each run measured are listed below (reading: "
-        "implicit_summary.md).", "",
+        "docs/implicit_gradient.md).", "",
         *[f"- Generated {r['generated']} by `{r['command']}` at commit {r['commit']}: "
           f"{', '.join(r['args'].get('primaries', PRIMARIES))}, {r['args']['pretrain_steps']} pretraining steps then "
           f"{r['args']['method_steps']} method steps from the configuration's seed, {r['args']['rounds']} rounds."
