@@ -645,6 +645,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.render or args.page:
         sheet = json.loads((args.render or args.page).read_text())
+        if args.page:  # the tables summed again by this code
+            sheet["tables"] = summarise([Cell(**c) for c in sheet["configs"]])
         print("\n".join(render(sheet) if args.render else page(sheet)))
         return 0
     if args.threads:
