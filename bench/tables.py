@@ -19,15 +19,16 @@ cell's overrides, ``trainer.device``).
 configuration and device), the model, the optimizer(s) — and trained as train.py's loop trains: per phase of its
 schedule (``trainer.phases``, else the one phase over ``train``), ``--warmup`` steps (lazy initialisations, the first
 allocations, cuDNN's choices), then steps in doubling chunks, the device synchronised at the ends of each chunk only,
-until ``--min-seconds`` have passed or ``--max-steps`` were timed: that phase's seconds per step. Then one evaluation
-of valid and test (``evaluate_splits``, as train.py calls it after a step; with ``--eval-examples N`` on the first
-N examples of each, its time scaled by the splits' sizes: ``eval_scale``). On CUDA one more step runs under
-``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls it makes are counted: host round trips per
-step. A run's device-seconds = Σ over phases of its steps × s/step + its evaluations (``_evaluation_steps``) × s/eval;
-a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data loading, checkpoint writes (one per
-evaluation) and what train.py adds per step (the loss and gradient-norm finiteness check, about 1%). Runs are timed
-alone: several runs at once on one GPU (``gpu_table.sh`` runs one per CPU core) overlap, so a table's wall time can
-be far below its device-hours, never below its longest run.
+until ``--min-seconds`` have passed or ``--max-steps`` were timed: that phase's seconds per step. Then one evaluation of
+valid and test (``evaluate_splits``, as train.py calls it after a step; with ``--eval-examples N`` on the first N
+examples of each, its time scaled by the splits' sizes: ``eval_scale``; linear, so an evaluation with a fixed cost is
+over-estimated: k-NN's, 178 s in full against 936-1,290 s scaled ×20 from 500 examples on this loaded CPU). On CUDA one
+more step runs under ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls it makes are counted: host
+round trips per step. A run's device-seconds = Σ over phases of its steps × s/step + its evaluations
+(``_evaluation_steps``) × s/eval; a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data loading,
+checkpoint writes (one per evaluation) and what train.py adds per step (the loss and gradient-norm finiteness check,
+about 1%). Runs are timed alone: several runs at once on one GPU (``gpu_table.sh`` runs one per CPU core) overlap, so a
+table's wall time can be far below its device-hours, never below its longest run.
 
 **Isolation.** Each configuration is timed in a process of its own (this script with ``--one``), so that one
 configuration's memory never adds to the next's and none can take the machine down: the parent watches the child's
@@ -561,12 +562,14 @@ def render(sheet: dict) -> list[str]:
             minutes = _num(None if c["run_seconds"] is None else c["run_seconds"] / 60)
             mark = {"estimated": "≈ ", "failed": "failed: ", "untimed": "not timed", "time": "~ "}.get(c["status"], "")
             peak = c.get("peak_rss_gib")
+            scale = c.get("eval_scale") or 1.0
+            scaled = f" (scaled ×{scale:.1f})" if scale != 1.0 and c["s_eval"] is not None else ""
             minutes = (f"{mark}{minutes}" if c["status"] in ("timed", "estimated") else
                        f"{mark}{minutes} ({c['error']})" if c["status"] == "time" and c["run_seconds"] is not None
                        else f"{mark}{c['error'] or ''}")
             lines.append(f"| {' '.join(c['overrides'])} | {c['seeds']} | {per_step} | "
                          f"{' / '.join(map(str, c['per_epoch'])) or '—'} | {_num(epoch, 2)} | "
-                         f"{_num(c['s_eval'], 2)} × {c['evaluations']} | "
+                         f"{_num(c['s_eval'], 2)}{scaled} × {c['evaluations']} | "
                          f"{'—' if c['syncs_per_step'] is None else c['syncs_per_step']} | {_num(peak)} | "
                          f"{minutes} |")
     return lines
@@ -672,6 +675,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.render or args.page:
         sheet = json.loads((args.render or args.page).read_text())
+        if args.page:  # the tables summed again by this code
+            sheet["tables"] = summarise([Cell(**c) for c in sheet["configs"]])
         print("\n".join(render(sheet) if args.render else page(sheet)))
         return 0
     if args.threads:
