@@ -572,6 +572,15 @@ def main(argv: list[str] | None = None) -> int:
             finished, seconds = finished and extra["finished"], max(seconds, extra["seconds"])
             options += [o for o in extra["options"] if o not in options]
         df = df.reset_index(drop=True)
+        if args.merge:  # the records hold the merged cells from now on: --report-only alone rebuilds the page
+            table = df.copy()
+            for column in [c for c in df if c.startswith("ex_")]:
+                table[column] = [" ".join(f"{v:.6g}" for v in values) for values in df[column]]
+            table.to_csv(args.out.with_suffix(".csv"), index=False, float_format="%.6g")
+            saved.update(options=options, skipped=[[o, s, why] for (o, s), why in sorted(skipped.items())],
+                         seconds=seconds, finished=finished, merged=True)
+            sidecar.write_text(json.dumps(saved, indent=1, default=str) + "\n")
+        args.merge = args.merge or saved.get("merged", False)
         _write(df, skipped, options, args, seconds, saved["env"], finished)
         return 0
     env = environment(torch.device("cpu"))
@@ -608,12 +617,16 @@ def _write(df, skipped, options, args, seconds, env, finished: bool) -> None:
     """The page and the figure from the measurements (``finished``: False for a run stopped part-way)."""
     sizes = _sizes(args)
     lines = report(df, skipped, options, args.structures, args, seconds, env, sizes)
+    if args.merge:
+        lines[4] += (" Measured in parts: this run and the `--real-only` run(s) merged into it (`--merge`), the work "
+                     "shared between processes; each part's cells are its own, none measured twice.")
     if not finished:
         measured = set(df.estimator[df.n > [STRUCTURES[s][1] for s in df.structure]]) if len(df) else set()
-        missing = [o for o in options if o not in measured and o not in _ENUMERATES]
-        lines[4] += (" **Stopped part-way** (the CPU time budget): past the enumerable sizes "
-                     + (f"{', '.join(f'`{o}`' for o in missing)} not measured." if missing else "every estimator "
-                        "measured, the last one possibly on fewer structures."))
+        not_applicable = {o for o, where in skipped if " n = " in where}
+        missing = [o for o in options if o not in measured and o not in _ENUMERATES and o not in not_applicable]
+        if missing:
+            lines[4] += (" **Stopped part-way** (the CPU time budget): past the enumerable sizes "
+                         f"{', '.join(f'`{o}`' for o in missing)} not measured.")
     args.out.write_text("\n".join(lines) + "\n")
     base = df[[n == STRUCTURES[s][1] for s, n in zip(df.structure, df.n, strict=True)]] if len(df) else df
     figure(base, args.structures, args.out.with_suffix(".png"))
