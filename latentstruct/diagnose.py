@@ -495,11 +495,31 @@ def report(df: pd.DataFrame, skipped: dict, options: list[str], structures: list
     return lines
 
 
+def _label_points(ax, part: pd.DataFrame) -> None:
+    """Each point's estimator name beside it, at the first of a few offsets (right, left, below, above) where it
+    overlaps no label placed before (display coordinates); points at the same place share one label ("a = b")."""
+    groups: dict[tuple[float, float], list[str]] = {}
+    for r in part.itertuples():
+        groups.setdefault((round(float(r.ms), 6), round(float(r.cosine), 6)), []).append(r.estimator)
+    placed: list[tuple[float, float, float, float]] = []
+    for (ms, cos), names in sorted(groups.items(), key=lambda kv: -kv[0][1]):
+        text = " = ".join(sorted(names))
+        x, y = ax.transData.transform((ms, cos))
+        width, height = 3.4 * len(text), 7.0  # fontsize 6, in points ~ pixels at the figure's 100 dpi
+        for dx, dy in ((3, 2), (-3 - width, 2), (3, -9), (-3 - width, -9), (3, 10), (-3 - width, 10), (3, -17)):
+            box = (x + dx, y + dy, x + dx + width, y + dy + height)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
+                break
+        placed.append(box)
+        ax.annotate(text, (ms, cos), fontsize=6, xytext=(dx, dy), textcoords="offset points")
+
+
 def figure(df: pd.DataFrame, structures: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
 
     cols = min(4, len(structures))
     rows = math.ceil(len(structures) / cols)
@@ -508,10 +528,11 @@ def figure(df: pd.DataFrame, structures: list[str], path: Path) -> None:
     for ax, s in zip(axes.flat, structures, strict=False):
         part = mean[mean.structure == s]
         ax.scatter(part.ms, part.cosine, s=14)
-        for _, r in part.iterrows():
-            ax.annotate(r.estimator, (r.ms, r.cosine), fontsize=6, xytext=(2, 2), textcoords="offset points")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded labels between decades
         ax.set_ylim(min(-0.05, float(part.cosine.min()) - 0.05), 1.02)
+        ax.autoscale_view()
+        _label_points(ax, part)
         ax.set_title(s, fontsize=9)
         ax.set_xlabel("ms per call")
         ax.set_ylabel("cosine with the exact gradient")
