@@ -35,6 +35,7 @@ import os
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -450,7 +451,9 @@ def figure(table: pd.DataFrame, spec: dict, path: Path) -> Path:
                 grid[i, j] = c[metric["name"]] if c is not None else np.nan
         shown = np.ma.masked_invalid(grid)
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.85")
-        ax.imshow(shown, cmap=cmap, aspect="auto", vmin=np.nanmin(grid) if metric["name"] == "acc" else 0, vmax=100)
+        image = ax.imshow(shown, cmap=cmap, aspect="auto", vmin=np.nanmin(grid) if metric["name"] == "acc" else 0,
+                          vmax=100)
+        fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02).ax.tick_params(labelsize=7)
         for i in range(len(rows)):
             for j in range(len(settings)):
                 if not np.isnan(grid[i, j]):
@@ -459,8 +462,9 @@ def figure(table: pd.DataFrame, spec: dict, path: Path) -> Path:
         ax.set_xticks(range(len(settings)), [s["name"].replace("_", " ") for s in settings], rotation=35,
                       ha="right", fontsize=7)
         ax.set_yticks(range(len(rows)), [r.get("label", r["name"]) for r in rows], fontsize=7)
-        ax.set_title(f"test {metric['name']} ×100 (median over seeds)" + (
-            "; exact match for matching, top-k" if metric["name"] == "recovery" else ""), fontsize=8)
+        title = f"test {metric['name']} ×100 (median over seeds)" + (
+            "; exact match for matching, top-k" if metric["name"] == "recovery" else "")
+        ax.set_title("\n".join(textwrap.wrap(title, 48)), fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)
