@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 
 __all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
-           "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten",
+           "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
+           "describe_claim", "flatten",
            "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
            "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 

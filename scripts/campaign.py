@@ -1,6 +1,6 @@
 """The reproduction campaign: paper tables built over days of CPU time, a few hours at a time, each from one code.
 
-    python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]   # pin T to HEAD (once), then run
+    python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
     python -m scripts.campaign save T                  # T's run records -> campaign/<paper>-<table>/ (to commit)
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?

@@ -68,7 +68,8 @@ def test_a_directory_of_another_configuration_is_refused_and_force_replaces_it(t
     monkeypatch.undo()
     with caplog.at_level("INFO", logger="latentstruct"):
         replaced = _run(tmp_path, "trainer.max_steps=10", *STEPS, "optim.lr=0.5", "trainer.force=true")
-    assert "trainer.force=true replaces the run of fingerprint" in caplog.text and "optim.lr: 0.001 → 0.5" in caplog.text
+    assert "trainer.force=true replaces the run of fingerprint" in caplog.text
+    assert "optim.lr: 0.001 → 0.5" in caplog.text
     recorded = json.loads((run / RUN_FILE).read_text())
     assert replaced["fingerprint"] == recorded["fingerprint"] == fingerprint(recorded["identity"])
     assert recorded["identity"]["optim.lr"] == 0.5
@@ -91,7 +92,8 @@ def test_a_completed_run_goes_on_exactly_to_a_longer_length_and_refuses_a_shorte
     with pytest.raises(RunMismatch, match="a shorter one"):
         _run(tmp_path, "trainer.max_steps=20", *STEPS, "trainer.select=best", name="grown")
     # 6 epochs of 4 batches: the same 24 steps said another way, skipped
-    again = _run(tmp_path, "trainer.max_steps=null", "trainer.max_epochs=6", *STEPS, "trainer.select=best", name="grown")
+    again = _run(tmp_path, "trainer.max_steps=null", "trainer.max_epochs=6", *STEPS, "trainer.select=best",
+                 name="grown")
     assert again == grown
 
 
