@@ -6,7 +6,8 @@
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
     python -m scripts.campaign table T                 # T's tables from its runs (make table ONLY=steps)
 
-``T`` is a table as ``make table`` takes it (``spigot/table3_sst``). What is committed, in ``campaign/<paper>-<table>/``:
+``T`` is a table as ``make table`` takes it (``spigot/table3_sst``). What is committed, in
+``campaign/<paper>-<table>/``:
 
 * ``plan.json`` — the pinned commit (HEAD when the table was started: a clean tree), the seeds and overrides
   (``make table``'s SEEDS and ARGS: the protocol, e.g. GloVe 6B 50d), the date;
