@@ -182,7 +182,9 @@ def test_a_sweep_stopped_on_the_device_resumes_here_from_the_checkpoint_that_cam
     device, local = tmp_path / "device", tmp_path / "local"
     args = ["+experiment=synthetic_spigot", "dataset.n_train=50", "dataset.n_valid=20", "dataset.n_test=20",
             "trainer.eval_every=50", "trainer.threads=1", "trainer.progress=false"]
-    sweep = [*args, "trainer.max_steps=5,100000", f"hydra.sweep.dir={device / 'spigot_table2'}"]
+    # a sweep over lengths names the length itself: the directory of a configuration leaves it out (issue 32)
+    sweep = [*args, "trainer.max_steps=5,100000", f"hydra.sweep.dir={device / 'spigot_table2'}",
+             "hydra.sweep.subdir='${run_name:${hydra.job.override_dirname}},max_steps=${trainer.max_steps}'"]
     cmd = [sys.executable, "-m", "latentstruct.train", "-m", *sweep]
     with _stop_when_claimed(device, "max_steps=100000", saved=True):  # after its first evaluation
         assert carry.run_until(cmd, 600, device, grace=120, log=lambda _: None) == 124

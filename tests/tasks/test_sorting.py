@@ -144,19 +144,15 @@ def test_kendall_tau_matches_scipy():
 # ------------------------------------------------------------------------------------------- task and configs
 
 
-def test_default_task_is_the_classifier_and_old_checkpoints_still_resume():
+def test_default_task_is_the_classifier_and_a_sorting_run_is_another_configuration():
     cfg = _compose()
     assert cfg.task._target_ == "latentstruct.tasks.LatentClassifier"
     assert dict(cfg.optim_groups) == {}
     assert isinstance(build_model(cfg, {"input_dim": 4, "latent_dim": 3, "num_classes": 2}), LatentClassifier)
-    # A configuration written before the task group existed is the same run as today's default...
-    current = OmegaConf.to_container(cfg)
-    saved = {k: v for k, v in current.items() if k not in ("task", "optim_groups")}
-    train_module._check_same_run(saved, current, Path("old"))
-    # ... but not the same run as a sorting one.
-    other = OmegaConf.to_container(_compose("task=sorting"))
+    current, other = OmegaConf.to_container(cfg), OmegaConf.to_container(_compose("task=sorting"))
+    train_module._check_same_run(current, current, Path("run"))
     with pytest.raises(ValueError, match="task._target_"):
-        train_module._check_same_run(saved, other, Path("old"))
+        train_module._check_same_run(current, other, Path("run"))
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
@@ -235,7 +231,8 @@ def test_invalid_combinations_are_refused(tmp_path):
         latentstruct.optim.build(sgd, {"sigma": sgd}, groups)
     with pytest.raises(ValueError, match="default"):
         latentstruct.optim.build(sgd, {"default": sgd}, groups)
-    with pytest.raises(ValueError, match="dataset=sorting"):
+    # refused at composition: the default data fill categorical scores only (latentstruct.capabilities)
+    with pytest.raises(ValueError, match="structure=matching does not fit dataset=synthetic_clusters"):
         train(_compose("task=sorting", "structure=matching", "trainer.max_steps=1", f"paths.output_dir={tmp_path}"))
 
 
