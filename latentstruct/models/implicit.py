@@ -254,15 +254,7 @@ def cg_inverse_hvp(
 
     ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration (``inf`` at a negative-curvature stop).
     """
-    if max_iter < 0:
-        raise ValueError(f"max_iter={max_iter} must be >= 0")
-    if tol < 0 or damping < 0:
-        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
-    params = list(params)
-    grads = _first_grads(loss_or_grads, params)
-    r = [t.detach().clone() for t in _check_vectors(v, params)]
-    x = [torch.zeros_like(t) for t in r]
-    v_norm = _norm(r)
+    params, grads, r, x, v_norm = _krylov_start(loss_or_grads, params, v, tol, max_iter, damping)
     if v_norm == 0:
         return x
     p = [t.clone() for t in r]
@@ -270,9 +262,7 @@ def cg_inverse_hvp(
     for _ in range(max_iter):
         if rr ** 0.5 <= tol * v_norm:
             break
-        hp = hvp(grads, params, p)
-        if damping:
-            hp = [a + damping * b for a, b in zip(hp, p, strict=True)]
+        hp = _damped_hvp(grads, params, p, damping)
         curvature = _dot(p, hp)
         if not curvature > 0:  # also NaN
             if history is not None:
@@ -311,15 +301,7 @@ def minres_inverse_hvp(
 
     ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration.
     """
-    if max_iter < 0:
-        raise ValueError(f"max_iter={max_iter} must be >= 0")
-    if tol < 0 or damping < 0:
-        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
-    params = list(params)
-    grads = _first_grads(loss_or_grads, params)
-    b = [t.detach().clone() for t in _check_vectors(v, params)]
-    x = [torch.zeros_like(t) for t in b]
-    beta1 = _norm(b)
+    params, grads, b, x, beta1 = _krylov_start(loss_or_grads, params, v, tol, max_iter, damping)
     if beta1 == 0:
         return x
     # Lanczos: q_prev, q the last two basis vectors (q_prev = 0 at first), beta_prev the entry that links them
@@ -331,9 +313,7 @@ def minres_inverse_hvp(
     for _ in range(max_iter):
         if phi_bar <= tol * beta1:
             break
-        hq = hvp(grads, params, q)
-        if damping:
-            hq = [a + damping * t for a, t in zip(hq, q, strict=True)]
+        hq = _damped_hvp(grads, params, q, damping)
         alpha = _dot(q, hq)
         nxt = [a - alpha * t - beta_prev * u for a, t, u in zip(hq, q, q_prev, strict=True)]
         beta_next = _norm(nxt)
@@ -362,6 +342,25 @@ def minres_inverse_hvp(
 
 def _dot(a: Tensors, b: Tensors) -> float:
     return float(sum((x * y).sum() for x, y in zip(a, b, strict=True)))
+
+
+def _krylov_start(loss_or_grads, params, v, tol: float, max_iter: int, damping: float):
+    """What CG and MINRES start from: the settings checked, the parameters as a list, the first gradients, the
+    right-hand side v (a detached copy), the zero solution and ‖v‖."""
+    if max_iter < 0:
+        raise ValueError(f"max_iter={max_iter} must be >= 0")
+    if tol < 0 or damping < 0:
+        raise ValueError(f"tol={tol} and damping={damping} must be >= 0")
+    params = list(params)
+    grads = _first_grads(loss_or_grads, params)
+    rhs = [t.detach().clone() for t in _check_vectors(v, params)]
+    return params, grads, rhs, [torch.zeros_like(t) for t in rhs], _norm(rhs)
+
+
+def _damped_hvp(grads, params, vector, damping: float) -> list[torch.Tensor]:
+    """(H + μI) ``vector``, μ = ``damping``: one Hessian-vector product."""
+    product = hvp(grads, params, vector)
+    return [a + damping * b for a, b in zip(product, vector, strict=True)] if damping else product
 
 
 def _norm(a: Tensors) -> float:
