@@ -11,8 +11,8 @@
 
 * ``plan.json`` — the pinned commit (HEAD when the table was started: a clean tree), the seeds and overrides
   (``make table``'s SEEDS and ARGS: the protocol, e.g. GloVe 6B 50d), the date;
-* ``records.tar.gz`` + ``pack.json`` — every run's record (metrics.json, run.json, history.csv, .hydra/, train.log;
-  never a checkpoint), as ``scripts/carry.py pack`` writes them: kilobytes a run.
+* ``records.tar.gz`` (its manifest ``pack.json`` inside) — every run's record (metrics.json, run.json, history.csv,
+  .hydra/, train.log; never a checkpoint), as ``scripts/carry.py pack`` writes them: kilobytes a run.
 
 What is not: the runs themselves, under ``$LATENTSTRUCT_CAMPAIGN`` (default ``../campaign``, beside the checkout):
 ``runs/`` (the sweep directories, with the checkpoints of unfinished runs) and ``code-<commit>/`` (a git worktree
@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -132,6 +133,14 @@ def _running(table: str) -> bool:
         return False
 
 
+def _manifest(saved: Path) -> dict:
+    """The manifest (``pack.json``) inside the committed ``records.tar.gz`` of ``saved``; no runs if none is saved."""
+    if not (saved / carry.RECORDS).is_file():
+        return {"runs": {}}
+    with tarfile.open(saved / carry.RECORDS, "r:gz") as tar:
+        return json.loads(tar.extractfile(carry.PACK_JSON).read())
+
+
 def status() -> list[str]:
     lines = []
     for path in sorted(STATE.glob("*/plan.json")):
@@ -140,9 +149,7 @@ def status() -> list[str]:
         sweep = carry.sweep_dir(table, runs)
         found = carry.find_runs(sweep) if sweep.is_dir() else []
         done = sum(r.status == "completed" for r in found)
-        saved = path.parent / "pack.json"
-        committed = sum(v["status"] == "completed" for v in json.loads(saved.read_text())["runs"].values()) \
-            if saved.is_file() else 0
+        committed = sum(v["status"] == "completed" for v in _manifest(path.parent)["runs"].values())
         lines.append(f"{table}: commit {entry['commit'][:12]}, seeds {entry['seeds'] or 'the spec'}, args "
                      f"{entry['args'] or '—'}; here {done} of {len(found)} run directories completed, {committed} "
                      f"completed in the committed records; {'running' if _running(table) else 'not running'}")

@@ -43,3 +43,22 @@ def test_save_packs_records_without_checkpoints(places, monkeypatch):
     monkeypatch.setattr(campaign.carry, "pack", lambda table, runs, out, **kw: calls.update(kw) or {"runs": {}})
     assert campaign.save("spigot/table2")["commit"] == "b" * 40
     assert calls["weights"] is False and calls["files"] == 1  # no room for a checkpoint part
+
+
+def test_status_counts_the_completed_runs_of_the_committed_records(places, monkeypatch):
+    import io
+    import tarfile
+
+    state = places / "state" / "spigot-table2"
+    state.mkdir(parents=True)
+    (state / "plan.json").write_text(json.dumps({"table": "spigot/table2", "commit": "c" * 40, "seeds": "",
+                                                 "args": ""}))
+    manifest = json.dumps({"runs": {"a": {"status": "completed"}, "b": {"status": "completed"},
+                                    "c": {"status": None}}}).encode()
+    with tarfile.open(state / campaign.carry.RECORDS, "w:gz") as tar:  # the manifest travels inside the pack
+        info = tarfile.TarInfo(campaign.carry.PACK_JSON)
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+    monkeypatch.setattr(campaign, "_running", lambda table: False)
+    (line,) = campaign.status()
+    assert "2 completed in the committed records" in line and "not running" in line
