@@ -6,7 +6,8 @@
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
     python -m scripts.campaign table T                 # T's tables from its runs (make table ONLY=steps)
 
-``T`` is a table as ``make table`` takes it (``spigot/table3_sst``). What is committed, in
+``T`` is a table as ``make table`` takes it (``spigot/table3_sst``), or ``lab_matrix``: the lab's benchmark
+(``make table-lab-matrix``, run the same way). What is committed, in
 ``campaign/<paper>-<table>/``:
 
 * ``plan.json`` — the pinned commit (HEAD when the table was started: a clean tree), the seeds and overrides
@@ -96,9 +97,10 @@ def _restore(table: str, runs: Path) -> None:
 def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
     """The sweeps of ``table`` at its pinned code: argv, environment, working directory."""
     code, runs = code_dir(entry["commit"]), campaign_root() / "runs"
-    argv = ["nice", "-n", "10", sys.executable, "-m", "latentstruct.report.reproduce", table, "--only", "sweeps",
-            "--runs", str(runs), "--jobs", str(jobs), "--seeds", entry.get("seeds", ""),
-            "--args", entry.get("args", "")]
+    what = ["latentstruct.report.matrix"] if table == carry.LAB_MATRIX else \
+        ["latentstruct.report.reproduce", table, "--only", "sweeps"]
+    argv = ["nice", "-n", "10", sys.executable, "-m", *what, "--runs", str(runs), "--jobs", str(jobs),
+            "--seeds", entry.get("seeds", ""), "--args", entry.get("args", "")]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     return argv, env, code
 
@@ -157,8 +159,11 @@ def status() -> list[str]:
 
 
 def table_steps(table: str) -> int:
-    return subprocess.call(["make", "table", f"T={table}", "ONLY=steps", f"RUNS={campaign_root() / 'runs'}"],
-                           cwd=ROOT)
+    runs = os.path.relpath(campaign_root() / "runs", ROOT)  # relative: the pages print the command
+    if table == carry.LAB_MATRIX:  # the page from the records there are, launching nothing
+        return subprocess.call([sys.executable, "-m", "latentstruct.report.matrix", "--report-only", "--runs", runs],
+                               cwd=ROOT)
+    return subprocess.call(["make", "table", f"T={table}", "ONLY=steps", f"RUNS={runs}"], cwd=ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -120,8 +120,18 @@ def find_runs(sweep: Path) -> list[Run]:
     return runs
 
 
+#: the lab's benchmark (``latentstruct.report.matrix``, its spec ``experiments/lab_matrix.yaml``): carried and run by
+#: the campaign like a paper table, under this name
+LAB_MATRIX = "lab_matrix"
+
+
 def sweep_dir(table: str, runs: str | Path) -> Path:
-    """The directory under ``runs`` holding the table's runs (``latentstruct.report.reproduce.sweep_root``)."""
+    """The directory under ``runs`` holding the table's runs (``latentstruct.report.reproduce.sweep_root``; for
+    :data:`LAB_MATRIX`, its spec's ``sweep_dir``)."""
+    if table == LAB_MATRIX:
+        from latentstruct.report.matrix import SPEC, load_spec
+
+        return Path(runs, load_spec(SPEC)["sweep_dir"])
     from latentstruct.report.reproduce import sweep_root
 
     return Path(sweep_root(table, str(runs)))

@@ -62,3 +62,12 @@ def test_status_counts_the_completed_runs_of_the_committed_records(places, monke
     monkeypatch.setattr(campaign, "_running", lambda table: False)
     (line,) = campaign.status()
     assert "2 completed in the committed records" in line and "not running" in line
+
+
+def test_the_lab_matrix_runs_as_a_campaign_table(places, monkeypatch):
+    monkeypatch.setattr(campaign, "_git", lambda *args, **kw: {"status": "", "rev-parse": "d" * 40}[args[0]])
+    entry = campaign.start(campaign.carry.LAB_MATRIX, "", "")
+    argv, env, code = campaign.command(campaign.carry.LAB_MATRIX, entry, jobs=2)
+    assert argv[argv.index("-m") + 1] == "latentstruct.report.matrix" and "--only" not in argv
+    assert env["PYTHONPATH"] == str(code) and argv[argv.index("--jobs") + 1] == "2"
+    assert campaign.carry.sweep_dir(campaign.carry.LAB_MATRIX, "R").as_posix() == "R/lab_matrix_v2"
