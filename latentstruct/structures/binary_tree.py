@@ -1,71 +1,24 @@
 """Binary bracketings (unlabelled full binary trees over n leaves): CKY, the inside algorithm, top-down sampling.
 
-Part layout. ``scores[b, i, j]`` (shape ``[batch, n, n]``) for ``i < j`` is the score of a constituent spanning the
-leaves ``i..j`` (inclusive). The diagonal (single leaves, present in every tree) and the lower triangle are never parts:
-they are 0 in every output. A vertex z ∈ {0, 1}^{n×n} is the set of internal nodes of a full binary tree whose leaves
-are 0..n-1 in order: it has exactly n - 1 ones, always including the full span (0, n-1) when n ≥ 2 (for n = 1 the only
-tree is a single leaf and z = 0). There are Catalan(n-1) vertices: 1, 1, 2, 5, 14, 42, … for n = 1, 2, 3, …
-``lengths[b]`` (≥ 1, default n) is the number of leaves of example b; spans with ``j ≥ lengths[b]`` are padding:
-they may hold anything (even NaN or ±inf), are ignored, are 0 in every output and get zero gradient. A part may be
-−inf (a forbidden constituent): it is floored at a huge finite negative value, so trees containing it get probability
-0 and spans left without any allowed bracketing give zero rather than NaN gradients (some tree must stay allowed).
+``scores[b, i, j]`` (``[batch, n, n]``) for ``i < j`` is the score of a constituent spanning the leaves ``i..j``; the
+diagonal and the lower triangle are never parts (0 in every output). A vertex is the set of the n - 1 internal nodes
+of a full binary tree over the leaves in order (always including (0, n-1) when n ≥ 2; z = 0 for n = 1): Catalan(n-1)
+vertices. Spans with ``j ≥ lengths[b]`` are padding (anything, even NaN; 0 in every output, zero gradient); a part of
+-inf is a forbidden constituent (floored at a huge finite negative value).
 
-The chart (Cocke; Kasami, 1965; Younger, 1967) holds β[i, j] = the ⊕ over the bracketings of the leaves i..j:
+* ``map``: CKY with back-pointers and a batched top-down backtrack.
+* ``log_partition``: the inside algorithm in log space, plain autograd (differentiable to any order).
+* ``marginals``: a hand-written outside pass in probability space, differentiable once (its backward is a tangent
+  inside pass and its top-down tangent).
+* ``exact_sample``: top-down from the inside chart, every span's split drawn by Gumbel-max during the inside pass.
 
-    β[i, i] = 0,     β[i, j] = s[i, j] ⊗ ⊕_{i≤k<j} β[i, k] ⊗ β[k+1, j],     value = β[0, L-1].
+Example::
 
-(⊕, ⊗) is (max, +) for ``map`` (CKY with back-pointers, then a batched top-down backtrack) and (logsumexp, +) for
-``log_partition``: the inside algorithm (Baker, 1979; Lari & Young, 1990). ``exact_sample`` draws a tree top-down
-from the inside chart: the full span, then recursively a split k of every chosen span (i, j) with probability
-∝ exp(β[i, k] + β[k+1, j]) (Johnson, Griffiths & Goldwater, 2007). The split of every span is drawn up front by
-Gumbel-max during the inside pass and then followed like CKY's back-pointers, which samples the same distribution
-since each span's split is drawn independently of the others.
+    >>> z = BinaryTree().map(torch.randn(2, 5, 5))         # [2, 5, 5]
+    >>> z.sum((1, 2)).tolist()                             # n - 1 constituents
+    [4.0, 4.0]
 
-Marginals: the outside pass (Baker, 1979; Lari & Young, 1990). With α[i, j] the log of the total weight of the
-trees over 0..L-1 with the span (i, j) cut out (its parent's score included, its own excluded): α[0, L-1] = 0 and
-
-    α[i, j] = ⊕_{j<k<L} α[i, k] ⊗ s[i, k] ⊗ β[j+1, k]  ⊕  ⊕_{0≤h<i} α[h, j] ⊗ s[h, j] ⊗ β[h, i-1]
-
-(the span is the left child of (i, k) or the right child of (h, j)), and μ[i, j] = exp(α[i, j] + β[i, j] - log Z)
-with log Z = β[0, L-1]. ``marginals`` runs it in probability space, top down, which needs no log of a vanishing
-weight: with p(k | i, j) = exp(β[i, k] + β[k+1, j] + s[i, j] - β[i, j]) the probability that the span (i, j), if it
-is in the tree, splits at k (the softmax the inside pass computes anyway),
-
-    μ[0, L-1] = 1,     μ[i, j] = Σ_{j<k<L} μ[i, k] p(j | i, k)  +  Σ_{0≤h<i} μ[h, j] p(i-1 | h, j),
-
-the same numbers (exponentiate the log-space recursion term by term), and also the backward of the inside pass
-(Eisner, 2016), written by hand so that no autograd graph is recorded.
-
-Backward of the marginals. μ = ∇ log Z, so ∂<μ, g>/∂s = H g with H the (symmetric) Hessian of log Z, which equals
-the directional derivative μ̇ = d/dε μ(s + ε g): a tangent inside pass (the first-order expectation semiring of
-Li & Eisner, 2009: β̇[i, j] is the expected g-score of a bracketing of i..j)
-
-    β̇[i, i] = 0,     β̇[i, j] = g[i, j] + Σ_k p(k | i, j) (β̇[i, k] + β̇[k+1, j]),
-
-then the tangent of the top-down pass, with ṗ(k | i, j) = p(k | i, j) (β̇[i, k] + β̇[k+1, j] + g[i, j] - β̇[i, j]):
-
-    μ̇[0, L-1] = 0,     μ̇[child] = Σ_{parents} μ̇[parent] p(split) + μ[parent] ṗ(split).
-
-Derivative orders: ``log_partition`` is plain autograd (differentiable to any order); ``marginals`` is differentiable
-once (its backward is the tangent pass, itself not differentiable: a double backward raises); ``map`` and the
-samplers are constant.
-
-Every dynamic program loops over the span width only: all spans of one width, for the whole batch, are one set of
-tensor ops. ``log_partition`` builds its chart functionally, in two layouts, by start ``X[b, i, w] = β[i, i+w]`` and
-by end ``X[b, j, w] = β[j-w, j]``, each grown by one column per width, so that both factors of every split are plain
-slices (the second one flipped) and autograd records only what each width reads. ``map``, ``exact_sample`` and
-``marginals`` (forward and backward), which record nothing, use instead a chart ``[n, n, B]`` allocated once per pass,
-the item (i, j) at ``[i, j, b]``, batch last (contiguous, so that the elementwise ops vectorise): each width's items are
-written in place on its diagonal and both factors of all its splits are strided views of the chart (``as_strided``),
-read and, top down, added to without copies, as in :mod:`latentstruct.structures.dependency`.
-
-References: T. Kasami (1965), "An efficient recognition and syntax-analysis algorithm for context-free languages".
-D. Younger (1967), "Recognition and parsing of context-free languages in time n³", Information and Control.
-J. Baker (1979), "Trainable grammars for speech recognition". K. Lari, S. Young (1990), "The estimation of stochastic
-context-free grammars using the inside-outside algorithm", Computer Speech and Language. M. Johnson, T. Griffiths,
-S. Goldwater (2007), "Bayesian inference for PCFGs via Markov chain Monte Carlo", NAACL. Z. Li, J. Eisner (2009),
-"First- and second-order expectation semirings with applications to minimum-risk training on translation forests",
-EMNLP. J. Eisner (2016), "Inside-outside and forward-backward algorithms are just backprop".
+Derivation (chart, outside, tangent passes, the two chart layouts, references): docs/structures.md#binary_tree.
 """
 
 from __future__ import annotations
@@ -293,7 +246,8 @@ def _by_example(chart: torch.Tensor) -> torch.Tensor:
 
 
 class _Marginals(torch.autograd.Function):
-    """μ = ∇ log Z by inside-outside without autograd; backward H g by the tangent pass (module docstring)."""
+    """μ = ∇ log Z by inside-outside without autograd; backward H g by the tangent pass
+    (docs/structures.md#binary_tree)."""
 
     @staticmethod
     def forward(ctx, s: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

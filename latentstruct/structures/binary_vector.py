@@ -1,23 +1,22 @@
-r"""n independent binary variables z = (z_1, ..., z_n) ∈ {0, 1}^n, each written as a one-hot over its two states.
+"""n independent binary variables z = (z_1, ..., z_n) ∈ {0, 1}^n, each written as a one-hot over its two states.
 
-Scores ``[batch, n, 2]``: ``scores[b, i, v]`` = φ_i(x_b, z_i = v), the unstructured encoder φ(x, z) = Σ_i φ_i(x, z_i) of
-seed 003 (slides "Evaluating discrete VAEs", binary latent). A vertex is ``[n, 2]`` with row i = onehot(z_i), so
-<s, z> = Σ_i φ_i(x, z_i) and the bit itself is ``vertex[..., 1]`` (:func:`bits`). Z has 2^n vertices; M = conv(Z) is
-the product of n two-point simplices (a point of M is a probability per bit).
+``scores[b, i, v]`` (``[batch, n, 2]``) = φ_i(x_b, z_i = v), the unstructured encoder of seed 003. A vertex is
+``[n, 2]`` with row i = onehot(z_i); the bit itself is ``vertex[..., 1]`` (:func:`bits`). 2^n vertices; M is the
+product of n two-point simplices. Two parts per bit so that part-level Gumbel noise perturbs both states and the
+part-perturbing estimators (``direct``, ``gumbel_softmax``, ``st_gumbel``) sample the Gibbs distribution exactly.
 
-Why two parts per bit rather than one score per bit: perturb-and-MAP with i.i.d. Gumbel noise on the parts, γ_i(z_i)
-(the slides' "low dimensional Gumbel perturbation"), then perturbs *both* states of every bit, and argmax_v φ_i(v) +
-γ_i(v) is an exact sample of p(z_i) ∝ exp φ_i(z_i) (Gumbel-max); the estimators that perturb parts (``direct``,
-``gumbel_softmax`` — here the binary Concrete —, ``st_gumbel``) then sample the Gibbs distribution exactly. With one
-score per bit, part-level Gumbel noise on the "on" state alone would not.
+* ``map``: per bit the higher-scoring state (ties to state 0);
+* ``log_partition`` = Σ_i logsumexp_v φ_i(v); ``marginals``: per-bit softmax; ``sparsemap``: per-bit sparsemax;
+* ``exact_sample`` = ``sample`` (Gumbel-max per bit); ``enumerate(n)``: the 2^n vertices, bit 0 slowest.
 
-* ``map``: per bit the higher-scoring state (ties to state 0, as ``argmax``);
-* ``log_partition`` = Σ_i logsumexp_v φ_i(v); ``marginals`` = softmax over the two states of each bit;
-* ``sparsemap`` = sparsemax over the two states of each bit (the projection onto a product of simplices separates);
-* ``exact_sample`` = ``sample`` (Gumbel-max per bit); ``enumerate(n)`` lists the 2^n vertices, bit 0 slowest.
+``lengths`` ``[batch]``: the first ``lengths[b]`` bits are the example's; the rest is padding (0, no gradient).
 
-``lengths`` ``[batch]``: the first ``lengths[b]`` bits are the example's; the others are padding, 0 in every output
-and without gradient, whatever they hold.
+Example::
+
+    >>> bits(BinaryVector().map(torch.tensor([[[0.0, 1.0], [2.0, -1.0]]])))
+    tensor([[1., 0.]])
+
+Why two parts per bit, in full: docs/structures.md#binary_vector.
 """
 
 from __future__ import annotations

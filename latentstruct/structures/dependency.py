@@ -1,100 +1,26 @@
 """Projective dependency trees: Eisner's cubic-time dynamic program, in the max and the log-sum-exp semirings.
 
-Parts are arcs. ``scores[b, h, m]`` is the score of the arc head ``h`` → modifier ``m`` over positions ``0..n``,
-where position 0 is the root symbol and ``1..n`` are the words. A vertex z ∈ {0, 1}^{(n+1)×(n+1)} is a projective
-dependency tree: every word has exactly one head, the arcs form a tree rooted at 0, and no two arcs cross when drawn
-above the sentence with the root at the far left. Column 0 (arcs into the root) and the diagonal (self-loops) are never
-parts, so they are always 0 in z and in the marginals μ.
+Parts are arcs: ``scores[b, h, m]`` (``[batch, n+1, n+1]``) is the score of the arc head ``h`` → modifier ``m``,
+position 0 the root symbol and ``1..n`` the words. A vertex is a projective dependency tree rooted at 0 (every word
+has one head, no two arcs cross). Column 0 and the diagonal are never parts: they are 0 in z and in μ. With
+``multiroot=False`` the root has exactly one child.
 
-The chart (Eisner, 1996; Eisner, 2000 §4) holds four kinds of span items over positions ``i < j``:
+* ``map``: Eisner (1996) with back-pointers, backtracked on the scores' device; ties go to the smallest split point
+  and the smallest root child.
+* ``log_partition``: the inside algorithm in log space (differentiable twice); ``marginals``: a hand-written
+  inside-outside (differentiable once: its backward is a forward-mode tangent pass).
+* ``exact_sample``: top-down sampling from the inside chart, O(n³) per sample after one inside pass.
 
-* complete right  C→[i, j]: i heads a finished subtree whose yield is ``i..j``;
-* complete left   C←[i, j]: the same with head j;
-* incomplete right I→[i, j]: the arc i → j is in, j's inside dependents are still to come;
-* incomplete left  I←[i, j]: the arc j → i, likewise.
+Every pass loops over the span width only, on one chart ``[4, n+1, n+1, batch]`` read through strided views.
 
-    I→[i, j] = s[i, j] ⊕_{i≤k<j} C→[i, k] ⊗ C←[k+1, j]      I←[i, j] = s[j, i] ⊕_{i≤k<j} C→[i, k] ⊗ C←[k+1, j]
-    C→[i, j] = ⊕_{i<k≤j} I→[i, k] ⊗ C→[k, j]                C←[i, j] = ⊕_{i≤k<j} C←[i, k] ⊗ I←[k, j]
+Example::
 
-with C[i, i] = 0 and the tree's value C→[0, n]. (⊕, ⊗) is (max, +) for ``map`` and (logsumexp, +) for
-``log_partition`` — the inside algorithm; the marginals are its gradient (Eisner, 2016). Items C←[0, ·] and
-I←[0, ·] would need an arc into the root; they are computed like the others but never reach C→[0, n], so the scores
-of column 0 get neither value nor gradient.
+    >>> scores = torch.randn(2, 6, 6)                      # 2 sentences of 5 words
+    >>> tree = ProjectiveDepTree().map(scores)             # [2, 6, 6], one head per word
+    >>> tree.sum((1, 2)).tolist()
+    [5.0, 5.0]
 
-Single root (``multiroot=False``): the root has exactly one child j, whose subtree spans all the words, so
-
-    value = ⊕_{1≤j≤n} C←[1, j] ⊗ s[0, j] ⊗ C→[j, n],
-
-where C←[1, j] and C→[j, n] are the same chart items, which never involve the root. This is exact (every single-rooted
-projective tree decomposes this way in exactly one way); it is the projective counterpart of the single-root
-constraint of Koo et al. (2007).
-
-Outside (Baker, 1979; Lari and Young, 1990; for this chart Eisner, 1996). With α the inside values above, the outside
-value β_X of an item is the log-sum-exp, over the trees that contain it, of the scores of everything around it (the
-same semiring, (logsumexp, +)):
-
-    β_S[i, j]  = (β_I→[i, j] ⊗ s[i, j]) ⊕ (β_I←[i, j] ⊗ s[j, i])                          (the split shared by both)
-    β_C→[i, k] = ⊕_{j>k} β_S[i, j] ⊗ C←[k+1, j]  ⊕  ⊕_{h<i} β_C→[h, k] ⊗ I→[h, i]
-    β_C←[k, j] = ⊕_{i<k} β_S[i, j] ⊗ C→[i, k-1]  ⊕  ⊕_{l>j} β_C←[k, l] ⊗ I←[j, l]
-    β_I→[i, k] = ⊕_{j≥k} β_C→[i, j] ⊗ C→[k, j]              β_I←[k, j] = ⊕_{i≤k} β_C←[i, j] ⊗ C←[i, k]
-
-with β_C→[0, L] = 0 at the top (L the example's length) and −∞ for what no tree reaches; for a single root the top
-is the sum over j above, so β_C←[1, j] and β_C→[j, L] also collect s[0, j] ⊗ C→[j, L] and C←[1, j] ⊗ s[0, j]. The
-marginals are μ[i, j] = exp(I→[i, j] + β_I→[i, j] − log Z), μ[j, i] = exp(I←[i, j] + β_I←[i, j] − log Z) and, for
-a single root, μ[0, j] = exp(C←[1, j] + s[0, j] + C→[j, L] − log Z).
-
-The code carries ā_X = exp(α_X + β_X − log Z) = ∂ log Z / ∂α_X instead of β_X: the probability that X is in the
-tree, in [0, 1], so nothing overflows and no log is taken. Its recursion is the same one grouped by parent (push
-rather than pull), which is backprop through the inside pass (Eisner, 2016): widest items first, every item
-R = ⊕_k A_k ⊗ B_k (⊗ its arc) hands ā_R p_k to both A_k and B_k, where p_k = exp(A_k + B_k − ⊕_k' A_k' ⊗ B_k') is
-the softmax of its splits, saved by the inside pass; I→ and I← share their splits, so they hand on ā_I→ + ā_I←.
-μ is ā of the incomplete items.
-
-Second order. The backward of ``marginals`` must return Jᵀg for J = ∂μ/∂s = ∇² log Z, which is symmetric, so it is
-the Jacobian-vector product J g, the derivative of μ along s + εg (Pearlmutter, 1994): both passes differentiated in
-forward mode. The inside tangents are the first-order expectation semiring (Li and Eisner, 2009),
-
-    α̇_R = Σ_k p_k (α̇_A_k + α̇_B_k)   (+ g[i, j] for I→[i, j], + g[j, i] for I←[i, j]),   α̇ = 0 on C[i, i];
-
-then, widest items first, with ȧ = 0 at the top (single root: ȧ = q̇_j = q_j (ẋ_j − Σ_j' q_j' ẋ_j') for C←[1, j] and
-C→[j, L], with q the root child weights and ẋ_j = α̇_C←[1, j] + g[0, j] + α̇_C→[j, L]),
-
-    ȧ_A_k, ȧ_B_k += p_k (ȧ_R + ā_R (α̇_A_k + α̇_B_k − α̇_R)),
-
-and J g is ȧ of the incomplete items (and q̇ on row 0). Each pass costs about one inside pass; autograd records
-nothing. Derivative orders: ``log_partition`` is differentiable twice (its gradient is a ``marginals`` node, whose
-backward is the one above), ``marginals`` once (a third derivative of log Z raises), ``map`` not at all.
-
-Every pass loops over the span width only: all spans of one width, for the whole batch, are one set of tensor ops,
-on one chart ``[4, N, N, B]`` (N = n+1) allocated once per pass, the item X[i, j] (i ≤ j) of kind X at
-``[X, i, j, b]``, with the planes ordered C→, I→, C←, I← and the batch last (contiguous, so that the elementwise ops
-vectorise). Each width's items are written in place on the w-th diagonal, and the factors of all the splits are read
-as strided views (``as_strided``) of the chart, without copies; the two complete kinds share one view per factor
-(their planes are a fixed distance apart), so they are reduced together. The inside (max or log-sum-exp), outside
-and tangent passes all use these views; none is recorded by autograd, so in-place writes are free.
-
-Exact sampling (``exact_sample``) is the same walk with random splits (top-down sampling from the inside chart, the
-inside-algorithm counterpart of forward filtering, backward sampling): the inside pass keeps, for every item
-R = ⊕_k A_k ⊗ B_k, the softmax weights p_k of its splits, and every item's split k is drawn with probability p_k
-(inverse CDF), M times per example for ``num_samples`` M from one inside pass; the root's child (single root) is drawn
-from q. ``_backtrack`` then keeps the splits of the items the drawn tree uses. Exactness: a tree is one derivation, and
-the product of the p_k along it telescopes, exp(s(A) + s(B) (+ arc) − s(R)) per item, to exp <s, z> / Z. Cost: one
-inside pass plus O(n³ M B) comparisons, no host sync.
-
-``map`` then walks down from the top item(s) to the arcs of the best derivation, width by width, as scatters over
-the whole batch on the scores' device (``_backtrack``). Ties are broken by ``max``, which returns the first maximal
-index: every item takes its smallest split point k, and a single root its smallest child, so the tree is the one a
-scalar Eisner parser that keeps the first maximum returns.
-
-References: J. K. Baker (1979), "Trainable grammars for speech recognition", Speech Communication Papers, ASA.
-J. Eisner (1996), "Three new probabilistic models for dependency parsing: an exploration", COLING. J. Eisner (2000),
-"Bilexical grammars and their cubic-time parsing algorithms". J. Eisner (2016), "Inside-outside and forward-backward
-algorithms are just backprop", Workshop on Structured Prediction for NLP. T. Koo, A. Globerson, X. Carreras,
-M. Collins (2007), "Structured prediction models via the matrix-tree theorem", EMNLP. K. Lari, S. J. Young (1990),
-"The estimation of stochastic context-free grammars using the inside-outside algorithm", Computer Speech and
-Language. Z. Li, J. Eisner (2009), "First- and second-order expectation semirings with applications to minimum-risk
-training on translation forests", EMNLP. B. A. Pearlmutter (1994), "Fast exact multiplication by the Hessian",
-Neural Computation.
+Derivation (chart items, outside and tangent recursions, sampling, references): docs/structures.md#dependency.
 """
 
 from __future__ import annotations
@@ -121,7 +47,7 @@ class ProjectiveDepTree(Structure):
 
     ``map`` is Eisner's O(n³) algorithm with back-pointers; ``log_partition`` the inside algorithm in log space
     (differentiable twice); ``marginals`` its gradient by inside-outside (differentiable once); ``exact_sample``
-    top-down sampling from the inside chart (module docstring).
+    top-down sampling from the inside chart (docs/structures.md#dependency).
 
     Args:
         multiroot: allow several children of the root (false: exactly one).
@@ -176,9 +102,9 @@ class ProjectiveDepTree(Structure):
         """z ~ p(z | s) ∝ exp <s, z> over projective trees, exactly: 0/1 ``[batch, n+1, n+1]`` in the scores' dtype
         (``[M, batch, n+1, n+1]`` for ``num_samples`` M), no gradient.
 
-        Top-down sampling from the inside chart (module docstring): one inside pass for the batch, then every item's
-        split is drawn from its softmax weights, M times, and :func:`_backtrack` keeps the splits of the items the
-        drawn tree uses. ``generator`` must live on the scores' device.
+        Top-down sampling from the inside chart (docs/structures.md#dependency): one inside pass for the batch, then
+        every item's split is drawn from its softmax weights, M times, and :func:`_backtrack` keeps the splits of the
+        items the drawn tree uses. ``generator`` must live on the scores' device.
         """
         with torch.no_grad():
             s, lengths = _prepare(scores.detach(), lengths)
@@ -466,8 +392,9 @@ def _draw(weights: torch.Tensor, m: int, generator: torch.Generator | None) -> t
 
 
 def _outside(adjoint: torch.Tensor, steps: list) -> torch.Tensor:
-    """The outside pass in normalised form (module docstring): the items' marginals ā ``[4, N, N, B]``, seeded at
-    the top, handed down to every item in place, widest first, with the split weights p = e · r of ``steps``."""
+    """The outside pass in normalised form (docs/structures.md#dependency): the items' marginals ā ``[4, N, N, B]``,
+    seeded at the top, handed down to every item in place, widest first, with the split weights p = e · r of
+    ``steps``."""
     size = adjoint.shape[1]
     for w in range(size - 1, 0, -1):
         e_in, r_in, e_c, r_c = steps[w - 1]
@@ -483,8 +410,8 @@ def _outside(adjoint: torch.Tensor, steps: list) -> torch.Tensor:
 
 class _Marginals(torch.autograd.Function):
     """μ = ∇ log Z ``[B, N, N]`` by inside-outside (forward), and H g (backward), H = ∇² log Z = ∂μ/∂s being
-    symmetric, by the tangent passes of the module docstring. ``inside``: the result of :func:`_log_inside` on these
-    scores when the caller has it (the backward of :class:`_LogPartition`).
+    symmetric, by the tangent passes of docs/structures.md#dependency. ``inside``: the result of :func:`_log_inside`
+    on these scores when the caller has it (the backward of :class:`_LogPartition`).
 
     The forward's state (the split weights, ā) is kept on ``ctx`` for the backward; autograd records nothing in either.
     """

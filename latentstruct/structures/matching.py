@@ -1,40 +1,25 @@
-r"""Perfect bipartite matchings: vertices are permutation matrices, M = conv(Z) is the Birkhoff polytope.
+"""Perfect bipartite matchings: vertices are permutation matrices, M = conv(Z) is the Birkhoff polytope.
 
-Parts are the n² (row, column) pairs. ``scores[b, i, j]`` is the score of matching row i to column j, and a vertex
-z ∈ {0, 1}^{n×n} is a permutation matrix: ``z[i, j] = 1`` iff row i is matched to column j (every row and every column
-is matched exactly once). <s, z> = Σ_i s[i, σ(i)] for the permutation σ.
+``scores[b, i, j]`` (``[batch, n, n]``) is the score of matching row i to column j; a vertex is a permutation matrix.
 
-* ``map`` is the maximum-weight perfect matching (the linear assignment problem), solved by
-  ``scipy.optimize.linear_sum_assignment`` (a shortest augmenting path variant of the Hungarian / Kuhn-Munkres
-  algorithm, O(n³)). It runs on the CPU, one example at a time: the scores are copied to the host and the result is
-  copied back to their device. Measured on the CPU (float32, batch 32): about 3, 20 and 90 µs per example at n = 10,
-  30 and 60, nearly all of it inside SciPy. Two batched alternatives in torch were tried and left out: a Jacobi
-  auction (Bertsekas, 1988), 40-80× slower at n = 10 and 30 and exact only to within n ε of the optimum (exact for
-  integer scores with ε < 1/n, not for real ones), and the shortest-augmenting-path Hungarian algorithm run in lock
-  step over the batch, exact but 60-70× slower (n augmentations of up to n sequential steps each).
-* The log-partition log Σ_σ exp Σ_i s[i, σ(i)] is the log of the permanent of exp(s), and its gradient, the marginals,
-  are normalised permanents of minors: computing either exactly is #P-hard (Valiant, 1979). ``marginals`` and
-  ``log_partition`` therefore raise ``NotImplementedError``; the named approximation is :func:`sinkhorn`.
-* :func:`sinkhorn` (Sinkhorn, 1964; Adams & Zemel, 2011; Mena et al., 2018) alternately normalises the rows and the
-  columns of exp(s / τ), in log space:
+* ``map``: the linear assignment problem by ``scipy.optimize.linear_sum_assignment`` (O(n³)), on the CPU, one
+  example at a time, the result copied back to the scores' device.
+* ``marginals`` and ``log_partition`` raise ``NotImplementedError``: log Z is the log-permanent of exp(s), #P-hard.
+* :func:`sinkhorn`: alternating row and column normalisation of exp(s / τ) in log space (a nearly doubly-stochastic
+  matrix, the MAP permutation as τ → 0); :func:`gumbel_sinkhorn`: Sinkhorn on Gumbel-perturbed scores.
+* ``sample`` (perturb-and-MAP) and ``sparsemap`` (the active-set solver, one Hungarian call per iteration) come from
+  the base class.
 
-      X⁰ = s / τ,    Xˡ = T_c(T_r(Xˡ⁻¹)),    T_r(X)[i, j] = X[i, j] - logsumexp_j' X[i, j'],
-                                              T_c(X)[i, j] = X[i, j] - logsumexp_i' X[i', j],
+Example::
 
-  and returns exp(X^L): a (nearly) doubly-stochastic matrix — its columns sum to 1 exactly, its rows approximately,
-  the more so the more iterations. As τ → 0 (and L → ∞) it tends to the MAP permutation matrix (Mena et al., 2018,
-  Theorem 1): S(s / τ) = argmax_{P ∈ Birkhoff} <P, s> + τ H(P). Log space makes it stable for scores of any size.
-* :func:`gumbel_sinkhorn` is Sinkhorn on Gumbel-perturbed scores (Mena et al., 2018): the continuous relaxation of
-  perturb-and-MAP, ``sample``, which the base class provides (MAP of the scores plus Gumbel noise on every part).
-* ``sparsemap`` is the generic active-set solver (``latentstruct.structures.sparsemap``): the Euclidean projection
-  onto the Birkhoff polytope, one Hungarian call per iteration.
+    >>> scores = torch.randn(2, 4, 4)
+    >>> Matching().map(scores).sum(-1)                     # one column per row
+    tensor([[1., 1., 1., 1.],
+            [1., 1., 1., 1.]])
+    >>> sinkhorn(scores, tau=0.1, n_iter=20).shape
+    torch.Size([2, 4, 4])
 
-References: L. G. Valiant (1979), "The complexity of computing the permanent", Theoretical Computer Science.
-D. Bertsekas (1988), "The auction algorithm: a distributed relaxation method for the assignment problem", Annals of
-Operations Research.
-R. Sinkhorn (1964), "A relationship between arbitrary positive matrices and doubly stochastic matrices".
-R. P. Adams, R. S. Zemel (2011), "Ranking via Sinkhorn propagation", arXiv:1106.1925. G. Mena, D. Belanger,
-S. Linderman, J. Snoek (2018), "Learning latent permutations with Gumbel-Sinkhorn networks", ICLR.
+Derivation, timings, the batched alternatives left out, references: docs/structures.md#matching.
 """
 
 from __future__ import annotations
@@ -77,7 +62,7 @@ class Matching(Structure):
 
         Solved on the CPU by ``scipy.optimize.linear_sum_assignment(maximize=True)``, one example at a time: SciPy's
         compiled solver is the cost (the loop around it adds a few µs per example), and batched alternatives in torch
-        were far slower (module docstring).
+        were far slower (docs/structures.md#matching).
         """
         cols, sizes = self._assign(scores, lengths)
         batch, n, _ = scores.shape

@@ -1,23 +1,16 @@
-r"""NeuralSort (Grover et al. 2019): a continuous relaxation of the sorting permutation, and the relaxed top-k.
+"""NeuralSort (Grover et al. 2019): a continuous relaxation of the sorting permutation, and the relaxed top-k.
 
-For scores s ∈ Rⁿ, with A[i, j] = |s_i − s_j| and rows counted from 1, the relaxed permutation matrix
+:func:`neuralsort` returns the unimodal row-stochastic P̂[i, :] = softmax(((n + 1 − 2i) s − A 1) / τ),
+A[i, j] = |s_i − s_j|, whose row i tends to the indicator of the i-th largest score as τ → 0; :func:`relaxed_topk`
+sums its first k rows (the relaxed k-hot of the dKNN loss), with ``stochastic=True`` on s + Gumbel noise (a relaxed
+Plackett-Luce sample). O(n log n) for A 1 and O(k n) for the k rows, batched over any leading dimensions.
 
-    P̂[i, :] = softmax( ((n + 1 − 2i) s − A 1) / τ ),            i = 1 … n
+Example::
 
-is unimodal row-stochastic: every row sums to 1, and as τ → 0 row i tends to the indicator of the i-th *largest*
-score (Grover et al. 2019, Theorem 4: P̂ → the sorting permutation, descending). The relaxed top-k indicator is the
-sum of its first k rows, Σ_{i ≤ k} P̂[i, :] ∈ [0, 1]ⁿ, which the differentiable k-nearest-neighbour loss of Grover et
-al. (dKNN) uses in place of the k-hot vector of the k largest scores (the k nearest candidates when s = −distance).
+    >>> relaxed_topk(torch.tensor([[0.1, 3.0, 2.0, -1.0]]), k=2, tau=1e-3)
+    tensor([[0., 1., 1., 0.]])
 
-*Stochastic* NeuralSort treats s as the log-weights of a Plackett-Luce distribution over permutations and relaxes a
-sample of it: by the Gumbel-max trick, sorting s + g (g i.i.d. standard Gumbel) draws an exact Plackett-Luce
-permutation, so P̂(s + g) is its reparameterised relaxation (Grover et al. 2019, §4).
-
-Cost: O(n log n) per example for A 1 (from the sorted scores and their prefix sums, instead of the n × n matrix) and
-O(k n) for the first k rows, batched over any leading dimensions.
-
-Reference: A. Grover, E. Wang, A. Zweig, S. Ermon (2019), "Stochastic optimization of sorting networks via
-continuous relaxations", ICLR.
+Derivation: docs/structures.md#neuralsort.
 """
 
 from __future__ import annotations

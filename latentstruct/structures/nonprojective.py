@@ -1,136 +1,30 @@
 """Non-projective dependency trees: Chu-Liu-Edmonds for the MAP, the Matrix-Tree theorem for the partition function.
 
-Parts are arcs, laid out as in :mod:`latentstruct.structures.dependency`. ``scores[b, h, m]`` is the score of the arc
-head ``h`` → modifier ``m`` over positions ``0..n``, where position 0 is the root symbol and ``1..n`` are the words. A
-vertex z ∈ {0, 1}^{(n+1)×(n+1)} is a dependency tree, projective or not: every word has exactly one head and the arcs
-form a tree rooted at 0 (a spanning arborescence of the complete digraph on 0..n). Column 0 (arcs into the root) and
-the diagonal (self-loops) are never parts, so they are always 0 in z and in the marginals μ. With ``multiroot=False``
-the root has exactly one child.
+Parts are arcs, laid out as in :mod:`latentstruct.structures.dependency`: ``scores[b, h, m]`` (``[batch, n+1, n+1]``)
+is the score of the arc ``h`` → ``m``, position 0 the root. A vertex is any spanning arborescence rooted at 0
+(projective or not); column 0 and the diagonal are never parts. With ``multiroot=False`` the root has exactly one
+child (exact: every root arc is lowered by a constant larger than any tree's score range).
 
-MAP — Chu-Liu-Edmonds (Chu & Liu, 1965; Edmonds, 1967; McDonald et al., 2005). Give every word its best incoming arc;
-if that is a tree it is optimal. Otherwise contract every cycle C of these arcs into one node (the cycles are
-disjoint: all of them at once, in every example of the batch) with the arc scores
+* ``map``: Chu-Liu-Edmonds by rounds over the whole batch, cycles found by pointer jumping, without building the
+  contracted graphs (O(n²) per round, at most n rounds); NumPy on the CPU, torch on other devices, same trees.
+* ``log_partition``: the directed Matrix-Tree theorem, one batched float64 ``slogdet`` with a per-column max-shift;
+  examples whose determinant would cancel (n ε κ₁(L) > 1e-9) are recomputed by an exact log-space elimination.
+* ``marginals``: the closed form through the inverse Laplacian (Koo et al., 2007), differentiable twice.
+* ``exact_sample``: Wilson's cycle popping (single root: the root child from its marginal first); the chain rule
+  over the marginals where the walks would be slow (more than 20 expected draws per word).
 
-    s'[u, C] = max_{v ∈ C} s[u, v] - s[π(v), v]      (enter the cycle at v, dropping the cycle arc π(v) → v)
-    s'[C, w] = max_{v ∈ C} s[v, w]                   (leave the cycle from its best node),
+Arc scores of -inf are "forbidden unless unavoidable"; padding (past ``lengths``) is ignored and 0 in every output.
 
-and start a new round on the contracted graph. When the best incoming arcs form a tree, expand the contractions, last
-first: a cycle keeps all its arcs but the one into the node where the arc entering the contracted cycle lands.
+Example::
 
-The contracted graphs are never built (as in Tarjan, 1977). The nodes stay the N = n + 1 original ones, grouped into
-supernodes comp[v], and the arc u → v (comp[u] ≠ comp[v]) has the current score s[u, v] - off[v], where off[v] adds
-s[π(X), X] — the best entering score of v's supernode X — whenever X is contracted; arcs inside a supernode no longer
-count. Both equations above then hold by construction: the best arc into a supernode is the best over its nodes v of
+    >>> scores = torch.randn(2, 6, 6)
+    >>> s = NonProjectiveDepTree(multiroot=False)
+    >>> mu = s.marginals(scores)                            # [2, 6, 6], differentiable twice
+    >>> torch.allclose(mu[:, 0].sum(-1), torch.ones(2))    # one root child
+    True
 
-    m[v] - off[v],      m[v] = max_{u : comp[u] ≠ comp[v]} s[u, v],
-
-and its head is whatever supernode contains u. A round: (1) rescan m[v] for the nodes whose best arc fell inside their
-new supernode (the first round scans all, O(N²)); (2) give every supernode its best entering arc (ties: the smallest
-head, then the smallest node v), its head supernode being the parent; (3) find the cycles of the parent map of every
-example at once by pointer jumping (Wyllie, 1979): after ⌈log₂(N - 1)⌉ doublings of parent^(2^k), and of the smallest
-node among the first 2^k of every orbit, the supernodes on cycles are the image of parent^(2^k), each cycle named by its
-smallest supernode; (4) contract them: comp and off as above. A round costs O(N log N) per example plus O(N) per
-rescanned node, so O(N²) at most; the number of rounds is the nesting depth of the contractions, at most n, and a batch
-takes as many rounds as its slowest example (measured on batches of 32 with i.i.d. Gaussian scores: 13-21 rounds at n =
-30, 24-37 at n = 60, 18-22 and 35-39 with a single root); the examples without a cycle drop out once they are half the
-batch. A round is ~50 calls on arrays of B N numbers, where the per-call overhead dominates: the rounds run in NumPy on
-the CPU (about half of torch's overhead per call) and in torch on the scores' device otherwise (a host sync per round).
-Both do the same float64 maxima and subtractions with the same deterministic ties, so they return the same tree.
-
-Single root (``multiroot=False``): every root arc is lowered by the same constant P = (n + 1)(max s - min s + 1), max
-and min over the parts and 0, so P > n · (max s - min s). A tree with k root children loses k · P, so any
-single-rooted tree beats any tree with k ≥ 2 while the order among single-rooted trees (all lose exactly P) is
-unchanged: the unconstrained MAP of the penalised scores is the exact single-root MAP. (Gabow & Tarjan, 1984, and
-Zmigrod et al., 2020, give an O(N²) refinement of the same idea; the constant shift is simpler and costs round-off of
-order P · 2⁻⁵³ only.) Arc scores of -inf (or NaN) on parts are treated as "forbidden unless unavoidable": they are
-replaced by a finite score below every tree without them (and +inf by one above every tree without them).
-
-Partition function — the directed Matrix-Tree theorem (Tutte, 1948; Koo et al., 2007; McDonald & Satta, 2007; Smith
-& Smith, 2007). With arc weights A[h, m] = exp s[h, m] between words and root weights r[m] = exp s[0, m], the
-Laplacian over the words 1..n
-
-    L[m, m] = r[m] + Σ_{h ≠ m} A[h, m],      L[h, m] = -A[h, m]  (h ≠ m)
-
-has det L = Σ_z exp <s, z> over all trees rooted at 0 (``multiroot=True``). For a single root (Koo et al., 2007, §3.3)
-take the Laplacian without the root, L₀ (the same with r = 0), and replace its first row by r: det L̂ = Σ_j r[j] T_j,
-where T_j is the total weight of the trees over the words rooted at j, i.e. of the single-rooted trees whose root
-child is j.
-
-Every entry of column m of L (or L̂) is the weight of an arc into m, and every tree has exactly one such arc, so
-scaling column m by exp(-c[m]) scales det by exp(-c[m]) and each tree's weight likewise. We use c[m] = max_h s[h, m]
-(a per-column max-shift, in float64): every column's largest weight is 1, nothing overflows, no column underflows to
-0, and log Z = log det L(s - c) + Σ_m c[m] exactly. For a single root the first row of L̂ (the root weights, in which
-det L̂ is linear) is also scaled to a largest entry of 1. The determinants come from one batched
-``torch.linalg.slogdet``. Padded words get an identity row and column (their weights are 0 and their diagonal entry
-1), so the determinant factorises into the example's own Laplacian times 1.
-
-Marginals (Koo et al., 2007, §3.2; ``marginals`` overrides the base class with this closed form): with X = L⁻¹,
-
-    μ[0, m] = r[m] X[m, m],      μ[h, m] = A[h, m] (X[m, m] - X[m, h]),
-
-and for a single root (X = L̂⁻¹) μ[0, m] = r[m] X[m, 1] and μ[h, m] = A[h, m] ([m ≠ 1] X[m, m] - [h ≠ 1] X[m, h])
-(words numbered 1..n). These are differentiable torch expressions (twice and more).
-
-Accuracy at large score gaps. The diagonal of L is a sum and det L a signed sum of products, so when the trees are
-much worse than the column maxima det L cancels catastrophically in float64 however the scores are shifted, and
-slogdet returns garbage or -inf: e.g. when two words are each other's best head and every way of breaking that cycle
-costs ≳ 30 nats (typical of random scores scaled by 30 or more), or, with several roots allowed, when every root arc
-is ≳ 30 nats worse than the arcs between words (L is then nearly the singular L₀). The error of a backward-stable
-log-determinant is about n ε κ₁(L) (κ₁ the 1-norm condition number; measured: within a factor 5 of the actual error,
-usually far above it), so every example with n ε κ₁(L) > 1e-9 — none for moderate scores, e.g. unit-variance random
-ones — is recomputed exactly by elimination in log space instead (about 15 times slower than slogdet on the CPU).
-Eliminating word k from L (Gaussian elimination without pivoting: the Schur complement of a Laplacian is the
-Laplacian of the graph without k) gives
-
-    A'[i, j] = A[i, j] + A[i, k] A[k, j] / p_k,    r'[j] = r[j] + r[k] A[k, j] / p_k,    p_k = r[k] + Σ_{i≠k} A[i, k]
-
-and det L = Π_k p_k over the elimination order. The new diagonal is never formed by subtraction: every quantity is a
-sum of products of nonnegative weights, so it has small relative error (the trick of Grassmann, Taksar & Heyman,
-1985, for Markov chains), and in log space (logsumexp, logaddexp) nothing overflows or underflows at any score scale.
-For a single root, scale r by t: det(L₀ + t diag r) = t Z₁ + O(t²). The pivots at t = 0, p⁰_k = Σ_i A[i, k], do not
-involve r, and propagating r to first order (r'[j] = r[j] + r[k] A[k, j] / p⁰_k) gives Z₁ = Π_{k<last} p⁰_k · r[last]
-(the last pivot p⁰ is 0: L₀ is singular). Words are eliminated from n down to 1, so that padding (pivot 1) goes first
-and word 1, never padding, is last. O(n³) in n batched steps; its marginals are its autograd gradient (twice
-differentiable). Part scores of -inf are floored there at lo - n (hi - lo) - n log(n+1) - 40 (lo, hi: the extreme
-finite part scores), which changes Z by a relative e^-40 at most when some tree has a finite score (and gives a
-finite, very low value instead of -inf when none has).
-
-Exact sampling (``exact_sample``). Multiple roots: Wilson's algorithm (Wilson, 1996) in its cycle-popping form
-(Propp & Wilson, 1998). Every word v has a walk step to a head h drawn with probability
-Q[v, h] = w[h, v] / Σ_h' w[h', v]
-(w = exp s, shifted per column); the root 0 (and padding) are absorbing. Every word draws a head; while the head graph
-has cycles, every word on a cycle draws again (all cycles of all examples at once: found by pointer jumping, as in
-the MAP). Wilson's cycle-popping theorem: the popped cycles and the final tree do not depend on the order of the pops,
-and the tree has probability ∝ Π_v Q[v, head(v)] = Π_v w[head(v), v] / Π_v Σ_h w[h, v] ∝ exp <s, z>, exactly the
-Gibbs distribution. Expected cost: tr (I − Q)⁻¹ head draws in all (the expected number of visits of the words by the
-walks before absorption; Wilson, 1996), each O(N), and as many rounds as the deepest stack of pops.
-Single root: the root's child j is drawn first from its exact marginal μ[0, j] (the Matrix-Tree marginals above;
-P(child = j) = μ[0, j] for single-rooted trees); given j, the tree minus the arc 0 → j is a random arborescence of the
-words rooted at j with weight Π w, sampled by the same cycle popping with j absorbing and no root arcs. No rejection.
-
-Wilson's cost blows up when the scores are peaked (two words that prefer each other by Δ nats over every way out make
-walks of ~e^Δ steps). So each example (each sample, given its root child) first computes its expected number of draws
-tr (I − Q)⁻¹ = Σ_v (K⁻¹)[v, v] D_v, K = diag(D) − Wᵀ over the free words, D_v = Σ_h w[h, v] (one batched ``inv_ex``);
-where it exceeds 20 draws per word, or cannot be computed, it samples by the chain rule instead: word by word, v's head
-is drawn from its marginal given the heads already drawn (the Matrix-Tree marginals of the scores with v's other
-heads forbidden, −inf), n marginal calls, O(n⁴). The choice depends on the scores (and the drawn root child) only,
-never on the walks, so both paths are exact; it changes only the cost. Forbidden arcs get weight 0 on both paths
-(in the log-space elimination they are floored as above: a relative e^-40 on Z at most).
-
-References: Y. J. Chu, T. H. Liu (1965), "On the shortest arborescence of a directed graph". J. Edmonds (1967), "Optimum
-branchings". W. Tutte (1948), "The dissection of equilateral triangles into equilateral triangles". H. Gabow, R. Tarjan
-(1984), "Efficient algorithms for a family of matroid intersection problems". R. Tarjan (1977), "Finding optimum
-branchings", Networks. J. Wyllie (1979), "The complexity of parallel computations", PhD thesis, Cornell. W. Grassmann,
-M. Taksar, D. Heyman (1985), "Regenerative analysis and steady state distributions for Markov chains", Operations
-Research. R. McDonald, F. Pereira, K. Ribarov, J. Hajič (2005), "Non-projective dependency parsing using spanning tree
-algorithms", HLT-EMNLP. T. Koo, A. Globerson, X. Carreras, M. Collins (2007), "Structured prediction models via the
-matrix-tree theorem", EMNLP. R. McDonald, G. Satta (2007), "On the complexity of non-projective data-driven dependency
-parsing", IWPT. D. Smith, N. Smith (2007), "Probabilistic models of nonprojective dependency trees", EMNLP. R. Zmigrod,
-T. Vieira, R. Cotterell (2020), "Please mind the root: decoding arborescences for dependency parsing", EMNLP.
-D. B. Wilson (1996), "Generating random spanning trees more quickly than the cover time", STOC. J. G. Propp,
-D. B. Wilson (1998), "How to get a perfectly random sample from a generic Markov chain and generate a random spanning
-tree of a directed graph", Journal of Algorithms. R. Zmigrod, T. Vieira, R. Cotterell (2021), "Efficient sampling of
-dependency structures", EMNLP (Wilson's algorithm and the chain rule for dependency trees).
+Derivation (contraction rounds, root penalty, Laplacians, accuracy at large score gaps, Wilson's algorithm,
+references): docs/structures.md#nonprojective.
 """
 
 from __future__ import annotations
@@ -172,7 +66,7 @@ class NonProjectiveDepTree(Structure):
     the inverse Laplacian (the elimination's gradient for those examples), differentiable twice; ``exact_sample``
     Wilson's algorithm (the chain rule over the marginals where it would be slow). ``sample``
     (perturb-and-MAP) and ``sparsemap`` (the generic active-set solver) come from the base class. Formulas and
-    accuracy: see the module docstring.
+    accuracy: docs/structures.md#nonprojective.
 
     Args:
         multiroot: allow several children of the root (false: exactly one).
@@ -194,7 +88,7 @@ class NonProjectiveDepTree(Structure):
         """A highest-scoring tree: 0/1 tensor ``[batch, n+1, n+1]`` in the scores' dtype and device, no gradient.
 
         Chu-Liu-Edmonds in float64, all examples together (NumPy on the CPU, torch on other devices). Ties between
-        trees are broken deterministically (the same tree on every device; see the module docstring).
+        trees are broken deterministically (the same tree on every device; docs/structures.md#nonprojective).
         """
         with torch.no_grad():
             s, lengths, part = _prepare(scores.detach(), lengths)
@@ -238,7 +132,7 @@ class NonProjectiveDepTree(Structure):
             mu_arcs = arcs * (diag.unsqueeze(1) - xt)
         else:
             not_first = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-            not_first[0] = 0.0  # [m ≠ 1] and [h ≠ 1] in the 1-based word numbering of the module docstring
+            not_first[0] = 0.0  # [m ≠ 1] and [h ≠ 1] in the 1-based word numbering of docs/structures.md#nonprojective
             mu_root = root * x[:, :, 0]
             mu_arcs = arcs * ((diag * not_first).unsqueeze(1) - xt * not_first.view(-1, 1))
         mu = torch.cat([mu_root.unsqueeze(1), mu_arcs], dim=1)  # rows: heads 0..n; columns: words 1..n
@@ -264,9 +158,9 @@ class NonProjectiveDepTree(Structure):
 
         Wilson's algorithm (cycle popping) rooted at 0; for a single root, the root's child is drawn first from its
         marginal and the rest is a random arborescence of the words rooted at it. Examples whose expected number of
-        draws is large (peaked scores) use the chain rule over the Matrix-Tree marginals instead (module docstring,
-        "Exact sampling"). Part scores must be finite or −inf, with some tree of finite score. ``generator`` must live
-        on the scores' device; everything runs on it.
+        draws is large (peaked scores) use the chain rule over the Matrix-Tree marginals instead
+        (docs/structures.md#nonprojective, "Exact sampling"). Part scores must be finite or −inf, with some tree of
+        finite score. ``generator`` must live on the scores' device; everything runs on it.
         """
         with torch.no_grad():
             s, lengths, part = _prepare(scores.detach(), lengths)
@@ -365,8 +259,8 @@ def _log_partition_elimination(
 ) -> torch.Tensor:
     """log Z ``[B]`` (float64) by Gaussian elimination of the Laplacian in log space, from prepared scores.
 
-    Exact at any score scale, slower than slogdet (n sequential batched steps); see the module docstring. Words are
-    eliminated from n down to 1: the arrays are reversed so that the word to eliminate is always at index 0.
+    Exact at any score scale, slower than slogdet (n sequential batched steps); docs/structures.md#nonprojective.
+    Words are eliminated from n down to 1: the arrays are reversed so that the word to eliminate is always at index 0.
     """
     s = s.to(torch.float64)
     n = s.shape[-1] - 1
@@ -438,9 +332,10 @@ def _incoming_scores(s: torch.Tensor, lengths: torch.Tensor, part: torch.Tensor,
 def _chu_liu_edmonds(t: torch.Tensor) -> torch.Tensor:
     """Heads ``[B, N]`` (long, on t's device) of a maximum spanning arborescence rooted at 0, for every example.
 
-    ``t`` from :func:`_incoming_scores`; ``heads[b, 0]`` and the heads of padded positions are 0. The rounds of the
-    module docstring run in NumPy on the CPU (a round is ~50 operations on arrays of B N numbers, where NumPy's
-    overhead per call is about half of torch's) and in torch on any other device: the same operations, the same tree.
+    ``t`` from :func:`_incoming_scores`; ``heads[b, 0]`` and the heads of padded positions are 0. The rounds
+    (docs/structures.md#nonprojective) run in NumPy on the CPU (a round is ~50 operations on arrays of B N numbers,
+    where NumPy's overhead per call is about half of torch's) and in torch on any other device: the same operations,
+    the same tree.
     """
     if t.device.type == "cpu":
         return torch.from_numpy(_rounds(t.numpy(), _NumPyOps()))
@@ -536,7 +431,7 @@ class _TorchOps:
 
 
 def _rounds(t, xp):
-    """Chu-Liu-Edmonds on all the examples at once, by rounds (module docstring); returns heads ``[B, N]``.
+    """Chu-Liu-Edmonds on all the examples at once, by rounds (docs/structures.md#nonprojective); heads ``[B, N]``.
 
     ``t`` ``[B, N, N]`` float64 (NumPy or torch, as ``xp``), ``t[b, v, h]`` = score of h → v. The nodes of the
     examples still contracting are numbered g = b N + v. ``comp[g]``: the supernode containing g, named by one of its
@@ -637,7 +532,8 @@ def _sample_heads(
     generator: torch.Generator | None,
 ) -> torch.Tensor:
     """Heads ``[m B, N]`` (long; 0 for the root symbol and padding) of m exact samples per example (sample j of
-    example b in row j B + b), from prepared scores; the algorithms of the module docstring, "Exact sampling"."""
+    example b in row j B + b), from prepared scores; the algorithms of docs/structures.md#nonprojective, "Exact
+    sampling"."""
     batch, size, _ = s.shape
     rows = batch * m
     example = torch.arange(rows, device=s.device) % batch

@@ -1,40 +1,25 @@
 """Tag sequences (linear-chain CRF parts): Viterbi, the forward algorithm, forward-filtering backward-sampling.
 
-Part layout. ``scores[b, i, s, t]`` (shape ``[batch, n, T, T]``) is the score of tag ``s`` at position ``i-1``
-followed by tag ``t`` at position ``i``: the emission of ``t`` at ``i`` plus the transition ``s → t``, as a CRF
-fills it (``SequenceTagging.parts`` builds it from emissions and transitions). Position 0 has no previous tag: only
-row 0 is a part there, ``scores[b, 0, 0, t]`` = score of starting with tag ``t`` (its emission plus a start score);
-rows ``1..T-1`` of position 0 are never parts and are 0 in every output. A vertex z ∈ {0, 1}^{n×T×T} is the
-indicator of a tag sequence y_0 … y_{n-1}:
+``scores[b, i, s, t]`` (``[batch, n, T, T]``) is the score of tag ``s`` at ``i-1`` followed by tag ``t`` at ``i``
+(emission of ``t`` plus transition ``s → t``; ``SequenceTagging.parts`` builds it from emissions and transitions).
+Position 0 uses row 0 only (``scores[b, 0, 0, t]``: start with ``t``); its other rows are never parts. A vertex is
+the indicator of a tag sequence y_0 … y_{n-1}: ``z[0, 0, y_0] = 1`` and ``z[i, y_{i-1}, y_i] = 1``; T^n vertices.
+Positions past ``lengths[b]`` are padding (ignored, 0 in every output, no gradient); a part of -inf is a forbidden
+transition (probability 0, zero rather than NaN gradients while some sequence stays allowed).
 
-    z[0, 0, y_0] = 1,    z[i, y_{i-1}, y_i] = 1  for 1 ≤ i < n,    every other entry 0,
+* ``log_partition``: the forward algorithm in log space; ``marginals`` its gradient (forward-backward), twice
+  differentiable.
+* ``map``: Viterbi with back-pointers and one batched backtrack.
+* ``exact_sample``: forward filtering, backward sampling (the draws taken by Gumbel-max during the forward pass).
 
-so <s, z> = s[0, 0, y_0] + Σ_{i≥1} s[i, y_{i-1}, y_i] and there are T^n vertices. ``lengths[b]`` (≥ 1, default n) is
-the number of positions of example b; positions ``i ≥ lengths[b]`` are padding: they may hold anything (even NaN or
-±inf), are ignored, are 0 in every output and get zero gradient. A part may be −inf (a forbidden transition, as in a
-constrained BIO tagger): it is floored at a huge finite negative value, so sequences using it get probability 0, it
-gets marginal 0, and tags that become unreachable give zero rather than NaN gradients (some sequence must stay allowed).
+Example::
 
-Dynamic programs (one loop over positions, each step a ``[batch, T, T]`` tensor op), with the forward variables
-α_0[t] = s[0, 0, t] and α_i[t] = ⊕_s α_{i-1}[s] ⊗ s[i, s, t]:
+    >>> tagger = SequenceTagging(num_tags=3)
+    >>> z = tagger.map(torch.randn(2, 4, 3, 3))            # [2, 4, 3, 3]
+    >>> z.sum((1, 2, 3)).tolist()                          # one part per position
+    [4.0, 4.0]
 
-* ``log_partition``: (⊕, ⊗) = (logsumexp, +), the forward algorithm in log space (Rabiner, 1989); log Z = ⊕_t α_{L-1}.
-  ``marginals`` (base class) is its gradient, i.e. forward-backward (Eisner, 2016), twice differentiable.
-* ``map``: (max, +), Viterbi (1967) with back-pointers bp_i[t] = argmax_s α_{i-1}[s] + s[i, s, t], then batched
-  backtracking from argmax_t α_{L-1}[t].
-* ``exact_sample``: forward filtering, backward sampling (Carter & Kohn, 1994; Frühwirth-Schnatter, 1994):
-  y_{L-1} ~ softmax(α_{L-1}), y_{i-1} | y_i ~ softmax_s(α_{i-1}[s] + s[i, s, y_i]) in log space. The conditional
-  draws are taken for every (i, y_i) at once by Gumbel-max during the forward pass and then followed exactly like
-  Viterbi's back-pointers, so sampling costs one forward pass and one backtrack.
-
-Past an example's length the forward variables are carried unchanged (and the back-pointers are the identity), so
-α_{n-1} = α_{L-1} for every example and one backtrack from position n-1 serves the whole batch.
-
-References: A. Viterbi (1967), "Error bounds for convolutional codes and an asymptotically optimum decoding
-algorithm", IEEE Trans. IT. L. Rabiner (1989), "A tutorial on hidden Markov models", Proc. IEEE. J. Lafferty,
-A. McCallum, F. Pereira (2001), "Conditional random fields", ICML. C. Carter, R. Kohn (1994), "On Gibbs sampling for
-state space models", Biometrika. S. Frühwirth-Schnatter (1994), "Data augmentation and dynamic linear models",
-J. Time Series Analysis. J. Eisner (2016), "Inside-outside and forward-backward algorithms are just backprop".
+Derivation and references: docs/structures.md#sequence.
 """
 
 from __future__ import annotations

@@ -1,76 +1,24 @@
-r"""Generic SparseMAP: the Euclidean projection onto a marginal polytope, using only a MAP oracle.
+"""Generic SparseMAP: the Euclidean projection onto a marginal polytope, using only a MAP oracle.
 
-Niculae, Martins, Blondel & Cardie (2018), "SparseMAP: Differentiable Sparse Structured Inference", ICML.
+μ*(s) = argmin_{μ ∈ M} ½ ||μ - s||², M = conv(Z) (Niculae et al., 2018), by the active-set method (Wolfe's
+min-norm point): solve the KKT system of the active face; drop a vertex while the face solution has a negative
+weight; else ask MAP for the most violated vertex and stop when the Frank-Wolfe gap is ≤ 1e-6 × the scale of a
+vertex's score, raising :class:`SparseMAPConvergenceError` rather than returning an inexact point.
 
-For part scores s ∈ R^d and a structure with vertices Z ⊂ {0, 1}^d, SparseMAP is (Mihaylova et al., 2020, eq. 4)
+The solver touches a structure only through ``map_parts`` and keeps each active vertex as its K part indices, so its
+own work is O(A K + A²) per iteration for A active vertices (the inverse of the KKT matrix is updated, never
+refactorised, and checked every ``_CHECK_EVERY`` iterations). The batch progresses together, in float64. The backward
+is the projection of the gradient onto the directions of the final active face (the sparse Jacobian), through the
+same KKT matrix. ``init`` warm-starts from a previous :class:`SparseMAPSolution`.
 
-    μ*(s) = argmin_{μ ∈ M} ½ ||μ - s||²,        M = conv(Z).
+``scores`` is ``[batch, *part_shape]``; the parts are its flattened trailing dimensions (d = prod(part_shape)).
 
-Writing μ = Σ_i α_i z_i = Z_Aᵀ α over an *active set* A of vertices with α in the simplex, this module solves the
-problem with the active-set method used by Niculae et al. (a.k.a. Wolfe's min-norm-point method, 1976; Nocedal &
-Wright, 2006, §16.5), touching the structure only through its MAP oracle:
+Example::
 
-1. The face solution: the equality-constrained QP restricted to the active set,
-       min_α ½ ||Z_Aᵀ α - s||²   s.t.  1ᵀα = 1,
-   i.e. the KKT system   K_A [ν; α] = [c; Z_A s],    K_A = [ 0   c1ᵀ ]
-                                                           [ c1   G  ],   G = Z_A Z_Aᵀ (the Gram matrix),
-   with the constraint scaled by a constant c (the number of parts of MAP(s)) so that both blocks have comparable
-   magnitude. If its solution α̂ has negative weights, move from α towards α̂ by the largest feasible step and drop
-   the vertex whose weight reaches zero (a *drop step*); repeat.
-2. Otherwise μ = Z_Aᵀ α̂ is optimal on the face; ask MAP for the most violated vertex z = argmax_z <s - μ, z>. μ is
-   optimal iff <s - μ, v - μ> ≤ 0 for every vertex v (first-order optimality of a projection), so the *gap*
-   <s - μ, z - μ> (the Frank-Wolfe duality gap, an upper bound on ½||μ - s||² - ½||μ* - s||²) is the stopping
-   criterion. If it exceeds the tolerance, add z to the active set and go to 1.
+    >>> from latentstruct.structures import ProjectiveDepTree
+    >>> mu = sparsemap(ProjectiveDepTree(), torch.randn(2, 6, 6))          # [2, 6, 6], a sparse mix of trees
 
-**The cost is the MAP calls.** Vertices are sparse: a tree has n arcs among (n+1)² parts, a tag sequence n of its
-n·T² parts. The solver never forms a dense vertex. It asks the structure for the *parts* of MAP (``map_parts``,
-:mod:`latentstruct.structures.parts`) and keeps each active vertex as its K part indices, so with A active vertices
-every quantity costs O(A K) or O(A²) per example, never O(A d):
-
-* <z_i, z> for a new vertex z: z's parts are marked in a dense int8 buffer (K writes) and the buffer is read at the
-  parts of the active vertices; <z, s> is a K-gather; G is integer-valued and updated one row at a time (exact);
-* the residual s - μ handed to MAP: one scatter-add of the A·K weighted parts into a copy of s (the only O(d) work,
-  of the order of what MAP itself reads); the gap <s - μ, z - μ> = <s - μ, z> - αᵀ(Z_A s) + αᵀGα;
-* K_A changes by one row and column per step, so its inverse P = K_A⁻¹ and the face solution x = (ν, α̂) are
-  *updated* rather than refactorised (bordering and Schur complements, O(A²), no solve):
-  - z enters with border b = (c, Z_A z) and corner |z|²: with u = P b and the Schur complement σ = |z|² - bᵀu,
-    P ← P + v vᵀ / σ and x ← x + v (bᵀx - <z, s>) / σ, where v = u - e_z (P lives in a fixed slot layout, with zero
-    rows and columns on unused slots). σ is the squared distance of z to the affine hull of the active set: in exact
-    arithmetic it is positive whenever the gap is (s - μ is orthogonal to the face), so σ ≈ 0 (e.g. a vertex that is
-    already active) means round-off, and the example *stalls* (below) instead of cycling;
-  - vertex j leaves: P ← P - P_{:j} P_{j:} / P_jj and x ← x - P_{:j} x_j / P_jj.
-  Every ``_CHECK_EVERY`` iterations the face solutions are checked against the KKT system (a product with the exact
-  G); an example whose residual is above ``_REFRESH_TOL`` gets P and x recomputed from scratch (LU, with a
-  pseudo-inverse fall-back for a singular K_A), so round-off in the updates never accumulates. The gap, which is
-  the stopping rule, is always computed from the weights actually used, never from ν.
-
-The examples of a batch progress together: one iteration is a drop step or one (batched) MAP call for each example
-still working; examples that converge or stall *retire*: their state is written out once and they leave the working
-arrays (indexed by example, O(A K + A²) each). Host synchronisations: a handful of small flags per iteration (whether
-any example drops, whether all are ready, who leaves), which CUDA pays as short stalls; the state stays on the
-scores' device. The work is done in float64 whatever the input dtype: the gap is a difference of numbers of size
-~ ||s||_∞ ||z||_1, and the active-set logic (signs of weights, the ratio test) is where round-off turns into cycling.
-
-**Backward.** On the final active face the KKT system above makes α (and μ = Z_Aᵀ α) an affine function of s; block
-inversion with M = G⁻¹ gives
-
-    ∂μ/∂s = J = Z_Aᵀ (M - M 1 1ᵀ M / (1ᵀ M 1)) Z_A,
-
-which is symmetric, so the vector-Jacobian product is J g (the paper's sparse Jacobian). Geometrically J is the
-orthogonal projector onto the direction space span{z_i - z_j : i, j ∈ A} of the active face. We never form J (d × d)
-nor M: J g = Z_Aᵀ β where (β, ν) solves the same KKT matrix with right-hand side (Z_A g, 0), O(A K + A³). This form
-needs only the KKT matrix to be invertible (affinely independent active vertices), not G (linearly independent ones:
-a vertex may be 0, as for the hypercube); it is solved by LU with a fall-back to the pseudo-inverse, so that an
-affinely *dependent* active set still gives the least-squares solution: β is then not unique, but Z_Aᵀ β — the
-projection of g onto the direction space — is.
-
-**Warm start.** ``init`` (a previous :class:`SparseMAPSolution` for scores of the same shape) starts the active set at
-its support with its weights instead of at MAP(s). It pays when the new scores are close to the old ones (the same
-examples a training step later); for a distant point the old vertices must be dropped one iteration at a time, which
-costs more than it saves (``results/bench/structures.md`` has the measurements).
-
-Tensor conventions: ``scores`` is ``[batch, *part_shape]``; the parts are the flattened trailing dimensions
-(``d = prod(part_shape)``).
+Algorithm, updates, backward and warm start in full: docs/structures.md#sparsemap.
 """
 
 from __future__ import annotations
@@ -314,8 +262,8 @@ class _ActiveSet:
 
     def add(self, adding: torch.Tensor, z_idx: torch.Tensor, z_part: torch.Tensor) -> torch.Tensor:
         """Put vertex z (``z_idx``, ``z_part`` ``[m, K]``) in the first free slot of the examples where ``adding``
-        ``[m]``, with weight 0; update G, <z, s>, P and the face solution x (module docstring). Returns ``[m]`` bool:
-        where z was affinely dependent on the active set, and so was not added.
+        ``[m]``, with weight 0; update G, <z, s>, P and the face solution x (docs/structures.md#sparsemap). Returns
+        ``[m]`` bool: where z was affinely dependent on the active set, and so was not added.
 
         The other examples get z's data written into their first free slot too, which stays free: nothing reads a
         free slot's data unmasked (its weight, x and P entries are 0).
@@ -465,7 +413,8 @@ def sparsemap_active_set(
         strict: raise when an example has not converged; with ``strict=False`` return the last iterate instead (a
             truncated active set: a point of the polytope, the convex combination of its active vertices, whose
             remaining gap is in ``gap``).
-        init: a warm start (module docstring): a solution of this solver for scores of the same shape and lengths.
+        init: a warm start (docs/structures.md#sparsemap): a solution of this solver for scores of the same shape
+            and lengths.
 
     Returns:
         :class:`SparseMAPSolution`.
@@ -598,7 +547,7 @@ def _check_init(init: SparseMAPSolution, batch: int, d: int):
 
 def _active_face_jvp(indices: torch.Tensor, gram: torch.Tensor, support: torch.Tensor, grad: torch.Tensor):
     """J g for J = Z_Aᵀ (M - M11ᵀM / 1ᵀM1) Z_A, M = (Z_A Z_Aᵀ)⁻¹: the projection of g onto the active face's
-    direction space, computed as Z_Aᵀ β with [G 1; 1ᵀ 0] [β; ν] = [Z_A g; 0] (module docstring).
+    direction space, computed as Z_Aᵀ β with [G 1; 1ᵀ 0] [β; ν] = [Z_A g; 0] (docs/structures.md#sparsemap).
 
     indices ``[n, A, K]`` (-1: no part), gram ``[n, A, A]``, support ``[n, A]``, grad ``[n, d]`` (float64) → ``[n, d]``.
     """
@@ -609,7 +558,7 @@ def _active_face_jvp(indices: torch.Tensor, gram: torch.Tensor, support: torch.T
 
 
 class _SparseMAPFunction(torch.autograd.Function):
-    """μ = SparseMAP(s) with the sparse active-set backward J g (module docstring)."""
+    """μ = SparseMAP(s) with the sparse active-set backward J g (docs/structures.md#sparsemap)."""
 
     @staticmethod
     def forward(ctx, scores, structure, lengths, max_iter, tol, strict, init):

@@ -1,37 +1,22 @@
-r"""k-subsets of n positions: vertices are k-hot vectors, M = conv(Z) is the capped simplex {0 ≤ μ ≤ 1, Σμ = k}.
+"""k-subsets of n positions: vertices are k-hot vectors, M = conv(Z) is the capped simplex {0 ≤ μ ≤ 1, Σμ = k}.
 
-Parts are the n positions; ``scores[b, i]`` is the score of choosing position i, and a vertex z ∈ {0, 1}^n has exactly
-k ones. Everything is exact and batched:
+``scores[b, i]`` (``[batch, n]``) is the score of choosing position i; a vertex has exactly k ones. All exact and
+batched:
 
-* ``map``: the k highest scores (``torch.topk``), on any device.
-* ``log_partition``: log Σ_{|S| = k} exp Σ_{i ∈ S} s_i = log e_k(exp s), the k-th elementary symmetric polynomial of
-  exp(s), by the k-subset dynamic program over prefixes, in log space (O(n k), one step per position, batched):
+* ``map``: ``torch.topk``.
+* ``log_partition``: log e_k(exp s), the k-subset dynamic program over prefixes in log space, O(n k);
+  ``marginals``: its gradient (twice differentiable).
+* ``exact_sample``: the dynamic program sampled backwards (perturb-and-MAP, ``sample``, is Gumbel top-k: *not* this
+  distribution).
+* ``sparsemap``: closed form, μ = clip(s - τ, 0, 1), τ found by a batched binary search over the breakpoints.
 
-      E[j, m] = log e_m(exp s_1, ..., exp s_j),   E[0, 0] = 0,
-      E[j, m] = logaddexp(E[j-1, m], E[j-1, m-1] + s_j)          (position j left out / taken).
+Example::
 
-  E[j, m] = -inf for m > j; those entries are never formed (the table of prefix j has min(j, k) + 1 columns), since
-  the backward of a log-sum-exp of -inf terms is NaN even when multiplied by a zero gradient.
-* ``marginals``: the gradient of the log-partition (the base class's autograd), twice differentiable.
-* ``exact_sample``: z ~ p(z) ∝ exp <s, z> over k-subsets, by sampling the dynamic program backwards: with r positions
-  still to choose among the first j, position j is taken with probability exp(s_j + E[j-1, r-1] - E[j, r]) (the
-  prefixes play the role of the suffix tables of a front-to-back sampler). Note that perturb-and-MAP (``sample``,
-  Gumbel top-k) is *not* this distribution: it samples k positions without replacement.
-* ``sparsemap``: closed form. The projection onto the capped simplex is μ = clip(s - τ, 0, 1) with τ the root of
-  the nonincreasing piecewise-linear f(τ) = Σ_i clip(s_i - τ, 0, 1) = k, whose breakpoints are {s_i} ∪ {s_i - 1}.
-  A batched binary search over the sorted breakpoints (O(n log n)) finds consecutive breakpoints t_a < t_b with
-  f(t_a) ≥ k > f(t_b); on (t_a, t_b) the sets U = {s_i - 1 ≥ t_b} (μ_i = 1), F = {s_i - 1 ≤ t_a, s_i ≥ t_b}
-  (0 < μ_i < 1) and the rest (μ_i = 0) are fixed and read off by exact comparisons, and then, exactly,
+    >>> z = TopK(k=2).map(torch.tensor([[0.1, 3.0, 2.0, -1.0]]))
+    >>> z
+    tensor([[0., 1., 1., 0.]])
 
-      τ = (Σ_F s_i + |U| - k) / |F|,     μ_F = s_F - τ,   μ_U = 1,   μ = 0 elsewhere.
-
-  Autograd through this formula gives the Jacobian I_F - 1_F 1_Fᵀ / |F| on F and 0 elsewhere (Niculae et al., 2018;
-  the capped simplex is the k-subset marginal polytope).
-
-References: V. Niculae, A. F. T. Martins, M. Blondel, C. Cardie (2018), "SparseMAP: Differentiable sparse structured
-inference", ICML. W. Wang, C. Lu (2015), "Projection onto the capped simplex", arXiv:1503.01002. A. Kulesza,
-B. Taskar (2012), "Determinantal point processes for machine learning", §5.2 (elementary symmetric polynomials,
-k-subset sampling).
+Derivation and references: docs/structures.md#topk.
 """
 
 from __future__ import annotations
@@ -118,7 +103,7 @@ class TopK(Structure):
         return z
 
     def sparsemap(self, scores: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """The Euclidean projection onto {0 ≤ μ ≤ 1, Σμ = k} (closed form, module docstring), ``[batch, n]``;
+        """The Euclidean projection onto {0 ≤ μ ≤ 1, Σμ = k} (closed form, docs/structures.md#topk), ``[batch, n]``;
         differentiable with Jacobian I_F - 1_F 1_Fᵀ / |F| on the free set F = {0 < μ_i < 1}, 0 elsewhere.
 
         The candidate positions must hold finite scores.
