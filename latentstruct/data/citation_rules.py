@@ -1,68 +1,21 @@
-r"""The rule reward of citation field extraction (seed 004 Table 4, the indirect supervision of Rooshenas et al.
+"""The rule reward of citation field extraction (seed 004 Table 4, the indirect supervision of Rooshenas et al.
 2019): domain-knowledge rules that score a tagging of a citation without its gold fields, noisily.
 
-A citation is tokens w_1..w_N with one field per token (:data:`~latentstruct.data.cora.CORA_FIELDS`). The reward is
-a sum of rule scores,
+The reward is a sum of rule scores, R(w, y) = Σ_r score_r(w, y), each weight 1: a cue rule scores +1 per token
+showing its cue (a year, ``pp.``, a quoted span, ...) tagged with the field the cue points to and −1 per such token
+tagged otherwise; a structure rule scores −1 per violation (a field in two segments, the author → title → venue order
+broken). Rewards are computed on discrete taggings only, never differentiated.
 
-    R(w, y) = Σ_r score_r(w, y),
+* :func:`token_cues`: the cues of one citation, ``[n, P]`` float 0/1 over :data:`CUES`, from its words alone.
+* :data:`RULES`; :func:`rule_scores` ``[*, R]``, :func:`reward` ``[*]``, for ``cues`` ``[*, n, P]``, ``tags``
+  ``[*, n]`` (field ids, anything at padding) and ``mask`` ``[*, n]``, broadcast against each other (e.g. ``[B, n, P]``
+  cues with ``[K, B, n]`` sampled tags); :func:`score`, :func:`citation_reward`: one citation given as strings.
+* :func:`agreement`: how noisy the reward is against the gold taggings, per rule and over corrupted taggings
+  (``python -m latentstruct.data.citation_rules``, written to ``results/energy/citation_rules.md`` by ``make
+  table-energy-citation``).
 
-each rule a small function over (tokens, tags): a **cue rule** fires on the tokens that show a cue (a four-digit
-year, ``pp.``, a quoted span, ...) and scores +1 per firing token whose field is the one the cue points to and −1 per
-firing token whose field is not; a **structure rule** scores −1 per violation (a field split into two segments, the
-author → title → venue order broken). All weights are 1 (our choice). Rewards are only ever computed on discrete
-taggings (sampled or argmax), never differentiated.
-
-Token cues (:func:`token_cues`, computed once per citation from its words alone; :data:`CUES`)
------------------------------------------------------------------------------------------------
-``year`` (19xx/20xx, optionally in brackets, with a letter suffix or trailing punctuation), ``month`` (a month name
-or its abbreviation), ``pp`` (``pp.``, ``pp``, ``pages``, ``p.``; not ``P.``, an initial), ``page_range``
-(digits-digits), ``in`` (the word ``In`` not first),
-``quoted`` (a token inside a "..." or ``...'' span), ``initial`` (``A.``, ``W.-P.``, ``C.B.``),
-``first`` (the first token), and keyword cues: ``editor_word`` (eds., editor(s), ed.), ``tech_word`` (technical,
-report, TR), ``institution_word`` (university, dept., department, institute, laboratory), ``publisher_word`` (press,
-publishers, verlag, ...), ``venue_word`` (proceedings, proc., conference, workshop, symposium), ``journal_word``
-(journal, transactions, trans.), ``volume_word`` (vol., volume, no.).
-
-The rules (:data:`RULES`; ``source``: ``issue`` = listed in issue #23 from Rooshenas et al.'s description of their
-reward — we could not check their exact rule list, which is not in the seeds, so their patterns and weights are ours;
-``ours`` = added here)
-------------------------------------------------------------------------------------------------------------------
-==================  ======  ============================================================================
-rule                source  scores
-==================  ======  ============================================================================
-year_date           issue   year tokens: +1 tagged date, −1 otherwise
-pp_pages            issue   ``pp.`` tokens followed by a token: +1 when both are tagged pages, else −1
-in_booktitle        issue   ``In`` (not first, followed by a token): +1 when it and the next token share the field
-                            booktitle or editor ("In Proc. ...", "In J. Smith, editor, ..."), else −1
-quoted_title        issue   tokens inside quotes: +1 tagged title, −1 otherwise
-initials_author     issue   initials: +1 tagged author or editor, −1 otherwise
-contiguous          issue   −1 per segment of a field beyond its first (a field in two places)
-order               issue   −1 per boundary where the field goes back in the order author < title < venue
-                            (venue = every field but author, title and date; date is free)
-month_date          ours    month names: +1 date, −1 otherwise
-range_pages         ours    digit ranges: +1 pages, −1 otherwise
-first_author        ours    the first token: +1 author, −1 otherwise
-editor_word         ours    eds./editors: +1 editor, −1 otherwise
-tech_word           ours    technical/report/TR: +1 tech, −1 otherwise
-institution_word    ours    university/department/...: +1 institution, −1 otherwise
-publisher_word      ours    press/publishers/...: +1 publisher, −1 otherwise
-venue_word          ours    proceedings/conference/...: +1 booktitle, −1 otherwise
-journal_word        ours    journal/transactions: +1 journal, −1 otherwise
-volume_word         ours    vol./volume/no.: +1 volume, −1 otherwise
-==================  ======  ============================================================================
-
-Several rules are wrong on some gold citations (a "Technical Report" inside a title, "In" in a title, an institution
-split around a tech field): that is the noise of the reward, measured by :func:`agreement` (``python -m
-latentstruct.data.citation_rules``, written to ``results/energy/citation_rules.md`` by ``make
-table-energy-citation``).
-
-Shapes: every rule takes ``cues`` ``[*, n, P]`` (float 0/1), ``tags`` ``[*, n]`` (long field ids; anything at padding)
-and ``mask`` ``[*, n]`` (1 at real tokens), broadcast against each other (e.g. ``[B, n, P]`` cues with ``[K, B, n]``
-sampled tags), and returns ``[*]``. :func:`rule_scores` stacks them ``[*, R]``, :func:`reward` sums them;
-:func:`score` and :func:`citation_reward` do the same for one citation given as strings.
-
-References: P. Rooshenas, D. Zhang, G. Sharma, A. McCallum (2019), "Search-guided, lightly-supervised training of
-structured prediction energy networks", NeurIPS. K. Seymore, A. McCallum, R. Rosenfeld (1999) (the Cora data).
+The cues, the rule table (which rules come from issue #23 and which are ours) and the known noise:
+docs/data.md#citation_rules.
 """
 
 from __future__ import annotations
@@ -113,7 +66,7 @@ def _bare(word: str) -> str:
 
 
 def token_cues(tokens: Sequence[str]) -> torch.Tensor:
-    """``[n, P]`` float 0/1: which of :data:`CUES` each token shows (module docstring)."""
+    """``[n, P]`` float 0/1: which of :data:`CUES` each token shows (docs/data.md#citation_rules)."""
     out = torch.zeros(len(tokens), len(CUES))
     quoted = False
     for t, word in enumerate(tokens):
@@ -196,7 +149,8 @@ def _order(cues, tags, mask):
 
 @dataclass(frozen=True)
 class Rule:
-    """One rule: its name, where it comes from (``issue`` or ``ours``, module docstring), and its function."""
+    """One rule: its name, where it comes from (``issue`` or ``ours``, docs/data.md#citation_rules), and its
+    function."""
 
     name: str
     source: str
@@ -221,7 +175,7 @@ CUE_RULES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 _CUE = {name: Rule(name, source, _cue_rule(cue, fields)) for name, (source, cue, fields) in CUE_RULES.items()}
 
-#: the rules of the module docstring, in its order
+#: the rules of docs/data.md#citation_rules, in its order
 RULES: tuple[Rule, ...] = (
     _CUE["year_date"],
     Rule("pp_pages", "issue", _pp_pages),
@@ -235,7 +189,7 @@ RULES: tuple[Rule, ...] = (
 
 
 def rule_scores(cues: torch.Tensor, tags: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[*, R]``: every rule's score (shapes in the module docstring)."""
+    """``[*, R]``: every rule's score (shapes in docs/data.md#citation_rules)."""
     tags = torch.where(mask > 0, tags, torch.zeros_like(tags))
     return torch.stack([rule.fn(cues, tags, mask.to(cues.dtype)) for rule in RULES], -1)
 

@@ -1,65 +1,23 @@
 """CoNLL-2003 English NER: the column reader, IOB2 ↔ BIOES, conlleval's chunks and F1, and padded id tensors.
 
-Files
------
-* **Format** (:func:`read_conll`): one token per line, four whitespace-separated columns ``token POS chunk NER``; a
-  blank line ends a sentence; a line whose token is ``-DOCSTART-`` (document start) is skipped and also ends the
-  current sentence. Any other column count raises ``ValueError`` naming the file and line, and so does an NER tag
-  that is not ``O`` or ``B-``, ``I-``, ``E-``, ``S-`` followed by a type of :data:`CONLL_TYPES` (a line cut inside
-  its last field leaves such a tag). Files are opened through
-  :func:`latentstruct.data.files.read_lines` (plain or ``.gz``), decoded strictly as UTF-8 (an undecodable byte, a
-  corrupt stream or a last line without its newline is an error naming the file).
-* **Folder** (:func:`load_conll`): ``train.txt``, ``valid.txt``, ``test.txt`` (each optionally ``.gz``; the plain file
-  wins when both exist) under ``data_dir/conll2003`` → splits train / valid / test (valid = ``eng.testa``, test =
-  ``eng.testb``). Published sizes (:data:`CONLL_SIZES`), which the shared copy matches: 14,041 / 3,250 / 3,453
-  sentences, 203,621 / 51,362 / 46,435 tokens.
-* **Tags.** The widely circulated files (and the shared copy) use IOB2: every entity starts with ``B-``. The original
-  ``eng.*`` files use IOB1 (``I-`` everywhere, ``B-`` only between two adjacent entities of one type).
+* :func:`read_conll` (``token POS chunk NER`` per line, blank line between sentences, ``-DOCSTART-`` skipped),
+  :func:`load_conll` (``data_dir/conll2003/{train,valid,test}.txt[.gz]``; sizes :data:`CONLL_SIZES`).
+* :func:`iob2_to_bioes`, :func:`bioes_to_iob2` (well-formed input required unless ``repair=True``, which reads it as
+  conlleval does and so converts IOB1); :func:`spans` → ``(type, start, end)`` chunks, ``end`` exclusive;
+  :func:`span_f1`: conlleval's precision, recall and FB1 (×100).
+* :func:`tag_names`: ``O`` = 0, then the ``B I E S`` (BIOES, 17 tags) or ``B I`` (IOB2, 9 tags) of each of
+  :data:`CONLL_TYPES`.
+* :func:`conll_dataset`: per split, word (and with ``features`` POS and chunk) ids ``[N, n]`` padded with 0,
+  ``lengths`` ``[N]`` and tag ids ``[N, n]`` padded with :data:`TAG_PAD` = -100 (mask past ``lengths``).
 
-Tagging schemes
----------------
-A tag is ``O`` or ``P-TYPE`` with ``P`` in ``B`` (begin), ``I`` (inside), ``E`` (end, BIOES only), ``S`` (single
-token, BIOES only). :func:`iob2_to_bioes` and :func:`bioes_to_iob2` convert between the two; both are
-:func:`spans` followed by :func:`tags_from_spans`, so they convert what conlleval would read.
+Example::
 
-**Validation choice:** by default the input must be well formed in its scheme (checked by converting it to chunks
-and back and requiring the same sequence), else ``ValueError`` naming the first offending position; e.g. an ``I-PER``
-after ``O`` or after ``B-LOC`` is refused in IOB2, and ``B-PER O`` in BIOES. With ``repair=True`` an ill-formed
-sequence is instead read as conlleval reads it (an ``I-`` after ``O`` or after another type starts a chunk), which is
-also exactly how IOB1 is defined, so ``iob2_to_bioes(tags, repair=True)`` converts IOB1 correctly.
+    >>> iob2_to_bioes(["B-PER", "I-PER", "O", "B-LOC"])
+    ['B-PER', 'E-PER', 'O', 'S-LOC']
+    >>> spans(["B-PER", "I-PER", "O", "B-LOC"])
+    [('PER', 0, 2), ('LOC', 3, 4)]
 
-conlleval chunks and F1
------------------------
-:func:`spans` returns ``(type, start, end)`` chunks with ``end`` exclusive (the chunk is ``tokens[start:end]``).
-Walking the tags with the previous tag's prefix ``p`` and type ``t`` (``O`` before the first token and after the
-last), a chunk **ends** before the current tag (prefix ``q``, type ``u``) when
-
-* ``p`` is ``E`` or ``S``; or ``p`` is ``B`` or ``I`` and ``q`` is ``B``, ``S`` or ``O``; or
-* ``p`` is not ``O`` and ``t != u`` (a type change),
-
-and a chunk **starts** at the current tag when
-
-* ``q`` is ``B`` or ``S``; or ``q`` is ``I`` or ``E`` and ``p`` is ``O``, ``E`` or ``S``; or
-* ``q`` is not ``O`` and ``t != u``.
-
-For sequences of B/I/O tags (IOB1, IOB2, ill-formed or not) and of I/E/O tags (IOE) these are exactly the rules of
-``conlleval.pl`` (``startOfChunk`` / ``endOfChunk``). ``conlleval.pl`` has no rule for ``S`` and none for ``B`` after
-``E``, so on BIOES it would merge ``S-PER S-PER`` into one chunk; the rules above add them as the usual Python ports of
-conlleval do. :func:`span_f1` counts a predicted chunk as correct when a gold chunk has the same type, start and end
-(what conlleval's ``correctChunk`` counter amounts to), micro-averaged over all chunks of all sentences, and returns
-conlleval's precision, recall and FB1, ×100, each 0 when its denominator is 0.
-
-Vocabularies and tensors
-------------------------
-* Words (:class:`latentstruct.data.text.Vocab`): built on the training sentences, ``<pad>`` = 0, ``<unk>`` = 1, then
-  the words seen at least ``min_count`` times by count then alphabetically; case is kept unless ``lowercase``.
-* Tags (:func:`tag_names`): fixed, not read from the data: ``O`` = 0, then for each type of :data:`CONLL_TYPES` (LOC,
-  MISC, ORG, PER) its ``B I E S`` tags (BIOES, 1 + 4×4 = 17 tags) or ``B I`` tags (IOB2, 9 tags).
-* POS and chunk tags (columns 2 and 3, the "NER+" features, with ``features=True``): a :class:`Vocab` each, built on
-  train (unseen tags → ``<unk>``).
-* :func:`conll_dataset` pads each split to its own longest sentence: word, POS and chunk ids with 0, **tags with**
-  :data:`TAG_PAD` **= -100** (the default ``ignore_index`` of ``torch.nn.functional.cross_entropy``; positions past
-  ``lengths`` must be masked before indexing anything with a tag id).
+The file format, the validation choice, conlleval's chunk rules (and where BIOES needs more): docs/data.md#conll.
 """
 
 from __future__ import annotations

@@ -1,45 +1,19 @@
 """Cora citation field extraction (Seymore et al. 1999; ParsCit's copy; seed 004 Table 4, after Rooshenas et al.
 2019): the two readers, the semi-supervised splits and padded id tensors for
-:class:`~latentstruct.tasks.energy_citation.CitationEnergy`.
+:class:`latentstruct.tasks.energy_citation.CitationEnergy`.
 
-Files (``data_dir/cora``)
--------------------------
-* ``cora.tagged.txt`` (:func:`read_cora_tagged`): one citation per line, each field an inline span
-  ``<author> A. Cau, R. Kuiper, ... </author> <title> ... </title> ...``; tokens are the whitespace-separated words
-  between an opening tag and its closing tag. A field is one of the 13 of :data:`CORA_FIELDS`; fields never nest. Text
-  outside every field is dropped: the file has it only in five citations, a ``.`` glued to a closing tag
-  (``</pages>.``), which ParsCit's column file drops too (so both readers give the same 11,604 tokens). Anything
-  else — an unknown or unclosed field, a closing tag without its opening one, a ``<`` or ``>`` outside a tag, a
-  citation without a token — raises ``ValueError`` naming the file and line.
-* ``cora.train[.gz]`` (:func:`read_cora_columns`): ParsCit's CRF++ file: one token per line, 24 space-separated
-  columns (the token, 22 features, the field), a blank line between citations. Another column count or a field
-  outside :data:`CORA_FIELDS` raises ``ValueError`` naming the file and line.
+* :func:`read_cora_tagged` (``cora.tagged.txt``, inline ``<field> ... </field>`` spans), :func:`read_cora_columns`
+  (ParsCit's 24-column ``cora.train``), :func:`load_cora`: the same 500 citations, 11,604 tokens, one of the 13
+  :data:`CORA_FIELDS` per token (counts checked by :func:`check_counts`).
+* :func:`cora_splits`: permuted by ``split_seed``, then test 100, valid 100, a labelled pool of 50 (``labelled`` = 5,
+  10, 50 take its first ones, nested) and the 250 unlabelled rest (the paper has 1,000 more unlabelled citations).
+* :func:`cora_dataset`: per split ``x`` ``[N, n]`` word ids (pad 0), ``lengths`` ``[N]``, ``y`` ``[N, n]`` field ids
+  (pad ``TAG_PAD``; all ``TAG_PAD`` for an unlabelled citation: its gold fields never reach the model), ``cues``
+  ``[N, n, P]`` (:func:`latentstruct.data.citation_rules.token_cues`) and ``labelled`` ``[N]``;
+  ``extras["metric"] = "token_acc"``.
 
-Both are read through :func:`latentstruct.data.files.read_lines` (plain or compressed, strict UTF-8, a file cut
-mid-line refused). The shared copy's counts (``MANIFEST.md`` §9; :data:`CORA_CITATIONS`, :data:`CORA_TOKENS`,
-:data:`CORA_FIELD_TOKENS`) are checked by :func:`cora_dataset` unless ``check_sizes=false``; the two files hold the
-same 500 citations in the same order (``tests/data/test_cora.py`` checks it on the shared copy).
-
-Splits (:func:`cora_splits`; our protocol, the paper's has 1,000 more unlabelled citations)
-----------------------------------------------------------------------------------------
-The 500 citations are permuted by ``split_seed`` (default 0, ``random.Random``), then cut into test (100), valid
-(100), a labelled pool (50) and the unlabelled rest (250). The labelled pools are nested: ``labelled`` = 5, 10, 50
-takes the first 5, 10, 50 of the pool, so the three settings share their test, valid and unlabelled citations.
-Seed 004 (after Rooshenas et al. 2019) uses 1,000 unlabelled citations of an extended Cora, which is not to be had
-here: this is a reduced unlabelled set (250).
-
-Tensors
--------
-Each split: ``x`` word ids ``[N, n]`` (pad 0), ``lengths`` ``[N]``, ``y`` field ids ``[N, n]`` (pad
-:data:`~latentstruct.data.conll.TAG_PAD`), ``cues`` ``[N, n, P]`` float 0/1: the token cues the rule reward reads
-(:func:`latentstruct.data.citation_rules.token_cues`, computed from the words alone), and ``labelled`` ``[N]`` float:
-1 for a labelled citation. **The gold fields of an unlabelled citation never reach the model**: its ``y`` row is all
-``TAG_PAD``. Train = the labelled citations, each repeated ``max(1, round(unlabelled / labelled))`` times when
-``balance`` (so that a batch holds labelled and unlabelled citations in about equal numbers; our choice, the same for
-every method), then the unlabelled ones. Words: lower-cased with every digit mapped to ``0`` when ``normalize``
-(default), so that years, pages and volumes share a few word types; the vocabulary is built on train (labelled and
-unlabelled words: the inputs of the unlabelled citations are given). ``extras["metric"] = "token_acc"``: the task is
-scored by token accuracy.
+File formats, the split protocol and how it differs from the paper's, balancing and word normalisation:
+docs/data.md#cora.
 """
 
 from __future__ import annotations
@@ -131,7 +105,7 @@ def _parse_tagged(line: str, where: str) -> Citation:
 
 
 def read_cora_tagged(path: str | Path) -> list[Citation]:
-    """The citations of an inline-tagged file, one per non-blank line (module docstring)."""
+    """The citations of an inline-tagged file, one per non-blank line (docs/data.md#cora)."""
     citations = [_parse_tagged(line, f"{path}:{lineno}") for lineno, line in read_lines(path) if line.strip()]
     if not citations:
         raise ValueError(f"{path}: no citation")
@@ -190,7 +164,7 @@ def check_counts(citations: list[Citation], where: str) -> None:
 
 def cora_splits(n: int, labelled: int, unlabelled: int | None = None, split_seed: int = 0,
                 sizes: dict[str, int] = SPLIT_SIZES) -> dict[str, list[int]]:
-    """Citation indices of test, valid, labelled, unlabelled (module docstring); the labelled pools are nested."""
+    """Citation indices of test, valid, labelled, unlabelled (docs/data.md#cora); the labelled pools are nested."""
     order = list(range(n))
     random.Random(split_seed).shuffle(order)
     a, b, c = sizes["test"], sizes["test"] + sizes["valid"], sizes["test"] + sizes["valid"] + sizes["pool"]
@@ -222,7 +196,7 @@ def cora_dataset(
     n_valid: Annotated[int, AtLeast(1)] = 100,
     pool: Annotated[int, AtLeast(1)] = 50,
 ) -> TensorSplits:
-    """Cora as :class:`~latentstruct.data.base.TensorSplits` (module docstring): train (labelled, repeated when
+    """Cora as :class:`~latentstruct.data.base.TensorSplits` (docs/data.md#cora): train (labelled, repeated when
     ``balance``, then unlabelled), valid, test; ``dims`` = ``vocab_size``, ``num_tags`` (13), ``num_cues``;
     ``extras`` = ``vocab``, ``tag_names``, ``metric`` (``token_acc``), ``embeddings`` (None), ``citations`` (the
     train split's (tokens, tags) rows, unlabelled ones with tags None), ``split`` (the citation indices).

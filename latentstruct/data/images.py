@@ -1,36 +1,13 @@
 """Readers for the real image-classification datasets: MNIST, Fashion-MNIST and CIFAR-10.
 
-Formats
--------
-* **IDX** (MNIST, Fashion-MNIST): two zero bytes, a type byte, a byte with the number of dimensions ``d``, then ``d``
-  big-endian ``uint32`` sizes, then the data in row-major order. Type bytes: ``0x08`` uint8, ``0x09`` int8, ``0x0B``
-  int16, ``0x0C`` int32, ``0x0D`` float32, ``0x0E`` float64; multi-byte types are big-endian. Files may be compressed
-  (gzip as distributed), detected from the magic bytes rather than the ``.gz`` suffix by
-  :func:`latentstruct.data.files.open_binary`, and the byte count of the payload must match the header exactly (a
-  corrupt or truncated gzip stream, a wrong magic or a size mismatch is one ``ValueError`` line naming the file).
-  The returned arrays are in native byte order.
-* **MNIST folder**: ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
-  ``t10k-labels-idx1-ubyte``, each optionally with ``.gz`` (the plain file is preferred when both exist).
-  Fashion-MNIST is distributed with exactly the same file names and format, so :func:`load_mnist` reads it too.
-* **CIFAR-10** (the "python version"): the folder ``cifar-10-batches-py`` with the pickles ``data_batch_1`` ..
-  ``data_batch_5`` (training) and ``test_batch``. Each is a dict (read with ``encoding="bytes"``) whose ``b"data"``
-  is a uint8 array ``[n, 3072]`` holding each image as 1024 red, then 1024 green, then 1024 blue values, each
-  channel a row-major 32×32 plane, and whose ``b"labels"`` is a list of ``n`` ints. The official batches hold
-  10000 images each; any ``n`` is accepted here. A pickle that cannot be read (truncated, wrong protocol byte...)
-  is one ``ValueError`` line naming the file, whatever the unpickler raised.
-* **Labels** (both formats) must be classes 0-9 (MNIST's label files uint8), else ``ValueError`` naming the file
-  and the record.
+* :func:`read_idx` (the IDX format, plain or compressed; the payload must match the header),
+  :func:`load_mnist` (an MNIST-format folder: MNIST and Fashion-MNIST), :func:`load_cifar10` (the pickles of
+  ``cifar-10-batches-py``); labels must be 0-9; every malformed file is one ``ValueError`` line naming it.
+* :func:`image_classification`: ``data_dir/{mnist,fashion_mnist,cifar10}``; valid = ``n_valid`` training images
+  picked by ``np.random.RandomState(seed)``, train = the rest (``subset``: its first examples), test = the canonical
+  test set; float32 ``[N, C, H, W]`` in [0, 1], standardised by the fixed :data:`NORMALIZATION` constants.
 
-Experiment splits (:func:`image_classification`)
-------------------------------------------------
-``data_dir`` holds one folder per dataset: ``mnist/``, ``fashion_mnist/`` (both IDX folders as above) and
-``cifar10/`` (either the ``cifar-10-batches-py`` folder itself or the folder that contains it). The validation set is
-``n_valid`` training images picked by a permutation from ``np.random.RandomState(seed)`` (NumPy's legacy generator,
-stable across versions); the remaining training images are the train split, and the canonical test set is the test
-split. ``subset`` keeps only the first ``subset`` examples of that train split (after the validation images have been
-taken out), for reduced runs; validation and test are never reduced. Images become float32 ``[N, C, H, W]`` scaled to
-``[0, 1]`` and then standardised per channel by the fixed constants in :data:`NORMALIZATION` (the commonly used
-training-set statistics), so that every run normalises the same way whatever the split or subset.
+Formats byte by byte and the split protocol: docs/data.md#images.
 """
 
 from __future__ import annotations
@@ -203,7 +180,7 @@ def image_classification(
     subset: Annotated[int | None, NonNegative] = None,
 ) -> TensorSplits:
     """Train / valid / test splits of ``name`` (one of :data:`DATASETS`) read from ``data_dir/name``; each split is
-    ``{"x": float32 [N, C, H, W] normalised, "y": int64 [N]}``. See the module docstring for the protocol.
+    ``{"x": float32 [N, C, H, W] normalised, "y": int64 [N]}``. See docs/data.md#images for the protocol.
 
     Args:
         name: mnist, fashion_mnist or cifar10 (read from <data_dir>/<name>/, see latentstruct/data/images.py)

@@ -1,57 +1,21 @@
 """ListOps (Nangia & Bowman, 2018): nested list operations on digits, with gold binary trees, a generator and splits.
 
-Format
-------
-* **File:** one example per line, ``label<TAB>expression``, plain or compressed (opened through
-  :func:`~latentstruct.data.files.open_binary`, decompressed by magic bytes). Blank lines are skipped; a malformed line
-  raises ``ValueError`` naming ``file:line``. The official test file is ``test_d20s.tsv`` (10,000 expressions,
-  operator nesting ≤ 19, labels 0-9 counted 1127 / 1038 / 967 / 978 / 991 / 969 / 895 / 930 / 964 / 1141).
-* **Expression:** space-separated tokens. ``[MIN``, ``[MAX``, ``[MED``, ``[SM`` open an operator, ``]`` closes it,
-  ``0``-``9`` are values; ``(`` and ``)`` only encode a binarisation and are ignored by :func:`evaluate`. An operator
-  with arguments a1..ak is written LEFT-branching, ``( ( ... ( ( [OP a1 ) a2 ) ... ak ) ] )`` (k + 1 groups), e.g.
-  ``( ( ( ( ( [SM 6 ) 5 ) 9 ) 0 ) ] )``; a bare digit (``7``) is a whole expression too. :func:`serialize` writes
-  exactly this form: re-serialising every parsed test-file expression reproduces its tokens.
-* **Semantics:** MIN, MAX; MED = ``int(statistics.median(args))`` (the mean of the two middle values for an even
-  count, truncated: MED 1 2 → 1, MED 3 4 5 6 → 4); SM = sum mod 10.
+* :func:`read_listops` (``label<TAB>expression`` per line), :func:`parse_expression`, :func:`evaluate` (MIN, MAX,
+  MED = truncated median, SM = sum mod 10), :func:`serialize` (the left-branching bracketing of the official files).
+* :func:`leaves` (the model's input: operators, digits and ``]``), :func:`gold_tree` (0/1 ``[n, n]`` in the layout of
+  :class:`latentstruct.structures.BinaryTree`), :func:`tree_f1` (unlabelled bracket F1 over the non-trivial
+  constituents), :func:`tree_depth`, :func:`spans_to_trees`.
+* :func:`generate`: unique random expressions (leaf probability 0.75 by default), deterministic in the seed.
+* :func:`listops_dataset`: test = the official ``test_d20s.tsv``; train + valid generated, excluding the test
+  expressions, train capped at 130 leaves; vocabulary :data:`LISTOPS_VOCAB` (``<pad>`` = 0).
 
-Trees
------
-:func:`leaves` drops the brackets: the model's input is the sequence of operators, digits and ``]``. :func:`gold_tree`
-turns the brackets into a 0/1 ``[n, n]`` matrix in the layout of
-:class:`~latentstruct.structures.BinaryTree` (``z[i, j]`` = 1 for a constituent over leaves i..j, i < j; diagonal and
-lower triangle 0); every group must have exactly two children (a leaf or a group), so the result is a full binary tree
-with n - 1 constituents including (0, n - 1) when n ≥ 2 — true of every line of the official test file.
-:func:`tree_f1` is unlabelled bracket F1 over the non-trivial constituents (width ≥ 2, without the whole span
-(0, n - 1), which every tree contains), as in Williams et al. (2018) and Nangia & Bowman (2018); :func:`tree_depth` is
-the largest number of constituents over a leaf.
+Example::
 
-Generation
-----------
-:func:`generate` follows the published recipe, written from its description: a node is a leaf (a uniform digit) with
-probability ``leaf_prob`` and otherwise an operator (uniform over the four) with a uniform number of arguments in
-``min_args..max_args``, each argument drawn the same way; the root is at depth 1 and a node at depth ``max_depth`` is
-always a leaf, so operators nest at most ``max_depth - 1`` deep (the test file, "d20", has nesting exactly ≤ 19).
+    >>> tokens = "( ( ( [SM 6 ) 5 ) ] )".split()
+    >>> evaluate(tokens), leaves(tokens)
+    (1, ['[SM', '6', '5', ']'])
 
-* ``leaf_prob`` defaults to **0.75**: in the test file 25.2 % of the arguments are operators, and a leaf probability of
-  0.25 would make the tree supercritical (3.5 × 0.75 ≈ 2.6 expected operator children per operator, i.e. expressions
-  of astronomical size at depth 20), while 0.75 gives 0.875 and the test file's sizes (median 16 leaves).
-* The root is drawn like any node (it may be a bare digit), as the test file's single bare-digit line suggests; since
-  expressions are unique, at most 10 bare digits can ever be produced.
-* Expressions are unique (by their token string) and never one of ``exclude``; the output is deterministic given the
-  seed (``random.Random(seed)``).
-
-Splits (:func:`listops_dataset`)
---------------------------------
-test = the official ``<data_dir>/<folder>/test_d20s.tsv[.gz]``; train + valid = ``generate(n_train + n_valid, seed,
-exclude=test expressions)``, valid = the first ``n_valid`` of a seeded shuffle, train = the rest with at most
-``max_train_tokens`` leaves (130, Havrylov et al., 2019). Fixed vocabulary :data:`LISTOPS_VOCAB` (``<pad>`` = 0, no
-unknown token). Gold trees are stored compactly as ``spans`` (the n - 1 constituents, sorted, padded with -1) and
-rebuilt per batch with :func:`spans_to_trees`; full ``[N, 130, 130]`` matrices would need ~1.5 GB for 90k examples.
-
-References: N. Nangia, S. Bowman (2018), "ListOps: A diagnostic dataset for latent tree learning", NAACL SRW.
-A. Williams, A. Drozdov, S. Bowman (2018), "Do latent tree learning models identify meaningful structure in
-sentences?", TACL. S. Havrylov, G. Kruszewski, A. Joulin (2019), "Cooperative learning of disjoint syntax and
-semantics", NAACL.
+The format, the trees, the generator's recipe and why 0.75, the splits: docs/data.md#listops.
 """
 
 from __future__ import annotations
@@ -148,7 +112,7 @@ def parse_expression(tokens: Sequence[str]) -> Expr:
 
 
 def evaluate(expr_tokens: Sequence[str]) -> int:
-    """The value (0-9) of a ListOps expression given as tokens (module docstring); ``(`` and ``)`` are ignored.
+    """The value (0-9) of a ListOps expression given as tokens (docs/data.md#listops); ``(`` and ``)`` are ignored.
     Raises ValueError on malformed input (see :func:`parse_expression`)."""
     return _value(parse_expression(expr_tokens))
 
@@ -263,7 +227,7 @@ def tree_spans(tokens: Sequence[str]) -> list[tuple[int, int]]:
 
 def gold_tree(tokens: Sequence[str], dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The binary tree encoded by the brackets as a 0/1 ``[n, n]`` matrix over the n = ``len(leaves(tokens))`` leaves
-    (BinaryTree layout, module docstring); ValueError unless it is a full binary tree (:func:`tree_spans`)."""
+    (BinaryTree layout, docs/data.md#listops); ValueError unless it is a full binary tree (:func:`tree_spans`)."""
     spans = tree_spans(tokens)
     n = len(spans) + 1
     z = torch.zeros(n, n, dtype=dtype)
@@ -360,10 +324,10 @@ def generate(
     exclude: set[str] | frozenset[str] = frozenset(),
     max_failures: int = 100_000,
 ) -> list[tuple[list[str], int]]:
-    """``n_examples`` unique random ListOps expressions ``(tokens, label)`` (module docstring: the root is at depth 1,
-    a node at depth ``max_depth`` is a leaf, ``leaf_prob`` is the probability of a leaf, the root included). None is
-    in ``exclude`` (token strings ``' '.join(tokens)``). Raises RuntimeError after ``max_failures`` draws in a row
-    that gave nothing new (e.g. asking for more than 10 expressions with ``max_depth=1``)."""
+    """``n_examples`` unique random ListOps expressions ``(tokens, label)`` (docs/data.md#listops: the root is at
+    depth 1, a node at depth ``max_depth`` is a leaf, ``leaf_prob`` is the probability of a leaf, the root included).
+    None is in ``exclude`` (token strings ``' '.join(tokens)``). Raises RuntimeError after ``max_failures`` draws in a
+    row that gave nothing new (e.g. asking for more than 10 expressions with ``max_depth=1``)."""
     if max_depth < 1 or not 1 <= min_args <= max_args or not 0.0 <= leaf_prob <= 1.0:
         raise ValueError(f"bad settings: max_depth={max_depth}, args {min_args}..{max_args}, leaf_prob={leaf_prob}")
     rng = random.Random(seed)
@@ -414,7 +378,7 @@ def listops_dataset(
     subset: Annotated[int | None, NonNegative] = None,
     max_eval_tokens: Annotated[int | None, AtLeast(1)] = None,
 ) -> TensorSplits:
-    """ListOps as :class:`~latentstruct.data.base.TensorSplits` (module docstring). Each split ``{"x": int64 [N, L]
+    """ListOps as :class:`~latentstruct.data.base.TensorSplits` (docs/data.md#listops). Each split ``{"x": int64 [N, L]
     ids padded with 0, "lengths": int64 [N], "y": int64 [N] labels 0-9, "spans": int16 [N, L - 1, 2]}`` (the gold
     constituents, padded with -1; :func:`spans_to_trees` rebuilds ``[B, L, L]`` trees). ``dims`` = ``vocab_size``
     (16), ``num_classes`` (10); ``extras`` = ``itos`` (:data:`LISTOPS_VOCAB`).

@@ -1,79 +1,20 @@
 """Multi-label classification: Mulan ARFF files, the re-split of the energy-model papers, and example-F1.
 
-Files
------
-Every file is opened through :func:`latentstruct.data.files.open_binary`, so ``.arff`` and ``.arff.gz`` (or any other
-compression it recognises) both work.
+* :func:`read_arff` (Weka/Mulan ARFF, sparse or dense rows; the labels are the last ``num_labels`` attributes, read
+  from the Mulan XML header :func:`read_label_xml` when not given), :func:`load_mulan`.
+* :func:`mlc_dataset` reads ``data_dir/<name>/`` (bibtex, delicious, eurlex, bookmarks, or any Mulan-named dataset),
+  merges train and test, drops the unlabelled examples and re-splits them by :func:`resplit` into the train / valid /
+  test sizes of seed 004 (:data:`SPLIT_SIZES`; ``sizes=`` for the others).
+* :func:`example_f1` (both sets empty scores 1.0), :func:`f1_at_threshold`, :func:`best_threshold` (on validation
+  predictions only; ties to the smallest of :data:`DEFAULT_THRESHOLDS`).
 
-* **ARFF** (:func:`read_arff`, the Weka format Mulan uses). Lines starting with ``%`` and blank lines are ignored;
-  the keywords ``@relation``, ``@attribute`` and ``@data`` are case-insensitive. An attribute name is either a bare
-  word or quoted with ``'`` or ``"`` (quoted names may contain spaces; a backslash escapes the next character). Only
-  the number and the order of the attributes matter, not their types, but every value must be a number: nominal
-  attributes such as ``{0,1}`` are read by their numeric value, and ``?`` (missing) is refused. A data row is
-  either sparse, ``{index value, index value, ...}`` with 0-based attribute indices and every omitted value 0
-  (``{}`` is an all-zero row), or dense, ``v1,v2,...`` with one value per attribute. Instance weights (``,{w}``)
-  are not supported.
-* **Labels are the last ``num_labels`` attributes**, the features the others (the Mulan convention for these
-  datasets). Label values must be 0 or 1 (else an error naming the file and line). A sparse row may not give an
-  index twice. Lines are read by :func:`latentstruct.data.files.read_lines` (strict UTF-8; a file cut mid-line, an
-  empty file or a corrupt stream is an error naming the file); a file that ends before ``@data`` is refused.
-* **Mulan XML label header** (:func:`read_label_xml`): ``<labels xmlns="http://mulan.sourceforge.net/labels">``
-  with one ``<label name="...">`` element per label (nested elements, for label hierarchies, are listed in document
-  order). When :func:`read_arff` is not told ``num_labels``, it reads them from this file, found next to the ARFF:
-  ``bibtex-train.arff.gz`` → ``bibtex-train.xml``, then ``bibtex.xml`` (the name is shortened one ``-part`` at a
-  time). The label names in the XML must be the last attributes of the ARFF (in any order), else ``ValueError``.
+Example::
 
-Datasets and file names
------------------------
-``mlc_dataset(name, data_dir)`` reads ``data_dir/<name>/``; for each dataset the first complete alternative below is
-used (each file may also end in ``.gz``). The train/test alternatives are merged in the order listed (train rows,
-then test rows); a single file is the Mulan "union" file.
+    >>> example_f1(torch.tensor([[1, 0, 1], [0, 0, 0]]), torch.tensor([[1, 0, 0], [0, 0, 0]]))
+    0.8333333333333333
 
-* **bibtex** (1836 features, 159 labels): ``bibtex-train.arff`` + ``bibtex-test.arff``, or ``bibtex.arff``.
-* **delicious** (500 features, 983 labels): ``delicious-train.arff`` + ``delicious-test.arff``, or
-  ``delicious.arff``.
-* **eurlex** (5000 features, 3993 labels; Mulan's EUR-Lex with the EuroVoc descriptors as labels, "eurlex-ev"):
-  ``eurlex-ev-fold1-train.arff`` + ``eurlex-ev-fold1-test.arff`` (Mulan ships ten cross-validation folds; the train
-  and test files of one fold, 17,413 + 1,935, hold all 19,348 documents), or ``eurlex-ev-train.arff`` +
-  ``eurlex-ev-test.arff``, or ``eurlex-ev.arff``. The label header is ``eurlex-ev.xml``.
-* **bookmarks** (2150 features, 208 labels): ``bookmarks-train.arff`` + ``bookmarks-test.arff``, or
-  ``bookmarks.arff`` (Mulan ships only this union file, 87,856 rows, with ``bookmarks.xml``).
-
-Any other name is read the same way (``<name>-train.arff`` + ``<name>-test.arff``, or ``<name>.arff``) with the
-label count taken from ``<name>.xml``. The shared data folder holds bibtex and delicious only; a missing dataset
-raises ``FileNotFoundError`` naming every path looked for.
-
-The re-split
-------------
-The implicit-energy paper (seed 004, appendix table 6) does not use the official Mulan train/test split: it merges
-train and test and draws train / valid / test of fixed sizes. We reproduce it as follows:
-
-1. read the train file then the test file and concatenate them (row order as in the files);
-2. drop the examples without any label (``drop_empty``, on by default);
-3. ``order = np.random.RandomState(seed).permutation(N)``; train = ``order[:n_train]``, valid = the next
-   ``n_valid``, test = the last ``n_test`` (``seed`` = 0 by default). Every example is used exactly once.
-
-Sizes (:data:`SPLIT_SIZES`): bibtex 4407 / 1491 / 1497 (= 4880 + 2515 = 7395, no example is unlabelled); delicious
-9690 / 3207 / 3194 = 16,091, which is **not** 12,920 + 3,185 = 16,105: exactly 14 delicious examples (10 train, 4
-test) have no label, and dropping them gives 16,091, so step 2 is our reading of the paper; eurlex 11557 / 3876 /
-3881 = 19,314 (Mulan has 19,348 documents; we expect the 34 removed ones to be the unlabelled ones, unverified here).
-No sizes are published for bookmarks: pass ``sizes=`` (three integers adding up to the number of examples); any
-dataset without known sizes and without ``sizes=`` raises ``ValueError``. The sizes must add up exactly, else
-``ValueError`` stating the example count. The paper's own permutation is not available, so the examples in each
-split differ from the paper's even though the sizes agree (and its text says "standard splits" for these datasets
-while its appendix lists these sizes; we follow the sizes). The permutation is applied to the merged row order, so a
-union file gives the same split as the train + test pair only if it lists the train rows first.
-
-Metrics
--------
-* :func:`example_f1`: the mean over examples of ``2 |p ∩ g| / (|p| + |g|)`` for predicted and gold label sets ``p``,
-  ``g``. **An example with both sets empty scores 1.0** (a correct prediction of "no label"); one empty set and one
-  not scores 0.
-* :func:`f1_at_threshold`: example-F1 of ``probs >= threshold``.
-* :func:`best_threshold`: the threshold of a grid (default :data:`DEFAULT_THRESHOLDS` = 0.05, 0.10, ..., 0.95) with
-  the highest example-F1, ties going to the first (the smallest of an increasing grid). **It must be called on
-  validation predictions only**; the chosen threshold is then applied to the test set. (The reference
-  implementations of these experiments picked the threshold on the test set; we do not.)
+File formats and names, the re-split and how its sizes were read from the paper (the 14 unlabelled delicious
+examples), the threshold protocol: docs/data.md#mlc.
 """
 
 from __future__ import annotations
@@ -110,7 +51,7 @@ __all__ = [
 #: thresholds tried by :func:`best_threshold`: 0.05, 0.10, ..., 0.95
 DEFAULT_THRESHOLDS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
 
-#: train / valid / test sizes of the re-split (module docstring); bookmarks has none
+#: train / valid / test sizes of the re-split (docs/data.md#mlc); bookmarks has none
 SPLIT_SIZES: dict[str, tuple[int, int, int]] = {
     "bibtex": (4407, 1491, 1497),
     "delicious": (9690, 3207, 3194),
@@ -218,7 +159,7 @@ def _label_xml_candidates(arff: Path) -> list[Path]:
 def read_arff(
     path: str | Path, num_labels: int | None = None, label_xml: str | Path | None = None
 ) -> MultiLabelData:
-    """Read a Mulan ARFF file (sparse or dense rows; module docstring). The last ``num_labels`` attributes are the
+    """Read a Mulan ARFF file (sparse or dense rows; docs/data.md#mlc). The last ``num_labels`` attributes are the
     labels; without ``num_labels`` they are the labels of ``label_xml`` or of the XML header found next to the file.
     Returns float32 features ``[N, F]`` and bool labels ``[N, L]`` with their names."""
     path = Path(path)
@@ -336,7 +277,7 @@ def _arff(folder: Path, stem: str) -> Path | None:
 
 
 def load_mulan(name: str, folder: str | Path) -> tuple[MultiLabelData, list[Path]]:
-    """Read dataset ``name`` from ``folder`` (the first complete file alternative listed in the module docstring),
+    """Read dataset ``name`` from ``folder`` (the first complete file alternative listed in docs/data.md#mlc),
     train rows then test rows; return the merged data and the files read. The known datasets are checked against
     their feature and label counts."""
     folder = Path(folder)
@@ -388,7 +329,7 @@ def mlc_dataset(
     folder: str | None = None,
     drop_empty: bool = True,
 ) -> TensorSplits:
-    """A Mulan dataset re-split as in the module docstring, as :class:`~latentstruct.data.base.TensorSplits`: each
+    """A Mulan dataset re-split as in docs/data.md#mlc, as :class:`~latentstruct.data.base.TensorSplits`: each
     split ``{"x": float32 [N, F], "y": float32 [N, L] in {0, 1}}``; ``dims`` = ``input_dim`` (F), ``num_labels``
     (L); ``extras`` = ``label_names``, ``files`` (the files read), ``seed``. ``folder`` defaults to ``name`` (relative
     to ``data_dir`` unless absolute); ``sizes`` overrides :data:`SPLIT_SIZES`.

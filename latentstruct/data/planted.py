@@ -1,7 +1,7 @@
-r"""Planted-structure classification (issue #22; in the spirit of seed 001 §7.1): a known latent structure per example.
+"""Planted-structure classification (issue #22; in the spirit of seed 001 §7.1): a known latent structure per example.
 
-A fixed random *teacher* maps each input to the part scores of a structure, the true latent is the teacher's MAP
-structure, and the label is a fixed random bilinear read-out of the input through that structure:
+A fixed random teacher maps each input to the part scores of a structure; the true latent is their MAP, and the
+label a fixed random bilinear read-out of the input through it (NumPy's legacy generator, seeded by ``seed``):
 
     x ~ N(0, I_D)                                                          (input, D = ``num_features``)
     s*(x) = reshape(W_t x, part_shape) + σ_t ε,   W_t ~ N(0, 1/D),  ε ~ N(0, I)     (teacher part scores)
@@ -9,44 +9,15 @@ structure, and the label is a fixed random bilinear read-out of the input throug
     u(x)  = xᵀ V vec(z*) = Σ_p z*_p (V_p · x),   V ~ N(0, 1) [D, P]         (P = prod(part_shape) parts)
     y     = 1[u(x) > b] XOR f,  b = median of u over the training split,  f ~ Bernoulli(label_noise)
 
-σ_t = ``teacher_noise`` (0: z* is a deterministic function of x; MAP is invariant to the teacher's scale, so a
-"temperature" only matters through σ_t). The read-out u is exactly what the bilinear decoder fed the true z*
-computes (ŷ = zᵀ W_g x + b_g, ``latent=gold``): the oracle's error is the label noise plus its estimation error,
-while the linear model (ŷ = w·x + b, ``latent=none``) only sees the average read-out E[vec(z*)]ᵀ Vᵀ x, as z* varies
-with x. Each example's parts, per ``structure`` with n = ``size`` (the shapes of ``tests/structures/test_contract.py``):
+σ_t = ``teacher_noise``. Validation and test are drawn fresh from the same teacher and read-out.
 
-========================  ===================  =================================================
-structure                 part_shape           z* (a vertex)
-========================  ===================  =================================================
-categorical               (n,)                 one of n classes (one-hot)
-sequence_tagging          (n, T, T)            n tags among T = ``num_tags`` (linear-chain parts)
-binary_tree               (n, n)               the n - 1 constituents of a binary tree over n leaves
-projective_dep_tree       (n+1, n+1)           a head per word (arcs h → m; 0 is the root)
-nonprojective_dep_tree    (n+1, n+1)           a head per word, any spanning arborescence
-matching                  (n, n)               a permutation matrix
-topk                      (n,)                 a k-subset (k-hot), k = ``k``
-========================  ===================  =================================================
+* :func:`planted_structure`: the ``TensorSplits`` (``extras`` hands V and b to the task), for every structure of
+  :data:`STRUCTURES` (:func:`make_structure`, :func:`part_shape`).
+* :func:`move` (each structure's symmetry, :data:`SYMMETRIES`), :func:`read_out`, :func:`calibrate`: the calibration
+  table of ``make table-lab-planted`` (``results/lab/planted.md``).
 
-**Identifiability (issue #38).** With a learned bilinear decoder, a latent that relabels z* (the items of a top-k or
-a matching permuted, the tags permuted) fits the labels as well as z* does, so recovery is not measurable. The
-structured experiments (all but categorical) therefore give the model the data's read-out V itself, frozen
-(``decoder=known_readout``, :class:`latentstruct.models.decoders.KnownReadout`: logits [0, α xᵀ V vec(z) + β], only α
-and β learned); the data are unchanged (``extras`` hands V and b to the task). The categorical task stays as seed 001
-built it (learned bilinear decoder, V-measure recovery: identified up to a permutation of the classes). :func:`move`
-applies each structure's symmetry (:data:`SYMMETRIES`) and :func:`calibrate` scores the gold latent, the moved one
-and the MAP of random scores through the read-out; ``make table-lab-planted`` writes that table to
-``results/lab/planted.md``.
-
-Validation and test are drawn fresh from the same teacher and read-out; the threshold b comes from the training
-split only. Deterministic in ``seed`` (NumPy's legacy generator for x, W_t, V, ε and the flips; the MAP is exact).
-
-The true latents vary across examples. With the sizes of ``configs/experiment/planted_<structure>.yaml`` (D = 10,
-4,000 training examples, seed 0), the distinct z* among the training examples and their empirical entropy:
-categorical (n = 6) 6, 2.4 bits; sequence_tagging (n = 6, T = 3) 370, 7.5 bits; binary_tree (n = 8; 429 trees exist)
-303, 7.3 bits; projective_dep_tree (n = 6) 528, 8.0 bits; nonprojective_dep_tree (n = 6) 1,499, 9.9 bits; matching
-(n = 6; 720 exist) 409, 7.8 bits; topk (n = 8, k = 3; 56 exist) 50, 5.0 bits. The most frequent z* covers at most
-7% of the examples (24% for the 6 classes). Test accuracies of the references (trainer ``planted``, seed 301) are
-in ``docs/reference.md``'s "Planted structures".
+The part shapes per structure, identifiability (why the structured experiments use ``decoder=known_readout``), the
+distinct latents and their entropy at the experiment sizes: docs/data.md#planted.
 """
 
 from __future__ import annotations

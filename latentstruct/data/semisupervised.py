@@ -1,28 +1,14 @@
 """Binarised MNIST / Fashion-MNIST with a balanced labelled subset, for the semi-supervised discrete VAE (seed 003).
 
-Protocol
---------
-* **Images.** ``data_dir/name`` is an MNIST-format folder read by :func:`latentstruct.data.images.load_mnist`
-  (``name`` is ``"mnist"`` or ``"fashion_mnist"``). Every image is flattened to 784 values and binarised *once*, by
-  rounding pixels/255 to {0, 1}: a pixel becomes 1 when pixel/255 ≥ 0.5, i.e. when the uint8 value is ≥ 128 (127/255
-  ≈ 0.498, 128/255 ≈ 0.502, so there is no tie). This is a fixed binarisation, not a resampled (dynamic) one.
-* **Splits.** The *last* ``n_valid`` (10,000) training images are the validation split, the others (50,000 for the
-  real data) the train split, in file order; the canonical test set (10,000) is the test split. No shuffling happens
-  here: batch order belongs to the training loop.
-* **Labelled subset.** :func:`balanced_subset` picks exactly ``n_labelled / num_classes`` train examples of every
-  class (``n_labelled`` ∈ {50, 100, 300, 600, 1200} in the seed's table): one permutation per class, drawn in class
-  order from ``np.random.RandomState(seed)`` (NumPy's legacy generator, stable across versions), of which the first
-  ``n / num_classes`` are kept. The subsets of one seed are therefore nested (the 50 are among the 100, ...). The train
-  split carries ``labelled``, a bool mask over its examples; ``y`` is kept for *all* examples (for evaluation), and a
-  training loop must use it only where ``labelled`` is true. ``n_labelled = 0`` is the unsupervised setting.
+* :func:`binarize`: pixel/255 rounded to {0, 1} once (1 iff the uint8 value ≥ 128), flattened to 784.
+* :func:`balanced_subset`: ``n_labelled / num_classes`` train examples of every class, nested across sizes for one
+  seed.
+* :func:`semisupervised_mnist`: ``{"train": {"x": float32 [N, 784], "y": int64 [N], "labelled": bool [N]},
+  "valid": {"x", "y"}, "test": {"x", "y"}}``; valid = the last ``n_valid`` (10,000) training images, in file order.
+* :func:`semisupervised_dataset`: the same as ``TensorSplits`` that cannot leak a label: ``train`` holds only ``x``,
+  ``labelled`` the labelled subset's ``x`` and ``y``; a trainer with ``trainer.phases`` trains on ``labelled`` first.
 
-Returned structure: ``{"train": {"x": float32 [N, 784], "y": int64 [N], "labelled": bool [N]}, "valid": {"x", "y"},
-"test": {"x", "y"}}`` with torch tensors.
-
-For ``train.py``, :func:`semisupervised_dataset` returns the same data as :class:`TensorSplits` whose splits cannot
-leak a label: ``train`` holds only ``x`` (all N training images, the labelled ones included, as in the authors'
-unsupervised phase), ``labelled`` holds ``x`` and ``y`` of the labelled subset, ``valid`` and ``test`` ``x`` and ``y``.
-A trainer with ``trainer.phases`` first trains on ``labelled``, then on ``train``.
+The protocol in full: docs/data.md#semisupervised.
 """
 
 from __future__ import annotations
@@ -54,7 +40,7 @@ def balanced_subset(
     labels: np.ndarray | torch.Tensor, n: int, num_classes: int = 10, seed: int = 0
 ) -> torch.Tensor:
     """Sorted int64 indices of exactly ``n / num_classes`` examples of each class ``0 .. num_classes-1``, picked by
-    ``np.random.RandomState(seed)`` (one permutation per class, in class order; see the module docstring).
+    ``np.random.RandomState(seed)`` (one permutation per class, in class order; see docs/data.md#semisupervised).
 
     Raises ValueError if ``n`` is negative or not divisible by ``num_classes``, if a label lies outside the classes,
     or if a class has fewer than ``n / num_classes`` examples."""
@@ -86,7 +72,7 @@ def semisupervised_mnist(
     num_classes: int = 10,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Binarised train / valid / test splits of ``data_dir/name`` with a balanced labelled subset of the train split
-    (see the module docstring for the protocol and the returned structure)."""
+    (docs/data.md#semisupervised: the protocol and the returned structure)."""
     if name not in SEMISUPERVISED_DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(SEMISUPERVISED_DATASETS)}")
     raw = load_mnist(Path(data_dir) / name)
@@ -120,7 +106,7 @@ def semisupervised_dataset(
     num_classes: Annotated[int, AtLeast(1)] = 10,
 ) -> TensorSplits:
     """:func:`semisupervised_mnist` as :class:`TensorSplits` with the splits ``train`` (images only), ``labelled``,
-    ``valid`` and ``test`` (see the module docstring); dims ``input_dim`` and ``num_classes``.
+    ``valid`` and ``test`` (see docs/data.md#semisupervised); dims ``input_dim`` and ``num_classes``.
 
     Args:
         name: mnist or fashion_mnist (IDX files read from <data_dir>/<name>/).

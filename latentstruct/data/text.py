@@ -1,102 +1,28 @@
 """Readers for the text datasets (SST, SNLI 1.0), a vocabulary, GloVe vectors and padded id batches.
 
-Compression
------------
-Every reader opens its file through :func:`latentstruct.data.files.open_binary`, which decompresses by the magic
-bytes, not by the suffix (gzip, xz, bzip2, a single-file zip such as the official GloVe zips; anything else is plain
-text). Lines are read by :func:`latentstruct.data.files.read_lines`: decoded **strictly** as UTF-8 (an undecodable
-byte is an error naming the file, line and column, never a silent U+FFFD in a label, number or token), and a
-corrupt compressed stream, an empty file or a last line without its newline (a file cut mid-line) is refused with
-one line naming the file.
+* SST: :func:`parse_ptb_tree` (one binarised PTB s-expression → root label, tokens), :func:`read_sst`,
+  :func:`load_sst` (``train.txt`` / ``dev.txt`` / ``test.txt`` → train / valid / test); binary task: labels 0, 1 → 0,
+  3, 4 → 1, neutral dropped (6920 / 872 / 1821 sentences, enforced with ``check_sizes``).
+* SNLI 1.0: :func:`read_snli_jsonl`, :func:`read_snli_tsv`, :func:`load_snli`; labels :data:`SNLI_LABELS`
+  (entailment 0, neutral 1, contradiction 2); pairs without a gold label, empty or longer than ``max_tokens`` dropped.
+* :func:`tokenize`: a regular-expression approximation of Penn Treebank tokenisation.
+* :class:`Vocab` (``<pad>`` = 0, ``<unk>`` = 1, then by count, then alphabetically), :func:`read_glove`,
+  :func:`glove_cache`; :func:`pad_batch`: int64 ids ``[B, max_len]`` and ``lengths`` ``[B]``.
+* :func:`sst_dataset`, :func:`snli_dataset`: the ``TensorSplits`` the tasks train on.
 
-SST (Stanford Sentiment Treebank)
----------------------------------
-* **Format:** one binarised PTB s-expression per line, e.g. ``(3 (2 It) (4 (2 's) (3 good)))``. Every node is
-  ``(label child...)`` with an integer label (0-4 in SST); a pre-terminal holds exactly one token, an inner node
-  one or more subtrees (SST is binary, but any arity is accepted). Tokens are returned exactly as written: case
-  and PTB escapes (``-LRB-``, ``\\/``, the quote tokens of two backquotes / two apostrophes) are kept. Only ASCII
-  whitespace separates tokens: the real files contain tokens with a non-breaking space (``8\\xa01\\/2``, train
-  line 4342), each kept as one token. Blank lines are skipped.
-* :func:`parse_ptb_tree` raises ``ValueError`` (quoting the start of the line) on unbalanced brackets, a missing or
-  non-integer label, an empty node, a node mixing a token with subtrees or holding two tokens, and text outside
-  the root tree.
-* **Tasks:** only whole sentences (the root label) are used, not the labelled phrases. Binary (SST-2): root labels
-  0, 1 → 0 (negative), 3, 4 → 1 (positive), 2 (neutral) dropped; fine-grained (SST-5): the label itself, 0-4.
-* **Folder** (:func:`load_sst`): ``train.txt``, ``dev.txt``, ``test.txt``, each optionally ``.gz`` (the plain file is
-  preferred when both exist) → splits ``train`` / ``valid`` / ``test``. The official release
-  (``trainDevTestTrees_PTB.zip``, folder ``trees/``) has 8544 / 1101 / 2210 sentences, i.e. 6920 / 872 / 1821 for
-  the binary task; with ``check_sizes`` the binary sizes are enforced.
+Every file is opened through :mod:`latentstruct.data.files` (compression by magic bytes, strict UTF-8, a file cut
+mid-line refused with one line naming it).
 
-SNLI 1.0
---------
-* **Labels** (:data:`SNLI_LABELS`): entailment 0, neutral 1, contradiction 2. Pairs with gold label ``-`` (no
-  annotator majority) are dropped, and so are pairs where either sentence has more than ``max_tokens`` (100)
-  tokens or no token at all (deviation: empty sentences are dropped too, since they cannot be encoded).
-* **JSONL** (:func:`read_snli_jsonl`), the official ``snli_1.0_{train,dev,test}.jsonl``: one JSON object per line;
-  only ``gold_label``, ``sentence1`` and ``sentence2`` are used, and the raw sentences are split by :func:`tokenize`.
-* **TSV** (:func:`read_snli_tsv`): ``gold_label<TAB>sentence1<TAB>sentence2`` with sentences already tokenised
-  (split on whitespace). A header line is optional: when the first field of the first line is ``gold_label`` the
-  columns are found by name (so the official ``snli_1.0_*.txt``, whose columns include these three, is readable
-  with ``tokenized=False``); otherwise the file has exactly three columns. Every line must have as many fields as
-  the header (or three): an extra or a missing tab is an error naming the file and line. The compact files in the
-  shared data folder (``dev.tsv.gz``, ``test.tsv.gz``, built from the e-SNLI/InferSent ``labels``/``s1``/``s2``
-  files) have **no** header and PTB-style tokens (``does n't``, ``man 's``, quotes as two backquotes / two apostrophes).
-* **Folder** (:func:`load_snli`): for each official split ``train`` / ``dev`` / ``test`` (returned as ``train`` /
-  ``valid`` / ``test``) the first existing file among these is read, in ``root`` and then in ``root/snli_1.0`` (the
-  folder the official zip unpacks into): ``snli_1.0_{split}.jsonl``, ``snli_1.0_{split}.jsonl.gz``,
-  ``{split}.tsv``, ``{split}.tsv.gz``. Splits with no file are left out. Caveat: mixing formats across splits
-  mixes tokenisers (the regex below vs. the TSV's own), which slightly changes the vocabulary of each split.
+Example::
 
-Tokenizer
----------
-:func:`tokenize` is a regular-expression approximation of Penn Treebank tokenisation (spaCy is not available). At
-each position the first matching rule wins:
+    >>> tokenize("It's a U.S. t-shirt, isn't it?")
+    ['It', "'s", 'a', 'U.S.', 't-shirt', ',', 'is', "n't", 'it', '?']
+    >>> pad_batch([[4, 5, 6], [7]])
+    (tensor([[4, 5, 6],
+            [7, 0, 0]]), tensor([3, 1]))
 
-1. the stem of a negated contraction, and the clitic ``n't`` itself: ``don't`` → ``do n't``, ``can't`` → ``ca n't``;
-   ``cannot`` → ``can not``;
-2. the clitics ``'s 're 'll 've 'm 'd`` (any case; ``'`` or ``’``) when they end a word: ``it's`` → ``it 's``;
-3. abbreviations kept with their period: runs of single letters with periods (``U.S.``, ``J.R.R.``) and the
-   titles ``Mr. Mrs. Ms. Dr. Prof. Jr. Sr. St. vs.``;
-4. numbers with decimal points or thousands separators: ``3.5``, ``1,000.25``;
-5. words: letters/digits, joined by inner hyphens (``t-shirt``) or apostrophes that do not start a clitic
-   (``o'clock``);
-6. ``...`` (any run of two or more periods) and ``--`` (two or more hyphens) as one token;
-7. any other non-space character as its own token. A straight double quote becomes two backquotes when it opens
-   (at the start, or after a space or an opening bracket) and two apostrophes otherwise, and the curly double
-   quotes ``“`` / ``”`` become the same two tokens, as in PTB and the SNLI TSV files. Everything else is kept as
-   written: brackets stay ``(`` / ``)`` (as in the SNLI TSV; SST writes ``-LRB-``), curly apostrophes stay ``’``
-   (``it’s`` → ``it ’s``), dashes are not rewritten.
-
-Case is kept. Known differences from PTB: a sentence-final title or initialism keeps its period and no extra ``.``
-token is added (``... on Main St.``), ``2,3`` without a space stays one number, ``gonna`` is not split, and
-URLs/e-mails are split at punctuation.
-
-Vocabulary and GloVe
---------------------
-* :class:`Vocab`: ``<pad>`` = 0, ``<unk>`` = 1, then the tokens with count ≥ ``min_freq`` sorted by count
-  (descending) and then alphabetically (code-point order), so the ids do not depend on the input order of equal
-  counts or on hash seeds. Unknown tokens encode to 1. Tokens are case-sensitive; lower-case them before building
-  the vocabulary for an uncased embedding (GloVe 6B is lower-case, 840B is cased).
-* **GloVe text format:** one word per line, ``word v1 ... vD``, fields separated by single spaces, no header.
-  Some words of 840B contain spaces (and non-breaking spaces, which are part of the word), so a line is split
-  from the right: the last ``D`` fields are the vector, the rest is the word. ``D`` is inferred from the first line
-  and must be confirmed by the second (whose words must not contain a space — true of the official files, which
-  start with ``the`` or ``,``; a first line cut short would otherwise make every line a word with spaces) unless
-  given. A first line of exactly two integers (a word2vec-style ``count dim`` header) is skipped. Trailing spaces
-  and CR are ignored. Lines with fewer than ``D + 1`` fields raise ``ValueError``, and so does a value of a
-  vocabulary word that is not a finite number (``nan``, ``inf``); the values of the other words are not parsed
-  (speed), and a line with one field too many reads as a word containing a space (undetectable, as 840B has such
-  words). A word listed twice keeps its first vector. The specials ``<pad>`` and ``<unk>`` always get zero vectors
-  (never read from the file); vocabulary words absent from the file get zeros too, and the count returned is of the
-  non-special words found.
-* :func:`glove_cache` stores ``{"matrix", "found"}`` in ``cache_dir/glove-<file stem>-<key>.pt``, where the key is a
-  SHA-256 of the resolved file path, its size and ``st_mtime_ns``, ``dim`` and the full ``itos`` list; it is written
-  atomically (temporary file + rename) and read back with ``weights_only=True``.
-
-Batches
--------
-:func:`pad_batch` pads id lists on the right with ``pad`` into int64 ``[B, max_len]`` plus int64 ``lengths`` ``[B]``;
-empty sequences are allowed (length 0) and an empty batch gives shapes ``[0, 0]`` and ``[0]``.
+Formats, what is refused, the tokeniser's rules and known differences from PTB, GloVe parsing, the cache key:
+docs/data.md#text.
 """
 
 from __future__ import annotations
@@ -279,7 +205,7 @@ _CURLY_QUOTES = {"“": "``", "”": "''"}
 
 
 def tokenize(text: str) -> list[str]:
-    """Split raw English text into PTB-style tokens (see the module docstring for the rules); case is kept."""
+    """Split raw English text into PTB-style tokens (docs/data.md#text: the rules); case is kept."""
     tokens = []
     for match in _TOKEN_RE.finditer(text):
         tok = match.group()
@@ -370,7 +296,7 @@ def _snli_candidates(root: Path, split: str) -> list[tuple[Path, str]]:
 
 
 def load_snli(root: str | Path, max_tokens: int = 100) -> dict[str, list[tuple[list[str], list[str], int]]]:
-    """Read the SNLI splits found under ``root`` (see the module docstring for the file names searched) as train /
+    """Read the SNLI splits found under ``root`` (docs/data.md#text: the file names searched) as train /
     valid / test; raise ``FileNotFoundError`` when none is found."""
     root = Path(root)
     out = {}

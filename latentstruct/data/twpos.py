@@ -1,21 +1,13 @@
 """Twitter part-of-speech tagging (the ARK tweets, Gimpel et al. 2011; Owoputi et al. 2013, release v0.3; seed 004
-Table 9): the reader and padded id tensors for :class:`~latentstruct.tasks.energy_ner.SequenceLabelEnergy`.
+Table 9): the reader and padded id tensors for :class:`latentstruct.tasks.energy_ner.SequenceLabelEnergy`.
 
-Files
------
-* **Format** (:func:`read_tagged`): one token per line, ``token<TAB>tag``; a blank line ends a tweet. A line
-  without exactly one tab raises ``ValueError`` naming the file and line (tokens may hold spaces, never tabs). Plain
-  or ``.gz`` (:func:`latentstruct.data.files.read_lines`: strict UTF-8, a file cut mid-line is refused).
-* **Splits** (:data:`TWPOS_SPLITS`), the protocol of Tu et al. (2017) and Tu & Gimpel (2018), which seed 004 says it
-  follows (through Tu, Pang & Gimpel 2020): train = ``oct27.train`` + ``oct27.dev`` (1,327 tweets), valid =
-  ``oct27.test`` (500), test = ``daily547.conll`` (547). The seed itself names no split; this is our reading of
-  the papers it follows, recorded as a protocol choice in ``results/energy/pos.md``.
-* **Tags** (:data:`TWPOS_TAGS`): the 25 coarse tags of the release, in a fixed order (not read from the data); a tag
-  outside it raises ``ValueError`` naming the file and line.
+* :func:`read_tagged` (``token<TAB>tag`` per line, a blank line between tweets), :func:`load_twpos`: train =
+  ``oct27.train`` + ``oct27.dev`` (1,327 tweets), valid = ``oct27.test`` (500), test = ``daily547.conll`` (547)
+  (:data:`TWPOS_SPLITS`, :data:`TWPOS_SIZES`); the 25 coarse tags :data:`TWPOS_TAGS`.
+* :func:`twpos_dataset`: the tensors of :func:`latentstruct.data.conll.conll_dataset`, ``extras["metric"] =
+  "token_acc"``.
 
-Tensors are those of :func:`~latentstruct.data.conll.conll_dataset` (``x``, ``lengths``, ``y`` padded with
-:data:`~latentstruct.data.conll.TAG_PAD`); ``extras["metric"] = "token_acc"`` tells the task to report tagging
-accuracy (POS is scored per token, not per span).
+The format and which papers the split follows (seed 004 names none): docs/data.md#twpos.
 """
 
 from __future__ import annotations
