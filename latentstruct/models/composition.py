@@ -1,38 +1,23 @@
 """Composition functions for latent-tree classification (ListOps, Nangia & Bowman, 2018): a binary Tree-LSTM run over
 a hard or relaxed bracketing, and the sequence LSTM of the baseline. A composer maps word vectors ``[B, n, input_dim]``,
-``lengths`` and a bracketing ``z`` ``[B, n, n]`` to one vector per example ``[B, dim]`` (the ``composer`` config
+``lengths`` ``[B]`` and a bracketing ``z`` ``[B, n, n]`` to one vector per example ``[B, dim]`` (the ``composer`` config
 group; the merge parser of :mod:`latentstruct.models.tree_parsers` composes as it parses).
 
-* :class:`BinaryTreeLSTMCell` — the N-ary Tree-LSTM of Tai et al. (2015) with N = 2. From the children (h_l, c_l),
-  (h_r, c_r), one ``Linear(2·dim → 5·dim)`` on [h_l; h_r] gives the input gate i, one forget gate per child f_l, f_r,
-  the output gate o and the candidate u:
+* :class:`BinaryTreeLSTMCell`: the N-ary Tree-LSTM of Tai et al. (2015) with N = 2, and its leaves.
+* :class:`ChartTreeLSTM`: the expected Tree-LSTM over ``z`` in the layout of
+  :class:`~latentstruct.structures.BinaryTree`, a hard tree or any relaxation (marginals, SparseMAP): bottom-up,
+  each span's state mixes the cell over its splits k with weights ∝ z(i, k) · z(k+1, j). For a hard tree the root
+  is exactly the Tree-LSTM over that tree; for a relaxation a smooth function of ``z``.
+* :class:`SequenceLSTM`: the baseline, an LSTM's state after the last real word (reads no tree).
 
-      c = σ(i) ⊙ tanh(u) + σ(f_l) ⊙ c_l + σ(f_r) ⊙ c_r,     h = σ(o) ⊙ tanh(c).
+Example::
 
-  Leaves (:meth:`BinaryTreeLSTMCell.leaf`): a ``Linear(dim_in → 2·dim)`` of the word vector x gives (a, b);
-  c = a and h = σ(b) ⊙ tanh(c) — the leaf's memory is the first half and the second half is an output gate, the same
-  form as an internal node's output (a Tree-LSTM node without children, its input gate folded into the linear map).
+    >>> from latentstruct.structures import BinaryTree
+    >>> z = BinaryTree().marginals(torch.randn(2, 4, 4))                     # a relaxed bracketing
+    >>> ChartTreeLSTM(input_dim=3, dim=5)(torch.randn(2, 4, 3), None, z).shape
+    torch.Size([2, 5])
 
-* :class:`ChartTreeLSTM` — the expected Tree-LSTM composition over a bracketing ``z`` ``[B, n, n]`` in the layout of
-  :class:`~latentstruct.structures.BinaryTree` (``z[b, i, j]`` for i < j is the constituent over the leaves i..j).
-  ``z`` may be a hard tree or any relaxation (span marginals μ from ``BinaryTree().marginals``, a SparseMAP point, a
-  convex mixture of trees). With Z(i, i) = 1 and Z(i, j) = z[i, j] for i < j, bottom-up over the widths:
-
-      a(i, j, k)   = Z(i, k) · Z(k+1, j)                         (i ≤ k < j)
-      p(k | i, j)  = a(i, j, k) / Σ_k' a(i, j, k')               (uniform over k when Σ_k' a = 0)
-      state(i, j)  = Σ_k p(k | i, j) · cell(state(i, k), state(k+1, j))      (h and c both mixed)
-
-  and the output is h of the span (0, L-1) (a single leaf: its leaf state). For a hard tree every span of the tree has
-  exactly one split with a = 1 (its own children are in the tree), so the root is exactly the Tree-LSTM over that
-  tree; spans outside the tree may fall back to the uniform split, but they never reach the root. For a relaxation
-  the root is a smooth function of z, and the gradient flows into z through p.
-
-* :class:`SequenceLSTM` — the baseline's composer: one LSTM over the words, its state after the last real word; it
-  reads no tree (use with ``latent=none``).
-
-References: K. S. Tai, R. Socher, C. D. Manning (2015), "Improved semantic representations from tree-structured long
-short-term memory networks", ACL. N. Nangia, S. R. Bowman (2018), "ListOps: a diagnostic dataset for latent tree
-learning", NAACL SRW.
+The cell's equations and the chart recursion: docs/models.md#composition.
 """
 
 from __future__ import annotations
@@ -51,7 +36,7 @@ __all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "SequenceLSTM"]
 
 
 class BinaryTreeLSTMCell(nn.Module):
-    """Binary (N = 2) Tree-LSTM of Tai et al. (2015); see the module docstring for the equations.
+    """Binary (N = 2) Tree-LSTM of Tai et al. (2015); equations: docs/models.md#composition.
 
     ``forward(h_l, c_l, h_r, c_r)`` (each ``[..., dim]``) → ``(h, c)``; ``leaf(x)`` (``[..., dim_in]``) → ``(h, c)``.
     ``dim_in`` defaults to ``dim``.
@@ -94,28 +79,16 @@ class BinaryTreeLSTMCell(nn.Module):
 
 class ChartTreeLSTM(nn.Module):
     """Expected Tree-LSTM over a (relaxed) bracketing: ``forward(x [B, n, input_dim], lengths [B], z [B, n, n])`` →
-    root h ``[B, dim]`` (see the module docstring for the recursion).
+    root h ``[B, dim]`` (the recursion: docs/models.md#composition).
 
     ``z`` may be a hard tree (0/1) or any nonnegative relaxation; only its strict upper triangle inside each example's
     length is read (the diagonal, the lower triangle and padding may hold anything, even NaN). Padded words of ``x``
     are replaced by 0 and never reach a real span, so an example's output does not depend on what it is batched with.
 
-    Split weights. a(i, j, k) = Z(i, k) Z(k+1, j); when Σ_k a = 0 the span mixes its splits uniformly (any choice
-    would do: with a hard tree such spans are outside the tree and never reach the root; with a relaxation this only
-    happens where z puts no mass on any bracketing of the span). The switch is a ``where``, so the gradient w.r.t.
-    z of such a span is 0 and never NaN.
-
-    Computation. The chart is kept by width, like the inside algorithm of ``BinaryTree``: ``h[w]``, ``c[w]``
-    ``[B, n-w, dim]`` hold the spans (i, i+w) — together one [B, n, n, dim] chart for h and one for c, O(B n² dim).
-    All spans of one width, for the whole batch, and all their splits are one set of tensor ops: the gate
-    pre-activations of a split are P_l(h(i, k)) + P_r(h(k+1, j)), where the two halves of the cell's linear map are
-    applied once per span (O(n² dim²) rather than O(n³ dim²) multiply-adds). The per-split work is elementwise,
-    [w, B, n-w, 5·dim] at width w (split-major), so autograd keeps O(B n³ dim) floats: ≈ 12 floats per
-    (span, split, unit), with Σ_w (n-w)·w = (n³-n)/6 (span, split) pairs, i.e. ≈ B · n³/6 · dim · 48 bytes — measured
-    peak RSS ≈ 4.5 GB for B = 32, n = 50, dim = 128 (float32), and ≈ 70 GB extrapolated for n = 130. With
-    ``checkpoint=True`` each width is recomputed in the backward pass (torch.utils.checkpoint), so only the chart
-    (O(B n² dim)) plus one width's intermediates are kept (measured peak RSS ≈ 1.5 GB for the case above), at the
-    price of a second forward pass (backward ≈ 2× slower). For n ≈ 130 use ``checkpoint=True`` or smaller batches.
+    Spans with no mass on any split (Σ_k a = 0) mix their splits uniformly, through a ``where``: a zero, never NaN,
+    gradient. Memory: autograd keeps O(B n³ dim) floats (measured peak RSS ≈ 4.5 GB at B = 32, n = 50, dim = 128);
+    ``checkpoint=True`` keeps O(B n² dim) (≈ 1.5 GB) for a backward about 2× slower; use it (or smaller batches)
+    for n ≈ 130 (≈ 70 GB without). Details: docs/models.md#composition.
 
     Args:
         checkpoint: recompute the chart per width in the backward pass (O(B n² dim) memory, not O(B n³ dim)).

@@ -1,133 +1,34 @@
-r"""Energy networks, inference networks and primary losses for energy-based structured prediction (seed 004).
+"""Energy networks, inference networks and primary losses for energy-based structured prediction (seed 004).
 
 Seed 004 trains an energy network E_φ(x, y) and an inference network A_θ(x) as a bi-level problem: θ minimises the
-auxiliary loss (eq. 6), φ minimises a primary loss through the implicit gradient of eq. 3-4
-(:mod:`latentstruct.models.implicit`, Algorithm 1). This module holds the networks and the losses; the training
-loop lives elsewhere.
+auxiliary loss (eq. 6), φ a primary loss through the implicit gradient (:mod:`latentstruct.models.implicit`). This
+module holds the networks and the losses; the training loop lives in :mod:`latentstruct.tasks.energy`.
 
-Sign convention: **E is an energy — lower is better** — everywhere in this module
-------------------------------------------------------------------------------------
-The seed says so ("trained to assign the correct output y a lower energy", "predictions ... with the lowest energy"),
-and its losses only make sense that way: the hinge [Δ − E(ȳ) + E(y)]₊ vanishes when the gold energy is lower by the
-margin, and eq. 6 adds +λ E(x, A_θ(x)), pulling the inference network towards low energy. The *parameterisations*
-below are written as E = −S with S the seed's bracketed expression (a score). Since every term of S is linear in its
-last-layer weights (U, W, v, b), the leading minus is a reparameterisation (U → −U, ...) and leaves the model family
-unchanged; it is chosen so that the unary weights are genuine *logits* (high = the label/tag is on): the MLC feature
-network can then be pretrained with an independent logistic loss through :meth:`MLCEnergy.local_logits` and keep its
-meaning inside E, and with the pairwise/global terms at zero, argmin_y E is the per-label / per-token argmax of the
-logits. (Tu & Gimpel 2018 write their sequence energy with the same leading minus; the seed's eq. 7 and its MLC
-formula omit it.) y is always the *relaxed* output: y ∈ [0, 1]^L, or one row of the simplex per token.
+**E is an energy — lower is better — everywhere in this module**; y is the relaxed output, in [0, 1]^L or one simplex
+row per token, and the unary weights are logits (high = the label or tag is on).
 
-Energies
---------
-* :class:`MLCEnergy` — the SPEN energy of Belanger & McCallum (2016) as used in the seed's MLC experiments
-  ("E = yᵀWb(x) + vᵀσ(My)"), for y ``[*, B, L]`` and x ``[B, D]``:
+* Energies: :class:`MLCEnergy` (SPEN, x ``[B, D]``, y ``[*, B, L]``; ``local_logits`` for the logistic
+  pretraining), :class:`SequenceEnergy` (eq. 7, token features ``[B, n, H]``, y ``[*, B, n, T]``, ``lengths``
+  ``[B]``), :class:`SequenceEnergyNet` (it on its own features; also read as a CRF, ``crf_parts``). Energies ``[*, B]``.
+* Features and inference networks: :class:`BiLSTMFeatures` (``[B, n, 2·hidden]``, 0 at padding),
+  :class:`MLCInferenceNet` (``[B, L]`` in [0, 1]), :class:`SequenceInferenceNet` (``[B, n, T]`` per-token softmax).
+* Task losses Δ (Δ(y, y) = 0): :func:`f1_loss`, :func:`soft_f1_loss`, :func:`hamming_loss`; negatives
+  :func:`bernoulli_samples`, :func:`categorical_samples`.
+* Primary losses on energy values: :func:`ssvm_loss` [Δ − E(ȳ) + E(y)]₊, :func:`cd_loss`
+  E(y) + logsumexp_k(−E(ȳ_k) + Δ(ȳ_k, y)), :func:`dvn_loss`; :func:`auxiliary_loss` (eq. 6: NLL + λ E(x, A_θ(x)))
+  with :func:`multilabel_nll` or :func:`sequence_nll`. The losses detach nothing but the DVN target: pass ȳ attached
+  for the implicit gradient, ``ȳ.detach()`` for alternating training.
 
-      F(x) = ReLU MLP (feature_hidden, default 150-150),     ℓ_i(x) = b_iᵀ F(x) + β_i   (local_logits)
-      E_φ(x, y) = −[ Σ_i y_i ℓ_i(x)  +  vᵀ softplus(C y + c) ]                                       (E-MLC)
+Example::
 
-  σ of the seed / g of SPEN is taken as softplus (SPEN's choice); the per-label bias β_i is an extra unary term
-  (SPEN's local energy has none) that the logistic pretraining needs. The global ("label") term has
-  ``global_hidden`` = 16 units.
+    >>> energy = MLCEnergy(input_dim=5, num_labels=3)
+    >>> x, y = torch.randn(4, 5), torch.rand(4, 3)
+    >>> e_bar, e_gold = energy(x, y), energy(x, (y > 0.5).float())     # [4], [4]
+    >>> ssvm_loss(e_bar, e_gold, soft_f1_loss(y, (y > 0.5).float())).shape
+    torch.Size([])
 
-* :class:`SequenceEnergy` — eq. 7 of the seed (Tu & Gimpel 2018), for y ``[*, B, n, T]`` with lengths ``[B]`` and
-  token features b(x, t) ``[B, n, H]`` (from :class:`BiLSTMFeatures`, computed once by the caller):
-
-      E_φ(x, y) = −[ Σ_{t=1}^{N} Σ_j y_{t,j} U_jᵀ b(x, t)  +  Σ_{t=1}^{N+1} y_{t−1}ᵀ W̃ y_t ]              (7)
-
-  with N the example's length, y_0 = ⟨s⟩ and y_{N+1} = ⟨/s⟩ one-hot start/end symbols; the transitions out of ⟨s⟩
-  and into ⟨/s⟩ are two vectors ``start`` and ``end`` [T] and W̃ restricted to real tags is ``transition`` [T, T].
-  Positions t > N contribute nothing, whatever y and b hold there (y is masked, so the last real tag is the one
-  that meets ⟨/s⟩).
-
-Feature and inference networks
-------------------------------
-* :class:`BiLSTMFeatures` — word embeddings (+ optional embeddings of extra per-token feature vocabularies, e.g. POS
-  and chunk tags for the seed's NER+) → one BiLSTM layer, ``hidden`` = 100 units per direction → b(x, t)
-  ``[B, n, 2·hidden]``, exactly 0 at padding. One class serves the energy's b(x, t), the inference network and the
-  BiLSTM baseline (each with its own instance: φ and θ must be disjoint for the implicit gradient).
-* :class:`MLCInferenceNet` — A_θ(x) = sigmoid(MLP(x)) ``[B, L]``, the MLP shaped like F plus a linear output layer.
-* :class:`SequenceEnergyNet` — :class:`SequenceEnergy` on the b(x, t) of its own :class:`BiLSTMFeatures`; also
-  read as a CRF (``crf_parts``).
-* :class:`SequenceInferenceNet` — A_θ(x)_t = softmax(V b_θ(x, t) + c) per token ``[B, n, T]`` (rows at padded
-  positions are 0). Trained with :func:`sequence_nll` alone it *is* the BiLSTM baseline of Table 3.
-
-Task losses Δ (the seed's "score function" s, used as a cost)
--------------------------------------------------------------
-The seed calls s(ȳ, y) a score "of how good y' is", but uses it where only a *cost* makes sense: as the margin in
-L_SSVM and added to −E(ȳ_k) in L_CD, and with ȳ_0 = y in L_CD it must vanish at the gold output for Appendix D's
-softplus reduction to hold. So s = Δ here: Δ(y, y) = 0 and Δ grows as ȳ gets worse.
-
-* MLC: Δ = 1 − F1(ȳ, y) per example. :func:`f1_loss` rounds ȳ at 0.5 first (the discrete task loss, no gradient);
-  :func:`soft_f1_loss` is 1 − 2⟨ȳ, y⟩/(Σȳ + Σy) on the relaxed ȳ (differentiable; equal to f1_loss on {0, 1}
-  inputs; equal to the continuous F1 of Gygli et al. 2017, 2Σmin(ȳ, y)/(Σmin + Σmax), when y is binary). Empty ȳ
-  and empty y count as F1 = 1.
-* Sequences: :func:`hamming_loss` Σ_{t ≤ N} (1 − ⟨ȳ_t, y_t⟩): the number of wrong tags for one-hot ȳ, the expected
-  number under independent per-token categoricals ȳ_t for relaxed ȳ; ``normalize=True`` divides by N (1 − token
-  accuracy, the citation experiment's task loss).
-
-Primary losses ("Primary Loss Design" of the seed; all return the batch mean by default)
------------------------------------------------------------------------------------------
-The functions take energy *values*, so they serve both energies; ``energy_bar`` = E_φ(x, ȳ) with ȳ the inference
-network's output (or samples from it), ``energy_gold`` = E_φ(x, y).
-
-* :func:`ssvm_loss` — margin-rescaled hinge (Tsochantaridis et al. 2004), the seed's L_SSVM:
-
-      L_SSVM = [Δ(ȳ, y) − E_φ(x, ȳ) + E_φ(x, y)]₊                                                       (P1)
-
-* :func:`cd_loss` — the seed's task-augmented contrastive divergence, with ȳ_0 = y and K negatives ȳ_1..ȳ_K drawn
-  from the inference network (:func:`bernoulli_samples` for MLC, :func:`categorical_samples` for sequences):
-
-      L_CD = −log [ exp(−E_φ(x, y)) / Σ_{k=0}^{K} exp(−E_φ(x, ȳ_k) + Δ(ȳ_k, y)) ]
-           = E_φ(x, y) + logsumexp_{k=0..K} (−E_φ(x, ȳ_k) + Δ(ȳ_k, y))                                   (P2)
-
-  The seed prints L_CD without the leading minus (the log-probability of y, to be maximised); we return the
-  quantity to *minimise*, whose K = 1 case is Appendix D's softplus(Δ(ȳ_1, y) + E(y) − E(ȳ_1)) — a soft L_SSVM.
-  Δ(ȳ_0, y) = Δ(y, y) = 0 is used for the k = 0 term. Samples equal to y are kept (they are draws of A_θ).
-
-* :func:`dvn_loss` — the value-network loss of Gygli, Norouzi & Angelova (2017) with the energy as the value's
-  logit: v(x, ȳ) = sigmoid(−E_φ(x, ȳ)), regressed by cross-entropy onto the task score v* = 1 − Δ_soft(ȳ, y) ∈ [0, 1]
-  (soft F1 for MLC, token accuracy for sequences):
-
-      L_DVN = −v* log v(x, ȳ) − (1 − v*) log(1 − v(x, ȳ))                                                 (P3)
-
-  The seed names L_DVN (Table 1) without a formula; this is DVN's own loss in our sign convention. v* is a target:
-  it is detached.
-
-* :func:`auxiliary_loss` — eq. 6, L_aux = L_MLE(y, A_θ(x)) + λ E_φ(x, A_θ(x)), with L_MLE = :func:`multilabel_nll`
-  (the seed's MBCE, summed over labels) or :func:`sequence_nll` (token cross-entropy summed over real tokens).
-
-What is detached, and where gradients go
-----------------------------------------
-The losses detach nothing but the DVN target; the caller decides through ȳ:
-
-* *Implicit gradient (Algorithm 1).* L_prim must keep its dependence on θ: ȳ = A_θ(x) is passed **attached**, so that
-  ∂L_prim/∂θ (the vector that H⁻¹ multiplies in eq. 4) exists. θ is never *updated* with L_prim — only the φ-gradient
-  of :func:`latentstruct.models.implicit.implicit_gradient` is used. Hard negative samples (:func:`bernoulli_samples`,
-  :func:`categorical_samples`) carry no gradient to θ, so with L_CD the implicit term of eq. 4 only sees θ through
-  whatever else is attached; ``straight_through=True`` gives the samples the straight-through gradient of the
-  probabilities (forward value hard, backward identity to A_θ(x)) — the seed does not say which it used.
-* *Explicit/alternating training (the "independent optimisation" of Appendix D, Tu et al. 2020).* Pass ȳ.detach():
-  L_prim.backward() then reaches φ only.
-* :func:`f1_loss` (rounded) has no gradient; :func:`soft_f1_loss` and :func:`hamming_loss` reach θ through ȳ.
-* L_aux reaches θ (through A_θ(x), by both terms) and φ (through E_φ); in Algorithm 1 only its θ-gradient is used
-  for the inner steps, and its mixed derivative ∂²L_aux/∂φ∂θ for eq. 4.
-
-Where the seed is ambiguous (our reading)
-----------------------------------------
-* s is called a score but used as a cost (see "Task losses"): s = Δ, with Δ(y, y) = 0.
-* L_CD is printed as a log-likelihood (no minus), and Appendix D's "log 1/(1 + e^a) = softplus(a)" drops a sign;
-  the quantity minimised here is −log(ratio), which makes Appendix D's right-hand side correct.
-* The unnumbered L_aux of "Bi-level interpretation", −(s + E(x, F_θ(x)) + λ E(x, A_θ(x))), would have θ *raise*
-  the energy of its own outputs, against eq. 5 (θ maximises −E(x, A_θ(x))) and eq. 6; we follow eq. 6 (+λE).
-* The MLC energy is written E_θ with parameters "θ"; they are the energy's, φ. Its σ is not named: softplus.
-* K (number of CD negatives) and whether the samples carry a gradient to θ are not given: both are arguments.
-
-References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
-D. Belanger, A. McCallum (2016), "Structured prediction energy networks", ICML. L. Tu, K. Gimpel (2018), "Learning
-approximate inference networks for structured prediction", ICLR. M. Gygli, M. Norouzi, A. Angelova (2017), "Deep
-value networks learn to evaluate and iteratively refine structured outputs", ICML. I. Tsochantaridis, T. Hofmann,
-T. Joachims, Y. Altun (2004), "Support vector machine learning for interdependent and structured output spaces".
+The sign convention and why, every equation, what is detached, and where the seed is ambiguous (our reading):
+docs/models.md#energy.
 """
 
 from __future__ import annotations
@@ -191,7 +92,7 @@ def _reduce(values: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 class MLCEnergy(nn.Module):
-    """SPEN energy for multi-label classification (E-MLC in the module docstring); lower is better.
+    """SPEN energy for multi-label classification (E-MLC of docs/models.md#energy); lower is better.
 
     ``forward(x [B, input_dim], y [*, B, L]) → E [*, B]`` for relaxed y ∈ [0, 1]^L; leading sample dimensions of y
     (e.g. K negative samples ``[K, B, L]``) share one feature pass.

@@ -1,66 +1,21 @@
-r"""Implicit gradients of a bi-level problem from Hessian-vector products only (seed 004, eq. 2-4, Appendix A).
+"""Implicit gradients of a bi-level problem from Hessian-vector products only (seed 004, eq. 2-4, Appendix A).
 
-The problem (seed eq. 2 / eq. 8)
---------------------------------
-An *outer* parameter φ (the energy network) shapes the *auxiliary* loss that an *inner* parameter θ (the inference
-network) minimises, and φ is judged by the *primary* loss at the inner optimum:
+For min_φ L_prim(θ*(φ), φ) with θ*(φ) = argmin_θ L_aux(θ, φ), the total derivative at the current (θ, φ) is
 
-    min_φ  L_prim(θ*(φ), φ)     s.t.   θ*(φ) = argmin_θ L_aux(θ, φ).                                   (2)
+    dL_prim/dφ = ∂L_prim/∂φ  −  [∂²L_aux/∂φ∂θ] · H⁻¹ · ∂L_prim/∂θ,     H = ∂²L_aux/∂θ²               (3-4)
 
-At θ* the optimality condition ∇_θ L_aux(θ*, φ) = 0 (eq. 10) holds for every φ; differentiating it in φ (eq. 11)
-gives dθ*/dφ = −H⁻¹ ∂²L_aux/∂θ∂φ with H = ∂²L_aux/∂θ² (eq. 12), and the chain rule (eq. 9) then gives the total
-derivative (eq. 3-4, eq. 13):
+(both losses minimised; descend the result). Exact only at a strict local minimiser θ; Algorithm 1 uses it after
+T_inner inner steps.
 
-    dL_prim/dφ = ∂L_prim/∂φ  −  [∂²L_aux/∂φ∂θ] · H⁻¹ · ∂L_prim/∂θ,                                  (3-4)
+* :func:`hvp` (H v by double backward), :func:`mixed_vp` ((∂²L/∂φ∂θ) v).
+* H⁻¹ v: :func:`neumann_inverse_hvp` (the truncated series of Appendix A, step α), :func:`cg_inverse_hvp`
+  ((H + μI)⁻¹ v by conjugate gradient, stops at non-positive curvature), :func:`minres_inverse_hvp` (MINRES, for an
+  indefinite H), :func:`exact_inverse_hvp` (forms H: tests and tiny models); :data:`SOLVERS`.
+* :func:`implicit_gradient`: the pieces together, one gradient per tensor of φ.
 
-all evaluated at the current (θ, φ). (The seed writes the left-hand side of eq. 3 as a partial ∂L_prim/∂φ; it is
-the total derivative d/dφ of eq. 9/13.) **Sign convention**: both losses are *minimised*; the returned vector is the
-gradient of L_prim (descend it: φ ← φ − η g, as in Algorithm 1), and the implicit term enters with a *minus*,
-exactly as in eq. 4/13. Here [∂²L_aux/∂φ∂θ] is the |φ| × |θ| matrix with entries ∂²L_aux/∂φ_i∂θ_j, so the implicit
-term is the φ-gradient of the scalar ⟨∇_θ L_aux(θ, φ), w⟩ with w = H⁻¹ ∂L_prim/∂θ held fixed (:func:`mixed_vp`).
-Eq. 3-4 is exact only when θ is a (strict local) minimiser of L_aux; Algorithm 1 uses it after T_inner gradient
-steps, so in practice it is the implicit gradient *at the current θ*, an approximation when the inner problem is
-not solved.
-
-Products, never matrices
-------------------------
-* :func:`hvp` — H v by double backward: the gradient of ⟨∇_θ L, v⟩ w.r.t. θ (Pearlmutter 1994; Christianson 1992).
-  Appendix A of the seed describes the finite-difference version (perturb θ by εv, difference the gradients); the
-  double-backward product is exact and costs about one more backward pass, so it is used here and the finite
-  difference is only the tests' check.
-* :func:`mixed_vp` — the cross term (∂²L/∂φ∂θ) v, the same trick differentiated w.r.t. φ instead of θ.
-* :func:`neumann_inverse_hvp` — H⁻¹ v by the truncated von Neumann series of Appendix A, with the step size α of
-  Lorraine, Vicol & Duvenaud (2020, Algorithm 3) as the "suitably chosen large divisor" 1/α:
-
-      H⁻¹ = α (αH)⁻¹ = α Σ_{i≥0} (I − αH)^i   ≈   α Σ_{i=0}^{K} (I − αH)^i,
-
-  computed as  p ← v, u ← v;  K times: u ← u − α H u,  p ← p + u;  return α p.  The series converges iff the
-  spectral radius of I − αH is below 1, i.e. iff every eigenvalue λ of H satisfies 0 < αλ < 2: H must be positive
-  definite (θ a strict local minimum of L_aux) and 0 < α < 2/λ_max. The truncation error is
-  α Σ_{i>K} (I − αH)^i v = (I − αH)^{K+1} H⁻¹ v, which shrinks like (1 − αλ_min)^{K+1} for α ≤ 1/λ_max. The seed's
-  statement (α = 1, "singular values less than 2") is the case α = 1 of this condition. With a non-convex L_aux
-  (negative eigenvalues) the series diverges in those directions; a small α and few terms then act as a damped,
-  truncated inverse (Lorraine et al. 2020 use it that way), which is the seed's practice.
-  What K terms compute: the polynomial p_K(H) v with p_K(λ) = (1 − (1 − αλ)^{K+1}) / λ per eigen-direction of H,
-  i.e. 1/λ where αλ(K+1) ≫ 1 and about α(K+1) (a cap) where λ is small or negative — no linear system is solved
-  exactly; the residual v − H x_K = (I − αH)^{K+1} v is the series' next term (``history``).
-* :func:`cg_inverse_hvp` — (H + μI)⁻¹ v by conjugate gradient (μ = ``damping``, 0 by default: the seed's H w = v),
-  one HVP per iteration, stopped on the relative residual (``tol``) or a cap (``max_iter``); on a direction of
-  non-positive curvature (H not positive definite) it stops and returns its last iterate (truncated Newton).
-* :func:`minres_inverse_hvp` — (H + μI)⁻¹ v by MINRES (Paige & Saunders 1975), for a symmetric H that need not be
-  positive definite (L_aux is not convex in θ: on the energy tasks CG meets negative curvature within a few
-  products, ``results/bench/implicit.md``): after k products its iterate has the least residual ‖v − H x‖ over the
-  Krylov space span{v, Hv, …, H^{k−1}v} — which holds the series' first k terms — so its residual is never above
-  the series' at the same number of products; stopped on the relative residual (``tol``) or a cap
-  (``max_iter``).
-* :func:`exact_inverse_hvp` — H⁻¹ v by forming H column by column (|θ| HVPs) and solving: for tests and tiny models.
-
-:func:`implicit_gradient` puts the pieces together: one backward of L_prim (∂/∂θ and ∂/∂φ), one backward of L_aux
-with ``create_graph`` (∇_θ L_aux, kept for all products), the solver's HVPs for H⁻¹ ∂L_prim/∂θ (the series' ``terms``
-unless ``inverse_hvp`` names another solver) and one mixed product. The solver an energy task uses is its
-``inverse_solver`` setting (:data:`SOLVERS`; ``latentstruct/tasks/energy.py``).
-
-One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and φ = ``list(energy.parameters())``::
+Parameters a loss does not depend on get zero derivatives, so θ and φ may be whole ``model.parameters()`` lists;
+they must be disjoint. One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and
+φ = ``list(energy.parameters())``::
 
     for _ in range(t_inner):                                  # θ ← θ − η ∇_θ L_aux(θ, φ)
         opt_theta.zero_grad(); aux_loss_fn().backward(inputs=theta); opt_theta.step()
@@ -69,16 +24,8 @@ One outer step of Algorithm 1, with θ = ``list(infnet.parameters())`` and φ = 
         p.grad = g
     opt_phi.step()                                            # φ ← φ − η dL_prim/dφ
 
-Parameters that a loss does not depend on get zero derivatives (``allow_unused`` → zeros) throughout, so θ and φ may
-be whole ``model.parameters()`` lists. θ and φ must be disjoint (a tensor cannot be both inner and outer).
-
-References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
-J. Lorraine, P. Vicol, D. Duvenaud (2020), "Optimizing millions of hyperparameters by implicit differentiation",
-AISTATS. B. Pearlmutter (1994), "Fast exact multiplication by the Hessian", Neural Computation. B. Christianson
-(1992), "Automatic Hessians by reverse accumulation", IMA J. Numer. Anal. M. Hestenes, E. Stiefel (1952), "Methods of
-conjugate gradients for solving linear systems", J. Res. NBS. C. Paige, M. Saunders (1975), "Solution of sparse
-indefinite systems of linear equations", SIAM J. Numer. Anal. T. Steihaug (1983), "The conjugate gradient method and
-trust regions in large scale optimization", SIAM J. Numer. Anal.
+The derivation, each solver's convergence condition and what it computes when truncated: docs/models.md#implicit
+(costs: docs/implicit_gradient.md).
 """
 
 from __future__ import annotations
@@ -201,7 +148,7 @@ def neumann_inverse_hvp(
     ``loss_or_grads``/``params``: as in :func:`hvp` (pass ∇_θ L with a graph to reuse it); ``v``: one tensor per
     parameter. ``terms`` = K ≥ 0 HVPs are made (K = 0 returns α v). Converges to H⁻¹ v as K → ∞ iff every
     eigenvalue λ of H satisfies 0 < αλ < 2, i.e. H positive definite and 0 < α < 2/λ_max; the error after K terms
-    is (I − αH)^{K+1} H⁻¹ v. See the module docstring.
+    is (I − αH)^{K+1} H⁻¹ v. See docs/models.md#implicit.
 
     ``history``: a list that receives, after the k-th product (k = 1..K), the relative residual ‖v − H x‖ / ‖v‖ of
     the partial sum of the first k terms x = α Σ_{i<k} (I − αH)^i v — free, since that residual is (I − αH)^k v, the
@@ -250,7 +197,7 @@ def cg_inverse_hvp(
     restricted to the Krylov space where H + μI was positive definite (the truncated-Newton rule of Steihaug 1983);
     at the first iteration that is x = 0, i.e. no implicit term. Its ``history`` then ends with ``inf``. A damping
     μ > |λ_min| makes H + μI positive definite (and shrinks the directions of small curvature, as the truncated
-    series does: see the module docstring).
+    series does: see docs/models.md#implicit).
 
     ``history``: a list that receives ‖r_k‖ / ‖v‖ after each iteration (``inf`` at a negative-curvature stop).
     """

@@ -1,87 +1,32 @@
 """Neural components for text classification through a latent dependency tree (seed 001 §7.2, Table 4).
 
-The pipeline of §7.2.1 (SST) is
+The SST pipeline (§7.2.1)::
 
     ids ──Embedder──▶ x ──BiLSTMEncoder──▶ h ──ArcScorer──▶ s ──[estimator ∘ ProjectiveDepTree]──▶ z
     (h, head_vectors(z, h, root)) ──SSTDecoder──▶ logits
 
 and §7.2.2 (SNLI) feeds ``[x_i; head_i]`` of the premise and of the hypothesis to :class:`DecomposableAttention`.
-Everything is batched and right-padded: a batch of word vectors is ``[B, n, d]`` with ``lengths`` ``[B]`` (each ≥ 1)
-the number of real words; positions ``≥ lengths[b]`` are padding and never influence the outputs of example b.
+Batches are right-padded: word vectors ``[B, n, d]`` with ``lengths`` ``[B]`` (each ≥ 1); padding never influences
+an example's outputs.
 
-Components
-----------
-* :class:`Embedder` — an ``nn.Embedding``. With ``pretrained`` (GloVe 300d in the paper, Appendix A) the matrix is
-  copied in and frozen when ``freeze`` (the default, as in the papers); otherwise N(0, 1) init with the padding row
-  zero. The matrix is copied as given: rows the data side left at zero (specials, words without a GloVe vector)
-  stay zero, and stay frozen with ``freeze=True``.
+* :class:`Embedder` (GloVe copied in, frozen by default), :class:`BiLSTMEncoder` (packed, ``hidden`` wide, 0 at
+  padding).
+* :class:`ArcScorer`: eq. 23, ``scores[b, h, m]`` = vᵀ tanh(W_h x_h + W_m x_m + b) ``[B, n+1, n+1]`` over positions
+  0..n (0 a learned root vector), in the layout of :class:`~latentstruct.structures.ProjectiveDepTree`; non-parts 0.
+* :func:`head_vectors`: Σ_h z[b, h, m] · [root; h][b, h] ``[B, n, d]``, the head of each word (or its expectation).
+* :class:`SSTDecoder` (attention pooling over [h_i; head_i]), :class:`BaselineSST` (sum, two-layer MLP),
+  :class:`DecomposableAttention` (Parikh et al. 2016, without intra-attention).
 
-* :class:`BiLSTMEncoder` — one bidirectional LSTM layer over **time** (``batch_first=True``) with ``hidden // 2``
-  units per direction, so that the concatenated output is ``hidden`` wide (100 for SST, Table 4). The batch is
-  packed with ``lengths`` (``pack_padded_sequence``), so the backward direction of a short sentence starts at its own
-  last word and padding never enters a state; padded outputs are exactly 0. (The original code ran the LSTM across
-  the batch axis; that bug is not reproduced.) ``dropout`` is applied to the outputs.
+Each module is an option of the config group of its role (``encoder=bilstm``, ``scorer=arc``, ``decoder=sst``, ...);
+the sizes that come from the data (``FROM_DATA``) are given by the task.
 
-* :class:`ArcScorer` — eq. 23, s_{i→j} = vᵀ tanh(Wᵀ [h_i; h_j] + b), with i the **head** and j the **modifier**
-  (the paper's own reading of "the arc i → j"). Splitting Wᵀ = [W_h, W_m] by the two halves of the concatenation,
+Example::
 
-      s(h → m) = vᵀ tanh(W_h x_h + W_m x_m + b),
+    >>> h = BiLSTMEncoder(input_dim=8, hidden=6)(torch.randn(2, 5, 8), torch.tensor([5, 3]))   # [2, 5, 6]
+    >>> ArcScorer(dim=6, hidden=4)(h, torch.tensor([5, 3])).shape
+    torch.Size([2, 6, 6])
 
-  so each word is projected once per role, ``[B, n+1, k]`` twice, and only the broadcast sum ``[B, n+1, n+1, k]``
-  (k the scorer's hidden size) is formed, never the ``[B, n+1, n+1, 2d]`` concatenations. ``v`` has no bias: a
-  constant added to every arc shifts every tree's score by the same n · c and changes nothing. The position-0 root
-  symbol is a learned vector ``root`` ``[d]`` prepended to the words, x = [root; h_1..h_n], so the output has the
-  layout of :class:`~latentstruct.structures.ProjectiveDepTree` / ``NonProjectiveDepTree``: ``scores[b, h, m]`` =
-  s(h → m) over positions 0..n. Entries that are not parts are set to exactly 0: the diagonal (self-loops),
-  column 0 (arcs into the root) and every arc touching a padded position (h or m > length). The structures ignore
-  these entries anyway; zeros (rather than −inf) keep every downstream sum and gradient finite.
-
-* :func:`head_vectors` — for each word m = 1..n, Σ_h z[b, h, m] · H[b, h] with H = [root; h_1..h_n]. For a 0/1 tree
-  (MAP, perturb-and-MAP) this is the vector of m's head (``root`` for words attached to the root); for a relaxation
-  whose columns sum to 1 (marginals μ, SparseMAP) it is the decoder input of §7.2.1, Σ_j μ(j → m) h_j — the paper
-  writes μ_{i→j} there with i the modifier; here z is always indexed ``[head, modifier]``. The ``root`` passed in
-  belongs to whatever space ``h`` lives in (``ArcScorer.root`` when the decoder reads the same vectors as the
-  scorer, as in the SST model, or a parameter of the caller's own).
-
-* :class:`SSTDecoder` — Peng et al. (2018) as described in §7.2.1: u_i = ReLU(A [h_i; head_i] + a), attention
-  weights α = softmax_i(wᵀ u_i + c) over the true length (:func:`masked_softmax`; a learned query, a real attention
-  whose weights sum to 1 — not the plain sum of the original code), pooled p = Σ_i α_i u_i, logits = O p + o.
-
-* :class:`BaselineSST` — the §7.2.1 baseline: Σ_i h_i over the true length, then a two-layer ReLU MLP,
-  logits = O ReLU(A Σ_i h_i + a) + o. "Two-layer" counts the output layer: with the BiLSTM (300 → 100) this gives
-  151K trainable parameters, Table 4's "150K" (a third layer would give 161K). For the same reason the SST latent
-  model is meant to share one BiLSTM between the scorer and the decoder: BiLSTM 140.8K + ``ArcScorer(100, 100)``
-  20.3K + ``SSTDecoder(100, 100)`` 20.4K = 181.5K, Table 4's "180K" (a second BiLSTM would add 140.8K).
-
-* :class:`DecomposableAttention` — Parikh et al. (2016) without intra-attention (the §7.2.2 baseline), hidden 200,
-  dropout 0.2 (Table 4). With a = (a_1..a_la) the premise and b = (b_1..b_lb) the hypothesis:
-
-      project:    ā_i = P a_i,   b̄_j = P b_j                         (linear, no bias, input_dim → hidden)
-      attend:     e_ij = F(ā_i) · F(b̄_j)
-                  β_i = Σ_j softmax_j(e_ij) b̄_j,   α_j = Σ_i softmax_i(e_ij) ā_i   (masked to the true lengths)
-      compare:    v1_i = G([ā_i; β_i]),   v2_j = G([b̄_j; α_j])
-      aggregate:  v1 = Σ_i v1_i,  v2 = Σ_j v2_j  (true lengths only),   ŷ = H([v1; v2])
-
-  F and G are two-layer ReLU MLPs with dropout before each linear layer (on the input side of both layers).
-  H is ``aggregate_layers`` such ReLU layers followed by a linear layer to the classes. The default 1 gives Table
-  4's baseline count "340K" (341.8K; H = ReLU layer + linear output, the usual reading of Parikh et al., where H's
-  second layer emits the class scores) and is what the SNLI runs use; 2, a literal reading of the brief ("two-layer
-  ReLU MLP, then a linear layer"), gives 382K. The latent-tree variant (§7.2.2) concatenates each word with its
-  (weighted) head before the model, so only ``input_dim`` changes (see the class docstring).
-
-The masks (:func:`~latentstruct.models.masks.length_mask`, :func:`~latentstruct.models.masks.masked_softmax`,
-:func:`~latentstruct.models.masks.masked_sum`) live in :mod:`latentstruct.models.masks`, shared with the other
-sequence models.
-
-**As config options.** Each module is an option of the group of its role (``configs/encoder/bilstm.yaml``,
-``scorer/arc.yaml``, ``decoder/sst.yaml``, ``decoder/baseline_sst.yaml``, ``decoder/decomposable_attention.yaml``);
-the sizes that come from the data or from the part before (``FROM_DATA``) are given by the task
-(:mod:`latentstruct.tasks.text`). The embedder is built by the task from the top-level ``embedding`` settings and the
-dataset's vectors.
-
-References: A. Parikh, O. Täckström, D. Das, J. Uszkoreit (2016), "A decomposable attention model for natural
-language inference", EMNLP. H. Peng, S. Thomson, N. A. Smith (2018), "Backpropagating through structured argmax
-using a SPIGOT", ACL.
+Each component's equations, the parameter counts against Table 4, the readings of the paper: docs/models.md#text.
 """
 
 from __future__ import annotations

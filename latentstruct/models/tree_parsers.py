@@ -1,59 +1,19 @@
 """Latent-tree parsers for ListOps (seed 000, Parts II and III): an incremental merge parser, a binary tree over n
 leaves built by n − 1 merges of adjacent nodes and composed by a binary Tree-LSTM, and the chart parser's span scorer.
 
-Merge parser (easy-first, bottom-up adjacent merge; Choi et al., 2018)
-----------------------------------------------------------------------
-The leaves are r⁰ = (leaf(x_0), …, leaf(x_{L-1})) (:meth:`BinaryTreeLSTMCell.leaf`). At step t = 0 … L − 2 the
-current list r^t = (r_0, …, r_{L-1-t}) of (h, c) nodes is shortened by one merge: every adjacent pair is composed
-into a candidate parent and scored with a learned query vector q,
+* :class:`MergeParser` (easy-first adjacent merges, Choi et al. 2018): at every step each adjacent pair is composed
+  by the Tree-LSTM cell and scored by a learned query, and one pair is merged; ``mode`` (:data:`MODES`) chooses it:
+  ``estimate`` (a :class:`~latentstruct.structures.Categorical` choice by an estimator: ``st_gumbel`` is the Gumbel
+  Tree-LSTM), ``sample`` (for the score-function estimators), ``argmax`` (also eval mode of the first two),
+  ``given`` (follow given actions or a tree: teacher forcing). It returns a :class:`Parse`: the root state, the
+  actions with their log-probabilities and entropies, and the tree ``[B, n, n]`` in the layout of
+  :class:`~latentstruct.structures.BinaryTree`. O(B n² dim²) time per batch.
+* :func:`tree_actions`: the merge actions that build a given tree.
+* :class:`SpanScorer`: span scores ``[B, n, n]`` for :class:`~latentstruct.structures.BinaryTree` from the
+  LSTM-minus features of a BiLSTM, s[i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c).
 
-    p_i = cell(r_i, r_{i+1}),     s_i = qᵀ h(p_i),     π(a_t = i | r^t) = softmax(s)_i     (i = 0 … L − 2 − t),
-
-a pair a_t is chosen, and r^{t+1} = (r_0, …, r_{a−1}, p_a, r_{a+2}, …). After L − 1 steps one node is left, the
-root. The actions a = (a_0, …, a_{L-2}) determine the tree (the merged span at step t is a constituent), but not
-conversely: a tree with two disjoint constituents can be built in several orders. The policy is over action
-sequences, π(a | x) = Π_t π(a_t | r^t); every log-probability, ratio and entropy is over action sequences, and
-expectations over them equal expectations over trees (the tree is a function of a).
-
-Choice rules (``mode``):
-
-* ``estimate`` — each merge is a :class:`~latentstruct.structures.Categorical` choice over the adjacent pairs, made
-  by a §5 estimator: y = ``estimator(s, Categorical())``. The new node list is the convex combination
-  r^{t+1}_i = (1 − C_i) r_i + y_i p_i + (C_i − y_i) r_{i+1} with C_i = Σ_{k≤i} y_k (for a one-hot y exactly the list
-  above), so the downstream gradient reaches the scores, hence q, by the estimator's rule. With ``st_gumbel`` this
-  is the Gumbel Tree-LSTM (Choi et al., 2018): forward the one-hot of argmax(s + g), backward the gradient of
-  softmax((s + g) / τ); a relaxed estimator (``gumbel_softmax``, ``marginals``) merges softly (the recorded tree
-  is then the argmax of y).
-* ``sample`` — a_t ~ π(· | r^t) (Gumbel-max), no gradient through the choice: for the score-function estimators
-  (:class:`~latentstruct.estimators.Sfe`, :class:`~latentstruct.estimators.Ppo`, their ``policy_loss``).
-* ``argmax`` — greedy a_t = argmax s. ``estimate`` and ``sample`` fall back to it in eval mode (``module.eval()``).
-* ``given`` — follow given actions (or a given tree, through :func:`tree_actions`): teacher forcing, to compose along a
-  known tree (gold, left/right-branching) or to re-score old actions (PPO).
-
-Every mode returns the log-probabilities log π(a_t | r^t) of the actions taken under the current scores (with their
-gradient), the per-step entropies H(π(· | r^t)) and the tree in the layout of
-:class:`~latentstruct.structures.BinaryTree` (``z[b, i, j]`` = 1 iff leaves i..j form a constituent, i < j; diagonal,
-lower triangle and padding 0), so that ``tree_f1`` and ``tree_depth`` of :mod:`latentstruct.data.listops` apply.
-
-Cost. Every step composes all m − 1 adjacent pairs: Σ_t (L − 1 − t) ≈ L²/2 cell applications per example, so
-O(B n² dim²) time and O(B n² dim) autograd memory, with a Python loop over the n − 1 steps only.
-
-Span scorer (the chart parser)
-------------------------------
-:class:`SpanScorer`: span scores s[i, j] for :class:`~latentstruct.structures.BinaryTree`, from the LSTM-minus
-features of a BiLSTM (Wang & Chang, 2016; Cross & Huang, 2016; Stern et al., 2017): with f_t, b_t the forward and
-backward states (f_{-1} = b_L = 0), r(i, j) = [f_j − f_{i−1}; b_i − b_{j+1}] and s[i, j] = vᵀ tanh(W r(i, j) + c).
-The first layer is linear, so it splits into a term of the start and a term of the end, each computed once per
-position: W r(i, j) = A_i + B_j, and the scores cost one ``[B, n, n, hidden]`` tanh. (A plain MLP on
-[h_i; h_j; h_i − h_j] is the same function class as one on [h_i; h_j], since h_i − h_j folds into the linear layer;
-the LSTM-minus features instead describe what lies inside the span.)
-
-References: J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose task-specific tree structures", AAAI.
-D. Yogatama, P. Blunsom, C. Dyer, E. Grefenstette, W. Ling (2017), "Learning to compose words into sentences with
-reinforcement learning", ICLR. S. Havrylov, G. Kruszewski, A. Joulin (2019), "Cooperative learning of disjoint syntax
-and semantics", NAACL. M. Stern, J. Andreas, D. Klein (2017), "A minimal span-based neural constituency parser", ACL.
-W. Wang, B. Chang (2016), "Graph-based dependency parsing with bidirectional LSTM", ACL. J. Cross, L. Huang (2016),
-"Span-based constituency parsing with a structure-label system and provably optimal dynamic oracles", EMNLP.
+The policy over action sequences, the soft merge of the relaxed estimators, the span features:
+docs/models.md#tree_parsers.
 """
 
 from __future__ import annotations
@@ -110,7 +70,7 @@ class Parse:
 
 
 class MergeParser(nn.Module):
-    """Easy-first merge parser with a binary Tree-LSTM composition (module docstring; Choi et al., 2018).
+    """Easy-first merge parser with a binary Tree-LSTM composition (docs/models.md#tree_parsers; Choi et al., 2018).
 
     ``forward(x [B, n, input_dim], lengths [B] | None, mode="argmax", actions=None, tree=None, generator=None,
     estimator=None)`` → :class:`Parse`. ``mode`` is one of :data:`MODES`; in eval mode ``estimate`` and ``sample``
@@ -285,10 +245,10 @@ def tree_actions(z: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.
 
 
 class SpanScorer(nn.Module):
-    """The chart parser's span scores (module docstring): word vectors ``x`` ``[B, n, input_dim]`` and ``lengths``
-    ``[B]`` → ``[B, n, n]`` with ``s[b, i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c)`` for i < j < L and 0
-    elsewhere, [f; b] the states of a BiLSTM (``lstm_dim`` units, both directions together; exactly 0 at padding)
-    and ``hidden`` the size of the tanh layer (memory ``[B, n, n, hidden]``)."""
+    """The chart parser's span scores (docs/models.md#tree_parsers): word vectors ``x`` ``[B, n, input_dim]`` and
+    ``lengths`` ``[B]`` → ``[B, n, n]`` with ``s[b, i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c)`` for
+    i < j < L and 0 elsewhere, [f; b] the states of a BiLSTM (``lstm_dim`` units, both directions together; exactly 0
+    at padding) and ``hidden`` the size of the tanh layer (memory ``[B, n, n, hidden]``)."""
 
     FROM_DATA = ("input_dim", "lstm_dim", "hidden")  # the word size and the scorer's sizes, given by the task
 

@@ -1,53 +1,20 @@
-r"""Discrete (Gaussian-mixture) VAE trained by direct optimisation through argmax (seed 003), and the GSM baseline.
+"""Discrete (Gaussian-mixture) VAE trained by direct optimisation through argmax (seed 003), and the GSM baseline.
 
-Model (:class:`GMVAE`)
-----------------------
-A discrete code z ∈ {0 .. K−1} (K = 10) and, per component, a D-dimensional Gaussian code h (D = 30):
+* :class:`GMVAE`: a discrete code z ∈ {0 .. K−1} (K = 10) and per component a Gaussian code h (D = 30). Its
+  networks are config options: :class:`Encoder` (x 784 → 400 → 200 shared features), :class:`DiscreteHead` (the
+  logits φ(x, ·) ``[B, K]`` of q(z|x)), :class:`Decoder` (K·D → 400 → 784 Bernoulli logits); it adds the Gaussian
+  heads (μ, log σ² ``[B, K, D]``). ``embed`` feeds the decoder K blocks of D, block k holding z_k · h_k.
+* ``GMVAE.per_category``: θ(x, k) = log p(x | z=k, h_k) − KL(q(h | x, k) ‖ N(0, I)) for all K components in one
+  decoder pass ``[B, K]`` (one Gaussian draw shared by the components), as :class:`PerCategory`.
+* :func:`negative_elbo`: −(Σ_k q_k θ(x, k) − KL(q(z|x) ‖ uniform)), the bound of the seed's table (nats per image);
+  :func:`kl_uniform`, :func:`gaussian_kl`, :func:`bernoulli_log_likelihood`.
 
-* **Encoder.** x (784) → Linear 400 → LeakyReLU(0.2) → Linear 200 → LeakyReLU(0.2) = shared features f.
-  *Discrete head*: f → Linear 100 → LeakyReLU(0.2) → Linear K = the logits φ(x, ·) of q(z|x) = softmax(φ).
-  *Gaussian heads*: f → Linear K·D (means μ) and f → Linear K·D (log-variances log σ²), read as [K, D]: row k is
-  q(h | x, z=k) = N(μ_k, diag σ_k²).
-* **Decoder input (our reading of "z one-hot ⊗ Gaussian sample").** The decoder takes K·D = 300 values: K blocks of
-  D, block k holding z_k · h_k. For a discrete z = k only block k is filled (with h_k) and the others are zero; for a
-  relaxed z (Gumbel-softmax) block k is h_k scaled by the relaxed weight z_k. See :meth:`GMVAE.embed`.
-* **Decoder.** 300 → Linear 400 → LeakyReLU(0.2) → Linear 784 = Bernoulli logits of the binarised pixels.
-* **Prior.** p(z) uniform over K, p(h) = N(0, I_D) (the same for every component).
+Direct optimisation and Gumbel-softmax are estimators (:class:`~latentstruct.estimators.Direct`,
+:class:`~latentstruct.estimators.GumbelSoftmax`) on the :class:`~latentstruct.structures.Categorical` code;
+:mod:`latentstruct.tasks.vae` wires them.
 
-The three networks are config options (``encoder=gmvae``, ``scorer=gmvae`` for the discrete head, ``decoder=gmvae``:
-:class:`Encoder`, :class:`DiscreteHead`, :class:`Decoder`, whose sizes and LeakyReLU slope are their settings);
-:class:`GMVAE` sizes them from the data and adds the Gaussian heads.
-
-The terms that depend on k (:meth:`GMVAE.per_category`)
--------------------------------------------------------
-With one standard-normal draw e ∈ R^D per example, *shared by all components* (common random numbers, so that
-θ(x, k) − θ(x, k') is not blurred by independent noise), h_k = μ_k + σ_k ⊙ e and
-
-    θ(x, k) = log p(x | z=k, h_k) − KL(N(μ_k, σ_k²) ‖ N(0, I))
-
-(Bernoulli log-likelihood summed over pixels; the Gaussian KL in closed form). The ELBO is then
-
-    ELBO(x) = Σ_k q_k θ(x, k) − KL(q(z|x) ‖ uniform),   KL(q ‖ uniform) = Σ_k q_k log q_k + log K,
-
-exact in z (the K components are enumerated) and a one-sample estimate in h. :func:`negative_elbo` returns
-−ELBO, the "bound" of the seed's table (in nats per image). ``per_category`` computes all K values of θ in one
-decoder pass over B·K rows (:meth:`GMVAE.category_log_likelihood`); direct optimisation needs them all.
-
-Direct optimisation and Gumbel-softmax
---------------------------------------
-Both are estimators of :mod:`latentstruct.estimators` on the :class:`~latentstruct.structures.Categorical` code
-(:mod:`latentstruct.tasks.vae` wires them). z^{φ+γ} = argmax_k φ_k + γ_k with γ standard Gumbel is a sample of q(z|x)
-(Gumbel-max), so E_γ[θ(x, z^{φ+γ})] = Σ_k softmax(φ)_k θ_k, whose gradient through φ is, by the seed's theorem,
-lim_{ε→0} E_γ[z_ε − ẑ]/ε with ẑ = onehot argmax(φ + γ) and z_ε = onehot argmax(φ + γ + εθ) — the direct loss
-gradient of :class:`~latentstruct.estimators.Direct` (σ = 1) for the loss ℓ = −θ, whose per-component values the
-task gives as the linear ``downstream(μ) = −<μ, θ>``, with that estimator's ε = −ε here ("towards best"). (With
-Gumbel-max the finite-ε expectation is exactly (softmax(φ + εθ) − softmax(φ))/ε, so the bias is O(ε).) Gumbel-softmax
-is :class:`~latentstruct.estimators.GumbelSoftmax`: softmax((φ + γ)/τ), fed to the same decoder through
-:meth:`GMVAE.embed`.
-
-References: G. Lorberbom, A. Gane, T. Jaakkola, T. Hazan (2019), "Direct optimization through argmax for discrete
-variational auto-encoder", NeurIPS (seed 003). E. Jang, S. Gu, B. Poole (2017) and C. Maddison, A. Mnih, Y. W. Teh
-(2017) for the Gumbel-softmax / Concrete relaxation. D. Kingma, M. Welling (2014) for the Gaussian KL.
+The architecture in full, our reading of "z one-hot ⊗ Gaussian sample", and why direct optimisation is the direct
+loss gradient here: docs/models.md#vae.
 """
 
 from __future__ import annotations
@@ -153,7 +120,7 @@ class PerCategory(NamedTuple):
 
 
 class GMVAE(nn.Module):
-    """Gaussian-mixture VAE with a discrete component code (see the module docstring for the architecture).
+    """Gaussian-mixture VAE with a discrete component code (the architecture: docs/models.md#vae).
 
     ``encoder``, ``discrete_head`` and ``decoder`` are callables that take their sizes (the classes, or the partials
     the configs build); they are built here, in that order with the Gaussian heads between the last two, so that one
