@@ -1,64 +1,27 @@
-r"""Direct loss minimization through a randomly perturbed MAP (seed 002, §3-5 and Appendix C; seed 003).
+"""Direct loss minimization through a randomly perturbed MAP (seed 002, §3-5 and Appendix C; seed 003).
 
-With s the part scores, γ i.i.d. zero-mean Gumbel noise on the parts, σ ≥ 0 the noise scale, and ℓ_b the task loss of
-example b written as a linear function of the parts, the estimator forwards the perturbed prediction and a
-*loss-perturbed* prediction
+With s the part scores, γ i.i.d. zero-mean Gumbel noise on the parts (G − 0.5772...), σ ≥ 0 the noise scale and
+ℓ_b = ∇_{z_b} L_b at ẑ_b (example b's own loss, linearised by one ``downstream`` call per noise sample), the
+estimator forwards ẑ and back-propagates, for the training loss (1/B) Σ_b L_b,
 
     ẑ   = MAP(s + σγ),                 ẑ_ε = MAP(s + σγ + ε ℓ)                    (seed 002, Eq. 2 and Eq. 14)
-
-and back-propagates, for the training loss (1/B) Σ_b L_b,
-
     ∂/∂s_b = (ẑ_ε,b − ẑ_b) / (B ε),    ∂/∂σ_b = <γ_b, ẑ_ε,b − ẑ_b> / (B ε)          (Eq. 3; Corollary 2, Eq. 16-17)
 
-averaged over ``samples`` independent noise draws per example.
+averaged over ``samples`` noise draws per example; the incoming gradient is ignored (as ``Sfe`` does). Both signs of
+ε give a descent direction; ε < 0 ("towards best") is the default.
 
-**Sign and normalisation.** Let G(s, σ, ε) = E_γ max_z <s + σγ + εℓ, z>. By Danskin, ∇_s G = E[ẑ_ε], ∂_σ G =
-E[<γ, ẑ_ε>] and ∂_ε G = E[<ℓ, ẑ_ε>], which at ε = 0 is the expected loss E_γ[L(MAP(s + σγ))]. G is smooth (the noise
-has a density), so its mixed partials commute: ∇_s E_γ[L] = ∂_ε ∇_s G |_{ε=0} = lim_{ε→0} E[ẑ_ε − ẑ] / ε, and likewise
-for σ with <γ, ·>. The rule is therefore (ẑ_ε − ẑ)/ε — equivalently (ẑ − ẑ_ε)/(−ε) — for *either* sign of ε, and it is
-a descent direction for the expected loss in both cases:
+* Zero updates (Appendix C): where ẑ_ε = ẑ while the loss is positive, ε grows by ``grow`` up to ``max_retries``
+  times, unless one MAP call on sign(ε) ℓ shows no ε can move ẑ; ``max_retries=0`` is the plain estimator.
+* ``sigma``: a float (0: Hazan et al. 2010, no noise drawn; 1: Lorberbom et al. 2018) or a learned tensor passed at
+  call time, ``estimator(scores, structure, lengths, downstream, sigma=sigma)``, ``[B]``, ``[B, 1, ...]`` or one
+  element; it receives ∂/∂σ through autograd.
+* ``target=vertices``: ẑ_ε = the known best vertex (the perceptron step towards it, scaled by 1/|ε|; ε < 0 required,
+  ``downstream`` not called).
 
-* ε > 0 ("away from best"): ẑ_ε favours high-loss vertices; a gradient step s ← s − η(ẑ_ε − ẑ)/ε lowers their scores.
-* ε < 0 ("towards best", the default as in seed 002 §5 and Hazan et al. 2010): ẑ_ε favours low-loss vertices;
-  the step s ← s + η(ẑ_ε − ẑ)/|ε| raises their scores.
+Forward: the first noise sample's ẑ in training, MAP(s) without noise at evaluation.
 
-The 1/B is there because the training loss is the batch *mean* of ``downstream``: the backward ignores the incoming
-gradient (as :class:`~latentstruct.estimators.stochastic.Sfe` does) and returns the direct estimate of the gradient of
-mean(downstream(latent)) itself.
-
-**The loss vector ℓ.** ℓ_b = ∇_{z_b} L_b at ẑ_b, the gradient of example b's *own* loss (one ``downstream`` call per
-noise sample). This is B · ``loss_gradient(downstream, ẑ)`` (γ there is the gradient of the batch mean); for a loss
-linear in z it is exactly the loss vector of seed 002 (e.g. the matching loss of §5.1), otherwise the first-order
-model of the loss around ẑ.
-
-**Zero updates** (Appendix C). When ẑ_ε = ẑ for a (sample, example) while its loss L_b(ẑ) is positive, its ε grows by
-``grow`` (10%) and the loss-perturbed MAP is recomputed for it alone, up to ``max_retries`` times; the update then
-divides by the grown ε. Retries are skipped where no ε of that sign can ever move ẑ — when ẑ itself maximises
-<sign(ε) ℓ, z> it maximises <s + σγ + εℓ, z> for every such ε — which one extra MAP call on sign(ε) ℓ decides. The
-retries trade the ε → 0 consistency above for never-zero updates (every example with a positive loss and a better
-vertex in reach contributes); ``max_retries=0`` switches them off and gives the plain finite-difference estimator.
-
-**Noise scale σ.** A float hyper-parameter ``sigma`` (0: Hazan et al. 2010, "Direct σ = 0", deterministic, the noise
-is not even drawn and ``samples`` is ignored; 1: Lorberbom et al. 2018, "Direct σ = 1"), or a learned tensor passed at
-call time, ``estimator(scores, structure, lengths, downstream, sigma=sigma)``, shaped ``[B]``, ``[B, 1, ...]`` (one σ
-per example, e.g. the softplus output of a noise network, seed 002 App. C) or a single element (shared); it receives
-∂/∂σ through autograd. The noise is zero-mean Gumbel, G − 0.5772... (seed 002 §3): its mean would add σ·0.577 to every
-part, which changes nothing on structures whose vertices all have the same number of parts (every structure here), but
-would otherwise make σ move the mean as well as the spread.
-
-**Known targets.** Where the best vertex of every example is known (a label: the supervised examples of seed 003's
-semi-supervised VAE, its term E_γ[ℓ(z, z^{s+γ})]), ``estimator(..., target=vertices)`` takes ẑ_ε = target: the
-loss-perturbed MAP in the limit ε → −∞ of "towards best" under a loss minimal at the target alone. The update
-(target − ẑ)/(Bε) is then the perceptron step towards the target scaled by 1/|ε|, a descent direction only for ε < 0
-(required); ``downstream`` is not called and there are no retries (ẑ_ε is given).
-
-Forward returns the first noise sample's ẑ (the decoder's own parameters are trained on it); at evaluation it
-returns MAP(s) without noise, as every non-relaxed estimator does.
-
-References: T. Hazan, J. Keshet, D. McAllester (2010), "Direct loss minimization for structured prediction", NeurIPS.
-G. Lorberbom, A. Gane, T. Jaakkola, T. Hazan (2018), "Direct optimization through argmax for discrete variational
-auto-encoder" (seed 003). H. Cohen Indelman, T. Hazan (2021), "Learning randomly perturbed structured predictors for
-direct loss minimization", ICML (seed 002).
+Derivation (the sign and normalisation of the rule, the loss vector, the retries, why the noise is zero-mean, known
+targets) and references: docs/structures.md#direct.
 """
 
 from __future__ import annotations
