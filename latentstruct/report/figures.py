@@ -12,13 +12,12 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
     python -m latentstruct.report.figures redraw results/energy/mlc_curves.data.json
     python -m latentstruct.report.figures from-table --spec experiments/direct/knn.yaml
 
-(``python -m latentstruct.figures`` is the same command.) Every figure is first described as data — its panels, each
-a list of series (the points drawn, with their band or error bars), its axis labels and the phase boundaries of its
-runs — then drawn from that description by :func:`render`; the description is written beside the PNG as
-``<name>.data.json``, so ``redraw`` redraws a committed figure without its run records (``from-table`` rebuilds the
-description of a figure drawn from a table's cells from the committed table itself). Legends go below the axes (one
-for all panels), never over the data. Where the runs have ``trainer.phases``, a dotted line marks each phase
-boundary (e.g. ``pretraining | method``), read from the runs' configurations.
+Every figure is first described as data — its panels, each a list of series (the points drawn, with their band or error
+bars), its axis labels and the phase boundaries of its runs — then drawn from that description by :func:`render`; the
+description is written beside the PNG as ``<name>.data.json``, so ``redraw`` redraws a committed figure without its run
+records (``from-table`` rebuilds the description of a figure drawn from a table's cells from the committed table
+itself). Legends go below the axes (one for all panels), never over the data. Where the runs have ``trainer.phases``, a
+dotted line marks each phase boundary (e.g. ``pretraining | method``), read from the runs' configurations.
 """
 
 from __future__ import annotations

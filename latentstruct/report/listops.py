@@ -5,8 +5,6 @@
         --out results/listops/reference_trees.md
     python -m latentstruct.report.listops figure --runs multirun/listops --out results/listops/trees.png
 
-(``python -m latentstruct.listops_report`` is the same command.)
-
 * ``self-f1`` — the agreement of a method with itself across seeds (Williams et al., 2018; Nangia & Bowman, 2018):
   the runs of one configuration that differ only in ``trainer.seed`` parse the test split, and a run's self-F1 is
   the mean, over the other seeds' runs, of the per-example tree F1 between the two runs' trees (the bracket F1 of

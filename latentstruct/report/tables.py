@@ -7,10 +7,10 @@ them, the tolerance, and where the paper's numbers are (``reference.csv``).
 
     python -m latentstruct.report.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
 
-(``python -m latentstruct.tables`` is the same command.) ``make table T=<paper>/<table>`` runs a spec's sweeps and
-then this module (:mod:`latentstruct.report.reproduce`). Beside each table goes a JSON sidecar (``table2.json``): its
-status against the paper's protocol (the spec's ``paper_protocol``), cell counts and headline
-(:mod:`latentstruct.report.status`), from which ``make report`` writes results/README.md.
+``make table T=<paper>/<table>`` runs a spec's sweeps and then this module (:mod:`latentstruct.report.reproduce`).
+Beside each table goes a JSON sidecar (``table2.json``): its status against the paper's protocol (the spec's
+``paper_protocol``), cell counts and headline (:mod:`latentstruct.report.status`), from which ``make report`` writes
+results/README.md.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
     """:func:`provenance` of the ``used`` runs, plus a line per ``provenance_keys`` entry (``{flat config key:
     label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one; the paper's
     figures beside ours (its ``paper_protocol``, :func:`latentstruct.report.status.annotate`)."""
-    lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
+    lines = provenance(used, spec.get("command", "python -m latentstruct.report.tables"))
     done = used[used["completed"]] if len(used) else used
     for key, label in (spec.get("provenance_keys") or {}).items():
         column = done[key] if key in done else pd.Series(dtype=object)

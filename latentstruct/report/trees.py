@@ -4,7 +4,7 @@
     python -m latentstruct.report.trees --runs multirun/spigot_sst --spec experiments/spigot/table3_sst.yaml \
         --seed 301 --rows marginals,spigot --out-dir results/spigot/trees "A sentence to parse ."
 
-(``python -m latentstruct.show_trees`` is the same command.) The second form draws the sentence with one run per row
+The second form draws the sentence with one run per row
 of a table spec: the row's first completed run with ``trainer.seed`` = ``--seed``, chosen from the run records
 (:func:`latentstruct.report.tables.load_runs`), never from directory names; it writes ``<row>.png`` and ``<row>.txt``
 (the run and the printout) into ``--out-dir``, each picture titled with the row's label and the seed (e.g.

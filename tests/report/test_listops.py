@@ -1,4 +1,4 @@
-"""latentstruct.listops_report: random trees, the reference-tree statistics, self-F1 across seeds written for the
+"""latentstruct.report.listops: random trees, the reference-tree statistics, self-F1 across seeds written for the
 tables, and the tree figure, on tiny generated ListOps runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""latentstruct.tables and latentstruct.figures on fake run records (DESIGN.md §7 formats)."""
+"""latentstruct.report.tables and latentstruct.report.figures on fake run records (DESIGN.md §7 formats)."""
 
 import json
 import math
@@ -639,13 +639,6 @@ def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_p
     assert trees.seed_runs(spec, tmp_path / "none", 301) == {}
     with pytest.raises(ValueError, match="not rows of table3_sst"):
         trees.seed_runs(spec, root, 301, ["marginal"])
-
-
-@pytest.mark.parametrize("module", ["tables", "figures", "show_trees", "listops_report"])
-def test_the_old_module_commands_still_run(module):
-    done = subprocess.run([sys.executable, "-m", f"latentstruct.{module}", "--help"], capture_output=True, text=True,
-                          cwd=REPO)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m latentstruct.")
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
