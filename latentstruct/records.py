@@ -23,7 +23,7 @@ import torch
 __all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
            "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
            "describe_claim", "flatten",
-           "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
+           "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
            "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
@@ -110,12 +110,6 @@ def threads() -> dict[str, Any]:
     """torch's CPU thread counts in force (intra- and inter-op) and the environment variables that set them."""
     env = {k: os.environ[k] for k in THREAD_ENV if k in os.environ}
     return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(), "env": env}
-
-
-def flat_experiment(name: str) -> str:
-    """An experiment's name as ``+experiment=`` takes it: ``sst_spigot`` for the nested ``sst/spigot`` of the records
-    (and notes) written before the experiments got flat ``<task>_<method>`` names; a flat name is kept."""
-    return name.replace("/", "_")
 
 
 def _atomic(path: Path, write) -> None:

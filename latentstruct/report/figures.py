@@ -45,6 +45,8 @@ from latentstruct.report.tables import (
     load_runs,
     load_spec,
     output_path,
+    parse_cells,
+    parse_provenance,
     provenance,
 )
 
@@ -539,8 +541,6 @@ def from_table(spec_path: str | Path) -> list[Path]:
     Markdown table) and ``inner-steps`` (from its ``.md`` companion) — when the run records are gone, e.g. a figure
     committed before :func:`render` existed. The description written beside each PNG says so (``source``). Figures
     drawn from the runs' histories (``learning-curves``, ``row-curves``) cannot be rebuilt this way."""
-    from latentstruct.report.backfill import parse_cells, parse_provenance
-
     spec = load_spec(spec_path)
     steps = [s for s in (spec.get("reproduce") or {}).get("steps") or []
              if s.get("figure") in ("setting-curves", "inner-steps")]
