@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
+__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint", "differences",
            "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
            "describe_claim", "flatten",
            "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
@@ -39,6 +39,8 @@ NOT_RESULT = ("paths", "logger", "sweep", "trainer.resume", "trainer.force", "tr
 LENGTH = ("trainer.max_steps", "trainer.max_epochs")
 #: the file of a run directory that records what the run computes (its identity) and its fingerprint
 RUN_FILE = "run.json"
+#: the file of a completed run that holds what the reports draw of its final model (``Task.report_record``)
+REPORT_FILE = "report.json"
 #: the environment variables that set torch's CPU threads, recorded with the counts in force
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
