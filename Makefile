@@ -81,7 +81,7 @@ test: install ## install if needed, then run the fast test suite, one worker per
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --durations=15
 
 lint: install ## ruff on the package and the tests
-	$(BIN)/ruff check latentstruct tests
+	$(BIN)/ruff check latentstruct tests reliability
 
 table: install ## any table from its spec: make table T=spigot/table3_sst SEEDS=301 ARGS='trainer.max_epochs=2'
 	+$(BIN)/python -m latentstruct.report.reproduce $(T) --seeds "$$SEEDS" --args "$$ARGS" --runs $(RUNS) \
@@ -144,7 +144,7 @@ table-lab-matrix: install ## every estimator x planted structure, lr/eta chosen 
 	+$(BIN)/python -m latentstruct.report.matrix --runs $(RUNS) --results $(or $(RESULTS),results) --jobs $(JOBS) $(DRY)
 
 reliability: install ## fault-injection suite: kills, stop signals, kills mid-write, concurrent launchers, damaged files, bad values -> results/reliability.md (~12 min)
-	$(BIN)/python -m latentstruct.reliability --out results/reliability.md
+	$(BIN)/python -m reliability --out results/reliability.md
 
 report: install ## results/README.md: a line per table (status vs the paper's protocol, cells within tolerance, headline) from the JSON beside each table
 	$(BIN)/python -m latentstruct.report.report --results $(or $(RESULTS),results)

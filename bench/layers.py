@@ -94,11 +94,9 @@ class Config:
 
 
 def configurations() -> list[Config]:
-    # The experiments by their nested names (sst/baseline), the names an older tree (--baseline) knows too; this tree
-    # reads them as its flat ones (sst_baseline: latentstruct.config.check_command_line).
     sst = [
-        Config("sst_baseline", "SST", "BiLSTM (baseline)", "—", ("+experiment=sst/baseline",)),
-        Config("sst_marginals", "SST", "Marginals", "—", ("+experiment=sst/marginals",)),
+        Config("sst_baseline", "SST", "BiLSTM (baseline)", "—", ("+experiment=sst_baseline",)),
+        Config("sst_marginals", "SST", "Marginals", "—", ("+experiment=sst_marginals",)),
     ]
     for name, method in (("sparsemap", "SparseMAP"), ("spigot", "SPIGOT"), ("spigot_ce", "SPIGOT-CE")):
         for cap, value in (("50", "50"), ("exact", "null")):
@@ -108,12 +106,12 @@ def configurations() -> list[Config]:
                     "SST",
                     method,
                     cap,
-                    (f"+experiment=sst/{name}", f"structure.sparsemap_max_iter={value}"),
+                    (f"+experiment=sst_{name}", f"structure.sparsemap_max_iter={value}"),
                     cap == "exact",
                 )
             )
     listops = [
-        Config(f"listops_{name}", "ListOps", method, cap, (f"+experiment=listops/{name}", "+preset=listops_cpu"))
+        Config(f"listops_{name}", "ListOps", method, cap, (f"+experiment=listops_{name}", "+preset=listops_cpu"))
         for name, method, cap in (
             ("lstm", "LSTM (baseline)", "—"),
             ("chart_marginals", "chart × Marginals", "—"),
@@ -197,12 +195,27 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def tree_overrides(tree: Tree, overrides: list[str]) -> list[str]:
+    """``overrides`` as ``tree`` reads them: ``+experiment=sst_spigot`` as the nested ``+experiment=sst/spigot`` in an
+    older tree (``--baseline``) whose ``configs/experiment/`` has only the nested names."""
+    out = []
+    for override in overrides:
+        key, _, name = override.partition("=")
+        experiments = tree.path / "configs" / "experiment"
+        if key == "+experiment" and not (experiments / f"{name}.yaml").is_file():
+            nested = name.replace("_", "/", 1)
+            if (experiments / f"{nested}.yaml").is_file():
+                override = f"{key}={nested}"
+        out.append(override)
+    return out
+
+
 def run_once(
     tree: Tree, overrides: list[str], run_dir: Path, data_dir: Path, threads: int, timeout: float
 ) -> dict[str, Any]:
     """Train one configuration in a subprocess; its record (``read_metrics``) plus ``wall`` and ``cpu`` (the whole
     process's wall and CPU seconds); status ``timeout`` past ``timeout`` seconds (its process group is killed)."""
-    cmd = [sys.executable, "-m", "latentstruct.train", *overrides, f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "latentstruct.train", *tree_overrides(tree, overrides), f"hydra.run.dir={run_dir}"]
     run_dir.mkdir(parents=True, exist_ok=True)
     start, cpu0 = time.perf_counter(), _children_cpu()
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:

@@ -25,8 +25,9 @@ examples of each, its time scaled by the splits' sizes: ``eval_scale``; linear, 
 over-estimated: k-NN's, 178 s in full against 936-1,290 s scaled ×20 from 500 examples on this loaded CPU). On CUDA one
 more step runs under ``torch.cuda.set_sync_debug_mode("warn")`` and the synchronising calls it makes are counted: host
 round trips per step. A run's device-seconds = Σ over phases of its steps × s/step + its evaluations
-(``_evaluation_steps``) × s/eval; a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data loading,
-checkpoint writes (one per evaluation) and what train.py adds per step (the loss and gradient-norm finiteness check,
+(``latentstruct.train.plan``) × s/eval; a cell's = that × its seeds; a table's = Σ over its cells. Not counted: data
+loading, checkpoint writes (one per evaluation) and what train.py adds per step (the loss and gradient-norm finiteness
+check,
 about 1%). Runs are timed alone: several runs at once on one GPU (``gpu_table.sh`` runs one per CPU core) overlap, so a
 table's wall time can be far below its device-hours, never below its longest run.
 
@@ -218,6 +219,7 @@ class Built:
     optimizer: Any
     phases: list
     max_steps: int
+    evaluations: list  # the steps a run evaluates after (latentstruct.train.plan)
 
 
 def build_cell(cell: Cell, device: torch.device, data_cache: dict, extra: Sequence[str] = ()) -> Built:
@@ -227,7 +229,7 @@ def build_cell(cell: Cell, device: torch.device, data_cache: dict, extra: Sequen
     from omegaconf import OmegaConf
 
     import latentstruct.optim
-    from latentstruct.train import _plan, build_model
+    from latentstruct.train import build_model, plan
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"+sweep={cell.sweep}", *cell.overrides, *extra,
@@ -243,19 +245,17 @@ def build_cell(cell: Cell, device: torch.device, data_cache: dict, extra: Sequen
     model = build_model(cfg, data.dims, data.extras).to(device)
     model.use_training_data(splits["train"])
     optimizer = latentstruct.optim.build(cfg.optim, cfg.optim_groups, model.param_groups())
-    phases, max_steps = _plan(cfg.trainer, {name: data.size(name) for name in data.splits})
-    return Built(cfg, data, splits, model, optimizer, phases, max_steps)
+    phases, max_steps, evaluations = plan(cfg.trainer, {name: data.size(name) for name in data.splits})
+    return Built(cfg, data, splits, model, optimizer, phases, max_steps, evaluations)
 
 
 def time_cell(cell: Cell, device: torch.device, data_cache: dict, args, progress=None) -> None:
     """Time one configuration (module docstring), filling ``cell`` in place; ``progress()`` is called after each
     phase (the child writes what it has so far)."""
-    from latentstruct.train import _evaluation_steps
-
     built = build_cell(cell, device, data_cache, getattr(args, "override", None) or ())
     splits, model, optimizer = built.splits, built.model, built.optimizer
     phases, max_steps, tc = built.phases, built.max_steps, built.cfg.trainer
-    cell.evaluations = len(_evaluation_steps(phases, tc.eval_every, max_steps))
+    cell.evaluations = len(built.evaluations)
     model.train()
     for index, phase in enumerate(phases):
         steps = max(0, min(phase.steps, max_steps - phase.start))

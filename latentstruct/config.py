@@ -19,7 +19,7 @@ through: a ``+key`` that no schema declares and a value outside a ``Literal``'s 
 closest valid names, and a number outside its setting's range — declared with the setting too,
 ``lr: Annotated[float, Positive]`` (:mod:`latentstruct.ranges`), and kept by the schema in the field's metadata.
 :func:`check_command_line` runs it on the command line of ``python -m latentstruct.train`` before Hydra does anything
-(an unknown key, ``+`` or not; an unknown experiment, listing them all; the experiments' old nested names).
+(an unknown key, ``+`` or not; an unknown experiment, listing them all).
 ``python -m latentstruct.config`` writes the option reference, ``docs/configs.md`` (:func:`reference`).
 
 The run-level settings (``trainer``, ``paths``, ``embedding``, the optimizers) configure no class of ours and stay
@@ -37,10 +37,9 @@ import io
 import itertools
 import math
 import re
-import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
@@ -487,38 +486,18 @@ def _unknown_experiment(name: str, config_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _flat_names(args: list[str], known: set[str], log) -> list[str]:
-    """``experiment=sst/spigot`` (any prefix, any sweep of names) as ``experiment=sst_spigot``, logged."""
-    from latentstruct.records import flat_experiment
-
-    def flat(match: re.Match) -> str:
-        return flat_experiment(match[0]) if flat_experiment(match[0]) in known else match[0]
-
-    out = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+~") == "experiment" and (new := re.sub(r"\w+/\w+", flat, value)) != value:
-            log(f"{arg}: the experiments have flat names now, read as {key}={new}")
-            arg = f"{key}={new}"
-        out.append(arg)
-    return out
-
-
-def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
-                       log: Callable[[str], Any] | None = None) -> list[str]:
+def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR) -> list[str]:
     """The arguments of ``python -m latentstruct.train``, checked before Hydra reads them.
 
-    Returns them with the experiments' nested names (``experiment=sst/spigot``, the names before the flat
-    ``<task>_<method>`` ones, in older records and notes) replaced by the flat ones, each replacement logged. Raises
-    :class:`ConfigError` for an unknown experiment, listing every experiment, and for whatever :func:`validate`
-    refuses in the configuration composed from the overrides: an unknown key — ``trainer.max_step=10`` as much as
-    ``+trainer.max_step=10``, where Hydra suggests the ``+`` for the first and lets the second through — a value
-    outside its choices or a number outside its range. A sweep (``-m``) is checked job by job: each combination of
-    its experiments' and options' values is composed (beyond :data:`MAX_COMPOSED` combinations, each value once with
-    the others' first), and in each every value of every swept key is validated in turn, set as its override sets
-    it — so ``-m optim.lr=1e-3,-1e-3`` is refused before its first job runs. Anything else (an unknown option of a
-    group, a value of the wrong type, a malformed override or flag, a sweep config's ``hydra.sweeper.params``) is
-    left to Hydra, which reports it as it always does. ``log``: where the replacements are told (default: stderr).
+    Returns them (a copy). Raises :class:`ConfigError` for an unknown experiment, listing every experiment, and for
+    whatever :func:`validate` refuses in the configuration composed from the overrides: an unknown key —
+    ``trainer.max_step=10`` as much as ``+trainer.max_step=10``, where Hydra suggests the ``+`` for the first and lets
+    the second through — a value outside its choices or a number outside its range. A sweep (``-m``) is checked job by
+    job: each combination of its experiments' and options' values is composed (beyond :data:`MAX_COMPOSED` combinations,
+    each value once with the others' first), and in each every value of every swept key is validated in turn, set as its
+    override sets it — so ``-m optim.lr=1e-3,-1e-3`` is refused before its first job runs. Anything else (an unknown
+    option of a group, a value of the wrong type, a malformed override or flag, a sweep config's
+    ``hydra.sweeper.params``) is left to Hydra, which reports it as it always does.
     """
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser  # Hydra's own reading of its command line
@@ -527,7 +506,7 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR,
     from hydra.errors import HydraException
 
     known = {e for names in experiments(config_dir).values() for e in names}
-    args = _flat_names(list(args), known, log or (lambda line: print(line, file=sys.stderr)))
+    args = list(args)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             flags = get_args_parser().parse_args(args)

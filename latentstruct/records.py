@@ -20,10 +20,10 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "RunMismatch", "identity", "fingerprint", "differences",
+__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint", "differences",
            "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
            "describe_claim", "flatten",
-           "flat_experiment", "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
+           "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
            "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
@@ -39,6 +39,8 @@ NOT_RESULT = ("paths", "logger", "sweep", "trainer.resume", "trainer.force", "tr
 LENGTH = ("trainer.max_steps", "trainer.max_epochs")
 #: the file of a run directory that records what the run computes (its identity) and its fingerprint
 RUN_FILE = "run.json"
+#: the file of a completed run that holds what the reports draw of its final model (``Task.report_record``)
+REPORT_FILE = "report.json"
 #: the environment variables that set torch's CPU threads, recorded with the counts in force
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -110,12 +112,6 @@ def threads() -> dict[str, Any]:
     """torch's CPU thread counts in force (intra- and inter-op) and the environment variables that set them."""
     env = {k: os.environ[k] for k in THREAD_ENV if k in os.environ}
     return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(), "env": env}
-
-
-def flat_experiment(name: str) -> str:
-    """An experiment's name as ``+experiment=`` takes it: ``sst_spigot`` for the nested ``sst/spigot`` of the records
-    (and notes) written before the experiments got flat ``<task>_<method>`` names; a flat name is kept."""
-    return name.replace("/", "_")
 
 
 def _atomic(path: Path, write) -> None:

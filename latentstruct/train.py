@@ -50,6 +50,7 @@ from latentstruct.progress import Progress
 from latentstruct.records import (
     FINAL_WEIGHTS,
     LENGTH,
+    REPORT_FILE,
     RUN_FILE,
     RunMismatch,
     check_run_dir,
@@ -71,7 +72,7 @@ from latentstruct.records import (
 )
 from latentstruct.tasks import Task
 
-__all__ = ["train", "main"]
+__all__ = ["train", "plan", "build_model", "main"]
 
 log = logging.getLogger("latentstruct")
 
@@ -169,6 +170,13 @@ def _count(x: float) -> str:
 
 def _plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'s' * (n != 1)}"
+
+
+def plan(tc: DictConfig, sizes: dict[str, int]) -> tuple[list[_Phase], int, list[int]]:
+    """How :func:`train` plans a run from its ``trainer`` node and the splits' sizes: its phases, its total steps and
+    the steps it evaluates after (``bench/tables.py`` times a run by them)."""
+    phases, max_steps = _plan(tc, sizes)
+    return phases, max_steps, _evaluation_steps(phases, tc.eval_every, max_steps)
 
 
 def _describe_plan(tc: DictConfig, phases: list[_Phase], max_steps: int, step: int = 0) -> str:
@@ -561,6 +569,10 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         "fingerprint": fingerprint(ident),
         "selection": select,
     }
+    with _rng_untouched(), torch.no_grad():  # what the reports draw of the final model (Task.report_record)
+        drawn = model.report_record(splits["test"], data.extras)
+    if drawn is not None:
+        write_json(out / REPORT_FILE, drawn)
     write_json(out / "metrics.json", record)
     if not tc.keep_checkpoint:  # the run is complete: nothing will resume it
         ckpt_path.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
-"""Every real-format reader against damaged files (issue #20 part 5): each damage of :mod:`latentstruct.reliability.
-readers` ends in one clear line naming the file, or is a damage that no reader can tell from a valid file."""
+"""Every real-format reader against damaged files (issue #20 part 5): each damage of :mod:`reliability.readers`
+ends in one clear line naming the file, or is a damage that no reader can tell from a valid file."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from latentstruct.reliability import readers
-from latentstruct.reliability.readers import CASES, check, draw_params
+from reliability import readers
+from reliability.readers import CASES, check, draw_params
 
 PAIRS = [(case, mutation) for case, spec in CASES.items() for mutation in spec.mutations]
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 import latentstruct.config as config
 from latentstruct.ranges import Above, AtLeast, Between, NonNegative, NonZero, Positive, Probability, constraint_of
-from latentstruct.reliability import values
+from reliability import values
 
 CONFIGS = config.CONFIG_DIR
 

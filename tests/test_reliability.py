@@ -1,4 +1,4 @@
-"""The small version of ``make reliability`` (latentstruct/reliability): a SIGKILLed run resumed to the same end, a
+"""The small version of ``make reliability`` (``reliability/``): a SIGKILLed run resumed to the same end, a
 run killed in the middle of a checkpoint write, and the report's table. The other checks have their own small
 versions: stop signals and submitit (test_interrupts.py), concurrent launchers (test_claims.py), damaged files
 (test_damaged_files.py), out-of-range values (test_ranges.py)."""
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from latentstruct.reliability import __main__ as suite
-from latentstruct.reliability import faults
+from reliability import __main__ as suite
+from reliability import faults
 
 
 @pytest.fixture(scope="module")

@@ -316,14 +316,6 @@ def test_cli_refuses_an_unknown_key_with_or_without_plus(tmp_path, typo):
     assert "To append" not in result.stderr and not (tmp_path / "metrics.json").exists()
 
 
-def test_cli_reads_a_nested_experiment_name_as_the_flat_one():
-    """``+experiment=sst/spigot`` (records and notes from before the flat names) is ``+experiment=sst_spigot``."""
-    result = _cli("+experiment=sst/spigot", "--cfg", "job", cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == OmegaConf.to_yaml(_compose("+experiment=sst_spigot")).strip()
-    assert "read as +experiment=sst_spigot" in result.stderr
-
-
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_slurm"])
 def test_launchers_compose(launcher):
     cfg = _compose(f"hydra/launcher={launcher}", hydra=True)

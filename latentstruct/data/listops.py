@@ -34,6 +34,7 @@ from latentstruct.data.text import pad_batch
 from latentstruct.ranges import AtLeast, NonNegative
 
 __all__ = [
+    "tree_scores",
     "LISTOPS_VOCAB",
     "OPERATORS",
     "check_labels",
@@ -286,6 +287,45 @@ def tree_depth(z: torch.Tensor, length: int | None = None) -> int:
     cum = upper.flip(1).cumsum(1).flip(1)  # cum[i, k] = Σ_{j ≥ k} upper[i, j]
     cover = cum.cumsum(0).diagonal()  # Σ_{i ≤ k} cum[i, k]
     return int(cover.max())
+
+
+def _parts(lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Constituent slots ``[B, n, n]`` (i < j < L) and the same without the whole span (0, L−1)."""
+    pos = torch.arange(n, device=lengths.device)
+    i, j = pos.view(1, -1, 1), pos.view(1, 1, -1)
+    ends = lengths.view(-1, 1, 1)
+    parts = (i < j) & (j < ends)
+    return parts, parts & ~((i == 0) & (j == ends - 1))
+
+
+def _f1(pred: torch.Tensor, ref: torch.Tensor, nontrivial: torch.Tensor) -> torch.Tensor:
+    p, g = (pred != 0) & nontrivial, (ref != 0) & nontrivial
+    hit = (p & g).flatten(1).sum(-1)
+    total = p.flatten(1).sum(-1) + g.flatten(1).sum(-1)
+    # 2PR / (P + R) = 2·hit / (|p| + |g|); 100 when both are empty (n ≤ 2), as tree_f1
+    return torch.where(total == 0, 100.0, 200.0 * hit / total.clamp_min(1))
+
+
+def tree_scores(pred: torch.Tensor, gold: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-example tree metrics ``[B]`` of 0/1 trees ``pred`` and ``gold`` ``[B, n, n]`` (BinaryTree layout) over
+    ``lengths`` leaves: ``tree_f1`` (vs ``gold``), ``f1_left`` / ``f1_right`` (vs the left- / right-branching trees),
+    all × 100 with the conventions of :func:`latentstruct.data.listops.tree_f1`, and ``depth``
+    (:func:`latentstruct.data.listops.tree_depth`). Vectorised over the batch."""
+    n = pred.shape[-1]
+    lengths = lengths.to(pred.device).long()
+    parts, nontrivial = _parts(lengths, n)
+    pos = torch.arange(n, device=pred.device)
+    left = parts & (pos.view(1, -1, 1) == 0)  # (0, j)
+    right = parts & (pos.view(1, 1, -1) == lengths.view(-1, 1, 1) - 1)  # (i, L−1)
+    tree = ((pred != 0) & parts).to(torch.int64)
+    # cover[b, k] = #{(i, j) in the tree: i ≤ k ≤ j} = Σ_{i ≤ k} Σ_{j ≥ k} tree[b, i, j]
+    cover = tree.flip(2).cumsum(2).flip(2).cumsum(1).diagonal(dim1=1, dim2=2)
+    return {
+        "tree_f1": _f1(pred, gold, nontrivial),
+        "f1_left": _f1(pred, left, nontrivial),
+        "f1_right": _f1(pred, right, nontrivial),
+        "depth": cover.max(-1).values.to(torch.float32),
+    }
 
 
 def spans_to_trees(spans: torch.Tensor, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -12,13 +12,12 @@ only completed runs are drawn. Figures are built on the Agg canvas directly: no 
     python -m latentstruct.report.figures redraw results/energy/mlc_curves.data.json
     python -m latentstruct.report.figures from-table --spec experiments/direct/knn.yaml
 
-(``python -m latentstruct.figures`` is the same command.) Every figure is first described as data — its panels, each
-a list of series (the points drawn, with their band or error bars), its axis labels and the phase boundaries of its
-runs — then drawn from that description by :func:`render`; the description is written beside the PNG as
-``<name>.data.json``, so ``redraw`` redraws a committed figure without its run records (``from-table`` rebuilds the
-description of a figure drawn from a table's cells from the committed table itself). Legends go below the axes (one
-for all panels), never over the data. Where the runs have ``trainer.phases``, a dotted line marks each phase
-boundary (e.g. ``pretraining | method``), read from the runs' configurations.
+Every figure is first described as data — its panels, each a list of series (the points drawn, with their band or error
+bars), its axis labels and the phase boundaries of its runs — then drawn from that description by :func:`render`; the
+description is written beside the PNG as ``<name>.data.json``, so ``redraw`` redraws a committed figure without its run
+records (``from-table`` rebuilds the description of a figure drawn from a table's cells from the committed table
+itself). Legends go below the axes (one for all panels), never over the data. Where the runs have ``trainer.phases``, a
+dotted line marks each phase boundary (e.g. ``pretraining | method``), read from the runs' configurations.
 """
 
 from __future__ import annotations
@@ -46,6 +45,8 @@ from latentstruct.report.tables import (
     load_runs,
     load_spec,
     output_path,
+    parse_cells,
+    parse_provenance,
     provenance,
 )
 
@@ -540,8 +541,6 @@ def from_table(spec_path: str | Path) -> list[Path]:
     Markdown table) and ``inner-steps`` (from its ``.md`` companion) — when the run records are gone, e.g. a figure
     committed before :func:`render` existed. The description written beside each PNG says so (``source``). Figures
     drawn from the runs' histories (``learning-curves``, ``row-curves``) cannot be rebuilt this way."""
-    from latentstruct.report.backfill import parse_cells, parse_provenance
-
     spec = load_spec(spec_path)
     steps = [s for s in (spec.get("reproduce") or {}).get("steps") or []
              if s.get("figure") in ("setting-curves", "inner-steps")]

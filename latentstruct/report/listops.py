@@ -1,28 +1,30 @@
-"""ListOps analyses that need the trained models, not only their metrics (issue #7; `make table-listops` runs them).
+"""ListOps analyses of the trained models' trees, not only their metrics (issue #7; `make table-listops` runs them).
 
     python -m latentstruct.report.listops self-f1 --runs multirun/listops
     python -m latentstruct.report.listops reference-trees --runs multirun/listops \
         --out results/listops/reference_trees.md
     python -m latentstruct.report.listops figure --runs multirun/listops --out results/listops/trees.png
 
-(``python -m latentstruct.listops_report`` is the same command.)
-
 * ``self-f1`` — the agreement of a method with itself across seeds (Williams et al., 2018; Nangia & Bowman, 2018):
   the runs of one configuration that differ only in ``trainer.seed`` parse the test split, and a run's self-F1 is
   the mean, over the other seeds' runs, of the per-example tree F1 between the two runs' trees (the bracket F1 of
-  :func:`latentstruct.tasks.listops.tree_scores`, whole span excluded; between two binary trees it is symmetric).
+  :func:`latentstruct.data.listops.tree_scores`, whole span excluded; between two binary trees it is symmetric).
   It is written to each run's ``derived.json`` (``self_f1``, ``self_f1_runs``), where ``latentstruct.report.tables``
   reads it as the metric ``derived.self_f1``; a configuration with one run gets no self-F1. Trees are the models'
-  MAP / greedy trees (``ListOps.trees``), from ``checkpoint.pt`` — the state at the run's **last** evaluation, so
-  with ``trainer.select=best`` they may come from a later model than the reported accuracy (the reduced protocol,
-  ``preset=listops_cpu``, reports the last evaluation, so there the two agree).
+  MAP / greedy trees of the test split, which each run recorded in its ``report.json`` when it completed
+  (``ListOps.report_record``): its final model, so with ``trainer.select=best`` they may come from a later model
+  than the reported accuracy (the reduced protocol, ``preset=listops_cpu``, reports the last evaluation, so there
+  the two agree). Runs are grouped by their recorded identity (``run.json``).
 * ``reference-trees`` — the trees that need no training, on the same test split as the runs: the true trees,
   left- and right-branching trees and random trees (uniformly random merges of adjacent nodes, two independent draws
   for their self-F1), each scored like the models (F1 against the true / left- / right-branching trees, depth),
   next to the numbers Nangia & Bowman (2018) report for their test set.
-* ``figure`` — a few test expressions: the true tree above the tree of each method's run (one seed), drawn as
-  brackets over the tokens and titled with the method (its row label with ``--spec``); the drawn trees are written
+* ``figure`` — a few test expressions: the true tree above the recorded tree of each method's run (one seed), drawn
+  as brackets over the tokens and titled with the method (its row label with ``--spec``); the drawn trees are written
   beside the PNG as ``<name>.data.json`` (``python -m latentstruct.report.figures redraw`` draws them again).
+
+The models are never run here: the tokens and true trees come from the runs' dataset (rebuilt from the
+configuration in ``run.json``), the predicted trees from ``report.json``.
 """
 
 from __future__ import annotations
@@ -40,18 +42,15 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
-from latentstruct.data.listops import left_branching, right_branching, spans_to_trees
-from latentstruct.records import LENGTH, NOT_RESULT, flatten, load_checkpoint, load_model_weights
+from latentstruct.data.listops import left_branching, right_branching, spans_to_trees, tree_scores
+from latentstruct.records import REPORT_FILE, RUN_FILE
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
-from latentstruct.tasks.listops import ListOps, tree_scores
-from latentstruct.train import build_model
 
-__all__ = ["load_run", "parse_split", "random_trees", "self_f1", "reference_trees", "draw_trees", "trees_figure",
+__all__ = ["identity", "recorded_trees", "random_trees", "self_f1", "reference_trees", "draw_trees", "trees_figure",
            "draw_figure", "main"]
 
-# The flat config keys that do not make two runs different configurations for the self-F1.
-_NOT_IDENTITY = (*NOT_RESULT, *LENGTH, "trainer.threads", "trainer.seed")
+# The keys of a run's identity that do not make two runs different configurations for the self-F1.
+_NOT_IDENTITY = ("trainer.threads", "trainer.seed")
 # Nangia & Bowman (2018), test set (the seed's tutorial): F1 vs left / right / true trees, depth; self-F1.
 PAPER_REFERENCE_TREES = {
     "true": (41.6, 8.8, 100.0, 9.6, None),
@@ -61,36 +60,49 @@ PAPER_REFERENCE_TREES = {
 _datasets: dict[str, Any] = {}
 
 
-def _dataset(cfg) -> Any:
-    """The run's dataset, built once per distinct dataset configuration (generation takes seconds)."""
-    key = json.dumps(OmegaConf.to_container(cfg.dataset, resolve=True), sort_keys=True)
+def identity(run_dir: str | Path) -> dict[str, Any]:
+    """What the run computes, as it recorded it (``run.json``: its configuration's flat keys, resolved)."""
+    return json.loads((Path(run_dir) / RUN_FILE).read_text())["identity"]
+
+
+def _dataset(ident: dict[str, Any], data_dir: str | None = None) -> Any:
+    """The run's dataset, rebuilt from its recorded configuration (``data_dir``: another data root), once per
+    distinct dataset configuration (generation takes seconds)."""
+    node: dict[str, Any] = {}
+    for key, value in ident.items():
+        if key.startswith("dataset."):
+            *parents, leaf = key.removeprefix("dataset.").split(".")
+            target = node
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[leaf] = value
+    if data_dir is not None and "data_dir" in node:
+        node["data_dir"] = data_dir
+    key = json.dumps(node, sort_keys=True, default=str)
     if key not in _datasets:
-        _datasets[key] = instantiate(cfg.dataset)
+        _datasets[key] = instantiate(OmegaConf.create(node))
     return _datasets[key]
 
 
-def _run_config(run_dir: Path, data_dir: str | None):
-    ckpt = load_checkpoint(run_dir / "checkpoint.pt", torch.device("cpu"))
-    cfg = OmegaConf.create(ckpt["config"])
-    cfg.paths.output_dir = str(run_dir)
-    if data_dir is not None:
-        cfg.paths.data_dir = data_dir
-    return cfg, ckpt
+def recorded_trees(run_dir: str | Path) -> tuple[list[list[list[int]]], torch.Tensor]:
+    """The test trees the run recorded (``report.json``): each example's constituents ``[[i, j], ...]``, in the
+    split's order, and the examples' lengths."""
+    record = json.loads((Path(run_dir) / REPORT_FILE).read_text())
+    if record.get("trees") != "binary":
+        raise ValueError(f"{run_dir}: its record holds no binary trees (not a ListOps tree run)")
+    return record["spans"], torch.tensor(record["lengths"])
 
 
-def load_run(run_dir: str | Path, data_dir: str | None = None) -> tuple[ListOps, Any, dict]:
-    """The trained ListOps model of ``run_dir`` (CPU, eval mode, weights of ``checkpoint.pt``), its dataset and its
-    configuration as a plain dict."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "checkpoint.pt").is_file():
-        raise FileNotFoundError(f"{run_dir}/checkpoint.pt not found: not a finished run directory")
-    cfg, ckpt = _run_config(run_dir, data_dir)
-    data = _dataset(cfg)
-    model = build_model(cfg, data.dims, data.extras)
-    if not isinstance(model, ListOps):
-        raise ValueError(f"{run_dir} is not a ListOps run (task {cfg.task._target_})")
-    load_model_weights(model, ckpt["model"])
-    return model.eval(), data, OmegaConf.to_container(cfg)
+def _tree_batches(spans: list[list[list[int]]], lengths: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The trees ``spans`` as 0/1 ``[B, n, n]`` tensors over the batches of :func:`_batches` (a fixed order)."""
+    split = {"lengths": lengths, "x": torch.zeros(len(lengths), 1), "index": torch.arange(len(lengths))}
+    for batch in _batches(split):
+        n = int(batch["lengths"].max())
+        z = torch.zeros(len(batch["index"]), n, n)
+        for b, i in enumerate(batch["index"].tolist()):
+            for s, e in spans[i]:
+                z[b, s, e] = 1.0
+        yield z
 
 
 def _batches(split: dict[str, torch.Tensor], size: int = 256, cells: int = 1 << 22) -> Iterator[dict]:
@@ -111,44 +123,36 @@ def _batches(split: dict[str, torch.Tensor], size: int = 256, cells: int = 1 << 
         start = end
 
 
-def parse_split(model: ListOps, split: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The model's trees of ``split``, one ``[B, n, n]`` 0/1 tensor per batch of :func:`_batches`."""
-    return [(model.trees(batch) != 0).to(torch.float32) for batch in _batches(split)]
-
-
-def _identity(config: dict) -> str:
-    flat = flatten(config)
-    return json.dumps({k: v for k, v in sorted(flat.items()) if not k.startswith(_NOT_IDENTITY)}, default=str)
+def _group(ident: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in sorted(ident.items()) if not k.startswith(_NOT_IDENTITY)}, default=str)
 
 
 def _completed_tree_runs(root: Path) -> dict[Path, str]:
-    """The completed runs under ``root`` that kept a checkpoint, from their records
+    """The completed runs under ``root`` that recorded their trees (``report.json``), from their records
     (:func:`latentstruct.report.tables.load_runs`), each with its experiment: ``choices.experiment`` without its
     task (e.g. ``chart_spigot``), or the directory's name for a run without ``.hydra/``."""
     runs = load_runs(root)
     found = {}
     for _, run in (runs[runs["completed"]] if len(runs) else runs).iterrows():
         run_dir, experiment = Path(run["run_dir"]), run.get("choices.experiment")
-        if (run_dir / "checkpoint.pt").is_file():
+        if (run_dir / REPORT_FILE).is_file():
             found[run_dir] = str(experiment if isinstance(experiment, str) else run_dir.name).removeprefix("listops_")
     return found
 
 
-def _has_tree(config: dict) -> bool:
-    """A run whose model predicts trees: latent=predicted (the LSTM baseline is latent=none; records from before
-    issue #18 name it task.method=lstm)."""
-    return config.get("latent", "predicted") == "predicted" and config["task"].get("method") != "lstm"
+def _is_tree_run(ident: dict[str, Any]) -> bool:
+    """A ListOps run whose model predicts trees (latent=predicted; the LSTM baseline is latent=none)."""
+    return str(ident.get("task._target_")).endswith(".ListOps") and ident.get("latent", "predicted") == "predicted"
 
 
-def self_f1(runs_root: str | Path, data_dir: str | None = None, log=print) -> dict[str, float]:
+def self_f1(runs_root: str | Path, log=print) -> dict[str, float]:
     """Write ``derived.json`` (``self_f1``, ``self_f1_runs``) into every completed tree-predicting run under
     ``runs_root`` whose configuration has runs with other seeds (module docstring); return ``{run_dir: self_f1}``."""
     groups: dict[str, list[Path]] = defaultdict(list)
     for run in _completed_tree_runs(Path(runs_root)):
-        config = _run_config(run, data_dir)[0]
-        config = OmegaConf.to_container(config)
-        if config["task"]["_target_"].endswith(".ListOps") and _has_tree(config):
-            groups[_identity(config)].append(run)
+        ident = identity(run)
+        if _is_tree_run(ident):
+            groups[_group(ident)].append(run)
     result = {}
     for runs in groups.values():
         if len(runs) < 2:
@@ -156,9 +160,9 @@ def self_f1(runs_root: str | Path, data_dir: str | None = None, log=print) -> di
             continue
         trees = {}
         for run in runs:  # one configuration: one dataset, the same test batches
-            model, data, _ = load_run(run, data_dir)
-            trees[run] = parse_split(model, data.splits["test"])
-        lengths = [b["lengths"] for b in _batches(data.splits["test"])]
+            spans, split_lengths = recorded_trees(run)
+            trees[run] = list(_tree_batches(spans, split_lengths))
+        lengths = [b["lengths"] for b in _batches({"lengths": split_lengths, "x": torch.zeros(len(split_lengths), 1)})]
         for run in runs:
             scores = []
             for other in runs:
@@ -338,14 +342,14 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
             spec: str | Path | None = None) -> Path:
     chosen: dict[str, Path] = {}
     for run, experiment in _completed_tree_runs(runs_root).items():
-        cfg = OmegaConf.to_container(_run_config(run, data_dir)[0])
-        if cfg["trainer"]["seed"] == seed and cfg["task"]["_target_"].endswith(".ListOps") and _has_tree(cfg):
+        ident = identity(run)
+        if ident.get("trainer.seed") == seed and _is_tree_run(ident):
             chosen.setdefault(experiment, run)
     if not chosen:
         raise FileNotFoundError(f"no completed ListOps tree run with trainer.seed={seed} under {runs_root}")
     order = sorted(chosen, key=lambda name: (name.startswith("chart"), name))
     labels = _row_labels(load_spec(spec) if spec else None, runs_root)
-    _, data, _ = load_run(chosen[order[0]], data_dir)
+    data = _dataset(identity(chosen[order[0]]), data_dir)
     test, itos = data.splits["test"], data.extras["itos"]
     pool = [int(i) for i in torch.nonzero((test["lengths"] >= 8) & (test["lengths"] <= 14)).flatten()]
     picks = sorted(random.Random(0).sample(pool, min(examples, len(pool))))
@@ -355,8 +359,12 @@ def _figure(runs_root: Path, out: Path, examples: int, seed: int, data_dir: str 
     gold = spans_to_trees(batch["spans"], n)
     rows = [("true tree", gold, "k")]
     for name in order:
-        model, _, _ = load_run(chosen[name], data_dir)
-        rows.append((labels.get(str(chosen[name]), name), model.trees(batch).float(), "C0"))
+        spans = recorded_trees(chosen[name])[0]
+        trees = torch.zeros(len(picks), n, n)
+        for c, i in enumerate(picks):
+            for s, e in spans[i]:
+                trees[c, s, e] = 1.0
+        rows.append((labels.get(str(chosen[name]), name), trees, "C0"))
     panels = []
     for name, trees, color in rows:
         for c, _ in enumerate(picks):
@@ -393,19 +401,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=301, help="draw the runs of this trainer.seed")
     p.add_argument("--spec", help="title each method's trees with the label of the row of this table spec it matches "
                                   "(default: its experiment)")
-    for p in sub.choices.values():
-        p.add_argument("--data-dir", help="override the runs' paths.data_dir")
+    for p in (sub.choices["reference-trees"], sub.choices["figure"]):
+        p.add_argument("--data-dir", help="the data root, if not the one the runs recorded")
     args = parser.parse_args(argv)
     if args.command == "self-f1":
-        self_f1(args.runs, args.data_dir)
+        self_f1(args.runs)
     elif args.command == "reference-trees":
         runs = list(_completed_tree_runs(args.runs))
         if not runs:
             raise SystemExit(f"no completed run under {args.runs}")
-        cfg = _run_config(runs[0], args.data_dir)[0]
-        data = _dataset(cfg)
+        ident = identity(runs[0])
+        data = _dataset(ident, args.data_dir)
         stats = reference_trees(data.splits["test"], args.seed)
-        limit = cfg.dataset.max_eval_tokens
+        limit = ident.get("dataset.max_eval_tokens")
         source = "the official test_d20s.tsv" + (f", expressions of at most {limit} leaves" if limit else "")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(_reference_markdown(stats, source, data.size("test"), args.seed))

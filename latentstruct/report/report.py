@@ -118,7 +118,7 @@ def render(results: str | Path = "results") -> str:
         "record them); *reduced* = fewer steps or runs, data substituted, or cells without runs (each named); "
         "*blocked* = no run completed (the runs' error says what is missing). The paper's protocol is the "
         "`paper_protocol` block of each spec in experiments/. † the sidecar was parsed from the committed table, "
-        "whose run records were not kept (latentstruct/report/backfill.py).",
+        "whose run records were not kept (scripts/backfill.py).",
         "",
         "| Table | Status: what differs from the paper | Protocol | Cells within tolerance | Headline | Figures |",
         "|---|---|---|---|---|---|",

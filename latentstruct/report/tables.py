@@ -7,10 +7,10 @@ them, the tolerance, and where the paper's numbers are (``reference.csv``).
 
     python -m latentstruct.report.tables experiments/spigot/table2.yaml --runs multirun/ --out results/x/table2.md
 
-(``python -m latentstruct.tables`` is the same command.) ``make table T=<paper>/<table>`` runs a spec's sweeps and
-then this module (:mod:`latentstruct.report.reproduce`). Beside each table goes a JSON sidecar (``table2.json``): its
-status against the paper's protocol (the spec's ``paper_protocol``), cell counts and headline
-(:mod:`latentstruct.report.status`), from which ``make report`` writes results/README.md.
+``make table T=<paper>/<table>`` runs a spec's sweeps and then this module (:mod:`latentstruct.report.reproduce`).
+Beside each table goes a JSON sidecar (``table2.json``): its status against the paper's protocol (the spec's
+``paper_protocol``), cell counts and headline (:mod:`latentstruct.report.status`), from which ``make report`` writes
+results/README.md.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import numbers
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,11 +27,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from latentstruct.records import RUN_FILE, flat_experiment, flatten
+from latentstruct.records import RUN_FILE, flatten
 from latentstruct.report import status
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
-           "build_table", "legend", "notes", "groups", "write_markdown", "main"]
+           "build_table", "legend", "notes", "groups", "write_markdown", "parse_provenance", "parse_cells",
+           "committed_tables", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "torch", "threads", "fingerprint",
                   "wall_seconds", "seconds_per_step", "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
@@ -76,8 +78,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
 
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``, as
     :func:`latentstruct.records.flatten` gives them: an empty dict gives none), ``choices.<group>`` from
-    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``; ``choices.experiment`` by its flat name, also in records
-    written under the nested one), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
+    ``.hydra/hydra.yaml`` (``hydra.runtime.choices``; records made before the experiments' flat names:
+    ``python -m scripts.migrate_experiment_names``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
     record fields ``status, seed, git_commit, git_dirty, hardware, torch, threads, fingerprint, wall_seconds,
     seconds_per_step, seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed``
     (status == "completed").
@@ -96,8 +98,6 @@ def load_runs(root: str | Path) -> pd.DataFrame:
         _check_record(run_dir, record, row)
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})
-        if isinstance(row.get("choices.experiment"), str):  # a record of before the flat names: sst/spigot
-            row["choices.experiment"] = flat_experiment(row["choices.experiment"])
         row.update({f"metric.{k}": v for k, v in (record.get("metrics") or {}).items()})
         derived = run_dir / "derived.json"
         if derived.is_file():
@@ -246,7 +246,7 @@ def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
     """:func:`provenance` of the ``used`` runs, plus a line per ``provenance_keys`` entry (``{flat config key:
     label}``) giving the values they used (e.g. which word embeddings), ``null`` for an unset one; the paper's
     figures beside ours (its ``paper_protocol``, :func:`latentstruct.report.status.annotate`)."""
-    lines = provenance(used, spec.get("command", "python -m latentstruct.tables"))
+    lines = provenance(used, spec.get("command", "python -m latentstruct.report.tables"))
     done = used[used["completed"]] if len(used) else used
     for key, label in (spec.get("provenance_keys") or {}).items():
         column = done[key] if key in done else pd.Series(dtype=object)
@@ -374,6 +374,117 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     out_path.write_text("\n".join(lines) + "\n")
     status.write_sidecar(out_path, data)
     return out_path
+
+
+# ------------------------------------------------------------------------ a written table, read back
+
+#: a cell as :func:`write_markdown` writes it: ``**ours** ± err (n[, f failed]) · paper ± err · Δ ✓``
+_NUM = r"(-?\d+(?:\.\d+)?|—)"
+_CELL = re.compile(
+    rf"^(?:\*\*{_NUM}\*\*(?: ± {_NUM})? \((\d+)(?:, (\d+) failed)?\)|— \(0(?:, (\d+) failed)?\))"
+    rf"(?: · {_NUM}(?: ± {_NUM})? · {_NUM}( [✓✗])?)?$"
+)
+
+
+def _float(text: str | None) -> float:
+    return math.nan if text in (None, "—") else float(text)
+
+
+def _values(text: str) -> list:
+    items = [v.strip() for v in re.sub(r" \(paper: .*\)$", "", text).split(",")]
+    return [int(v) if v.isdigit() else v for v in items if v and v != "—"]
+
+
+def parse_provenance(lines: list[str], keys: dict | None = None) -> dict:
+    """:func:`latentstruct.report.status.facts` read back from a table's Markdown lines (its provenance bullets and
+    its failed runs' errors); a ``keys`` entry without a line in the table is absent (not recorded)."""
+    found = {
+        "commits": [],
+        "hardware": [],
+        "torch": [],
+        "seeds": [],
+        "runs_completed": 0,
+        "runs_failed": 0,
+        "steps": [],
+        "data": {},
+        "errors": [],
+    }
+    fields = {
+        "- git commit(s): ": "commits",
+        "- hardware: ": "hardware",
+        "- torch: ": "torch",
+        "- seeds: ": "seeds",
+        "- training steps per run: ": "steps",
+    }
+    in_errors = False
+    for line in lines:
+        field = next((f for f in fields if line.startswith(f)), None)
+        runs = re.match(r"- runs: (\d+) completed, (\d+) failed", line)
+        if field:
+            found[fields[field]] = _values(line.removeprefix(field))
+        elif runs:
+            found["runs_completed"], found["runs_failed"] = int(runs[1]), int(runs[2])
+        for key in keys or {}:
+            if line.startswith("- ") and f"(`{key}`): " in line:
+                found["data"][key] = [str(v) for v in _values(line.split(f"(`{key}`): ", 1)[1])]
+        if line.startswith("**Failed runs:"):
+            in_errors = True
+        elif in_errors and line.startswith("- "):
+            found["errors"].append(line.split(" × ", 1)[-1])
+        elif in_errors and line.startswith("#"):
+            in_errors = False
+    return found
+
+
+def parse_cells(lines: list[str], spec: dict) -> list[dict]:
+    """The long table's cells (row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err, agrees) read
+    back from the Markdown tables of ``spec`` (:func:`groups`, in their order)."""
+    found, current = [], None
+    for line in lines:
+        if line.startswith("| Model |") or line.startswith("| model |"):
+            current = []
+            found.append(current)
+        elif current is not None and line.startswith("| ") and not line.startswith("|---"):
+            current.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+        elif not line.startswith("|"):
+            current = None
+    cells = []
+    for (_, columns), body in zip(groups(spec), found, strict=True):
+        for row, texts in zip(spec["rows"], body, strict=True):
+            for (setting, metric), text in zip(columns, texts[1:], strict=True):
+                m = _CELL.match(text)
+                if not m:
+                    raise ValueError(f"cannot read the cell {text!r} ({row['name']}, {setting}, {metric['name']})")
+                ours, err, n, failed, failed0, paper, perr, _, mark = m.groups()
+                cells.append(
+                    {
+                        "row": row["name"],
+                        "setting": setting,
+                        "metric": metric_id(metric),
+                        "ours": _float(ours),
+                        "ours_err": _float(err),
+                        "n_runs": int(n or 0),
+                        "n_failed": int(failed or failed0 or 0),
+                        "paper": _float(paper),
+                        "paper_err": _float(perr),
+                        "agrees": {" ✓": True, " ✗": False}.get(mark),
+                    }
+                )
+    return cells
+
+
+def committed_tables(root: Path = Path("experiments")) -> list[tuple[Path, Path]]:
+    """(table Markdown, spec) of every spec whose table (or, for a figure spec, the figure's .md) is in results/."""
+    pairs = []
+    for spec_path in sorted(root.glob("*/*.yaml")):
+        spec = load_spec(spec_path)
+        outs = (
+            [output_path(spec)]
+            if spec.get("rows")
+            else [str(Path(o).with_suffix(".md")) for o in status.companions(spec) if o.endswith(".png")]
+        )
+        pairs += [(Path(o), spec_path) for o in outs if Path(o).is_file()]
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,78 +1,66 @@
-"""Print and draw the latent MAP tree a trained SST / SNLI model gives a sentence (seed 001, Figures 4-6).
+"""Print and draw the latent MAP tree a trained SST / SNLI model gave a sentence (seed 001, Figures 4-6).
 
-    python -m latentstruct.report.trees RUN_DIR "A sentence to parse ." [--out tree.png] [--data-dir DIR]
+    python -m latentstruct.report.trees RUN_DIR "A sentence of the test split ." [--out tree.png]
     python -m latentstruct.report.trees --runs multirun/spigot_sst --spec experiments/spigot/table3_sst.yaml \
-        --seed 301 --rows marginals,spigot --out-dir results/spigot/trees "A sentence to parse ."
+        --seed 301 --rows marginals,spigot --out-dir results/spigot/trees "A sentence of the test split ."
 
-(``python -m latentstruct.show_trees`` is the same command.) The second form draws the sentence with one run per row
-of a table spec: the row's first completed run with ``trainer.seed`` = ``--seed``, chosen from the run records
-(:func:`latentstruct.report.tables.load_runs`), never from directory names; it writes ``<row>.png`` and ``<row>.txt``
-(the run and the printout) into ``--out-dir``, each picture titled with the row's label and the seed (e.g.
-``SPIGOT-CE — seed 301``).
+The second form draws the sentence with one run per row of a table spec: the row's first completed run with
+``trainer.seed`` = ``--seed``, chosen from the run records (:func:`latentstruct.report.tables.load_runs`), never from
+directory names; it writes ``<row>.png`` and ``<row>.txt`` (the run and the printout) into ``--out-dir``, each picture
+titled with the row's label and the seed (e.g. ``SPIGOT-CE — seed 301``).
 
-``RUN_DIR`` is a run directory of ``python -m latentstruct.train`` with a latent-tree task (``task=sst`` or
-``task=nli``; not the baseline). The model is rebuilt from the configuration and the weights in its ``checkpoint.pt``
-(the state at the run's **last** evaluation, not necessarily the selected best one); the vocabulary
-is rebuilt from the run's dataset (same files, same config → the same ids). The sentence is split by
-:func:`latentstruct.data.text.tokenize` (PTB-style; lower-cased when the run used ``embedding.lowercase``); words
-outside the training vocabulary are ``<unk>`` and listed. Prints the tree (indented) and its depth, and draws it as
-arcs above the sentence into ``--out`` (default ``RUN_DIR/trees/<first words>.png``).
+``RUN_DIR`` is a completed run of ``python -m latentstruct.train`` with a latent tree (``task=sst`` or ``task=nli``;
+not the baseline). The trees are read from its record, never from its model: the run wrote the MAP tree of every
+test sentence of its final model into ``report.json`` (``Task.report_record``). The sentence, split by
+:func:`latentstruct.data.text.tokenize` (PTB-style), is looked up among them (case aside; a word the run's vocabulary
+lacks, recorded as ``<unk>``, matches any token and is listed). Prints the tree (indented) and its depth, and draws it
+as arcs above the sentence into ``--out`` (default ``RUN_DIR/trees/<first words>.png``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
 
 import pandas as pd
-import torch
-from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-import latentstruct.config  # noqa: F401  (registers the resolvers the run configs use)
 from latentstruct.data.text import tokenize
-from latentstruct.records import load_checkpoint, load_model_weights
-from latentstruct.report.drawing import depth, draw_tree, format_tree, heads_from_arcs
+from latentstruct.records import REPORT_FILE
+from latentstruct.report.drawing import depth, draw_tree, format_tree
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
-from latentstruct.tasks.text import _TreeTask
-from latentstruct.train import build_model
 
-__all__ = ["load_tree_model", "parse_sentence", "run_title", "tree_lines", "seed_runs", "main"]
+__all__ = ["load_trees", "find_sentence", "run_title", "tree_lines", "seed_runs", "main"]
 
-
-def load_tree_model(run_dir: str | Path, data_dir: str | None = None):
-    """The trained latent-tree task of ``run_dir`` (on the CPU, in eval mode) and its vocabulary."""
-    run_dir = Path(run_dir)
-    ckpt_path = run_dir / "checkpoint.pt"
-    if not ckpt_path.is_file():
-        raise FileNotFoundError(f"{ckpt_path} not found: RUN_DIR must be a run directory of latentstruct.train")
-    ckpt = load_checkpoint(ckpt_path, torch.device("cpu"))
-    cfg = OmegaConf.create(ckpt["config"])  # the run's configuration, as checkpointed
-    cfg.paths.output_dir = str(run_dir)  # the saved value is a ${hydra:...} interpolation
-    if data_dir is not None:
-        cfg.paths.data_dir = data_dir
-    data = instantiate(cfg.dataset)
-    if "vocab" not in data.extras:
-        raise ValueError(f"{run_dir} is not a text run (dataset {cfg.dataset._target_} has no vocabulary)")
-    model = build_model(cfg, data.dims, data.extras)
-    if not isinstance(model, _TreeTask) or model.scorer is None:
-        raise ValueError(f"{run_dir}: the model has no latent tree (task {cfg.task._target_}, latent={cfg.latent})")
-    load_model_weights(model, ckpt["model"])
-    return model.eval(), data.extras["vocab"], bool(cfg.embedding.lowercase)
+UNK = "<unk>"
 
 
-def parse_sentence(model, vocab, sentence: str, lowercase: bool = False) -> tuple[list[str], list[int], list[str]]:
-    """(tokens, heads, unknown tokens) of the model's MAP tree for ``sentence``."""
+def load_trees(run_dir: str | Path) -> list[dict]:
+    """The recorded MAP trees of ``run_dir``'s test sentences: ``[{"words": [...], "heads": [...]}, ...]``."""
+    path = Path(run_dir) / REPORT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: RUN_DIR must be a completed latent-tree run of latentstruct.train")
+    record = json.loads(path.read_text())
+    if record.get("trees") != "dependency":
+        raise ValueError(f"{run_dir}: its record holds no dependency trees (not a latent-tree SST / SNLI run)")
+    return record["sentences"]
+
+
+def find_sentence(sentences: list[dict], sentence: str) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, heads, unknown tokens) of the recorded tree of ``sentence``: the first recorded sentence whose words
+    equal its tokens, case aside, a recorded ``<unk>`` matching any token."""
     tokens = tokenize(sentence)
     if not tokens:
         raise ValueError("the sentence has no tokens")
-    words = [t.lower() for t in tokens] if lowercase else tokens
-    ids = torch.tensor([vocab.encode(words)])
-    z = model.parse(ids, torch.tensor([len(tokens)]))[0]
-    unknown = [t for t, w in zip(tokens, words, strict=True) if w not in vocab]
-    return tokens, heads_from_arcs(z), unknown
+    wanted = [t.lower() for t in tokens]
+    for entry in sentences:
+        words = entry["words"]
+        if len(words) == len(tokens) and all(w == UNK or w.lower() == t for w, t in zip(words, wanted, strict=True)):
+            unknown = [t for t, w in zip(tokens, words, strict=True) if w == UNK]
+            return tokens, list(entry["heads"]), unknown
+    raise ValueError(f"{' '.join(tokens)!r} is not among the {len(sentences)} test sentences the run recorded")
 
 
 def run_title(run_dir: str | Path) -> str:
@@ -86,13 +74,11 @@ def run_title(run_dir: str | Path) -> str:
     return name if pd.isna(seed) else f"{name} — seed {int(seed)}"
 
 
-def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None, data_dir: str | None = None,
-               title: str | None = None):
-    """Parse ``sentence`` with the model of ``run_dir`` and draw its tree into ``out`` (default
-    ``RUN_DIR/trees/<first words>.png``), titled ``title`` (default :func:`run_title`) and its depth; return the
-    printout: the indented tree, its depth and heads, the words outside the vocabulary, and the PNG written."""
-    model, vocab, lowercase = load_tree_model(run_dir, data_dir)
-    tokens, heads, unknown = parse_sentence(model, vocab, sentence, lowercase)
+def tree_lines(run_dir: str | Path, sentence: str, out: str | Path | None = None, title: str | None = None):
+    """Draw the recorded tree of ``sentence`` in ``run_dir`` into ``out`` (default ``RUN_DIR/trees/<first
+    words>.png``), titled ``title`` (default :func:`run_title`) and its depth; return the printout: the indented tree,
+    its depth and heads, the words outside the vocabulary, and the PNG written."""
+    tokens, heads, unknown = find_sentence(load_trees(run_dir), sentence)
     lines = [format_tree(tokens, heads), f"depth {depth(heads)}; heads {heads}"]
     if unknown:
         lines.append(f"not in the training vocabulary (<unk>): {' '.join(unknown)}")
@@ -130,11 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "run_dir",
         nargs="?",
-        help="a run directory of latentstruct.train (task sst or nli, latent model); leave out with --runs",
+        help="a completed run of latentstruct.train (task sst or nli, latent model); leave out with --runs",
     )
-    parser.add_argument("sentence", help="the sentence, raw text (tokenized PTB-style)")
+    parser.add_argument("sentence", help="a sentence of the test split, raw text (tokenized PTB-style)")
     parser.add_argument("--out", help="PNG to write (default: RUN_DIR/trees/<first words>.png)")
-    parser.add_argument("--data-dir", help="root of the datasets, if not the run's paths.data_dir")
     rows = parser.add_argument_group("one run per row of a table spec, chosen from the run records (not RUN_DIR)")
     rows.add_argument("--runs", help="directory searched recursively for run records")
     rows.add_argument("--spec", help="the table spec whose rows select the runs (experiments/<paper>/<table>.yaml)")
@@ -145,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if (args.run_dir is None) == (args.runs is None):
         parser.error("give either RUN_DIR or --runs (with --spec and --out-dir)")
     if args.run_dir is not None:
-        print("\n".join(tree_lines(args.run_dir, args.sentence, args.out, args.data_dir)))
+        print("\n".join(tree_lines(args.run_dir, args.sentence, args.out)))
         return 0
     if not (args.spec and args.out_dir):
         parser.error("--runs needs --spec and --out-dir")
@@ -159,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         out = Path(args.out_dir) / f"{name}.png"
         title = f"{labels[name]} — seed {args.seed}"  # the method as the table names it
-        text = "\n".join([f"run: {chosen[name]}", *tree_lines(chosen[name], args.sentence, out, args.data_dir, title)])
+        text = "\n".join([f"run: {chosen[name]}", *tree_lines(chosen[name], args.sentence, out, title)])
         out.with_suffix(".txt").write_text(text + "\n")
         print(text)
     return 0

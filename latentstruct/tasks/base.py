@@ -22,6 +22,8 @@ then only uses:
   changes with time (the semi-supervised VAE anneals ε); ignored by default;
 * ``param_groups()`` → ``{name: [parameters]}``: the ``default`` group is optimised by ``optim``, any other group by
   ``optim_groups.<name>`` when the config gives one, else by ``optim`` too (see :func:`latentstruct.optim.build`);
+* ``report_record(test, extras)`` → what the reports draw of the final model (trees, parses), as JSON, or None
+  (the default): ``train.py`` writes it beside ``metrics.json`` (``report.json``) when the run completes;
 * ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
 """
 
@@ -110,3 +112,8 @@ class Task(nn.Module):
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
         raise NotImplementedError
+
+    def report_record(self, test: dict[str, torch.Tensor], extras: dict[str, Any]) -> dict[str, Any] | None:
+        """What the reports draw of this model, from the ``test`` split (and the data's ``extras``: a vocabulary),
+        as JSON (``report.json``, :mod:`latentstruct.report` reads it); None: nothing (the default)."""
+        return None

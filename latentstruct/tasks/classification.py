@@ -123,6 +123,13 @@ class LatentClassifier(Task):
         logits = self.decoder(features, z)
         return logits, F.cross_entropy(logits, y)
 
+    def report_record(self, test: dict[str, torch.Tensor], extras: dict) -> dict | None:
+        """A vertex ``z`` (the planted structures): the recovery a latent unrelated to z* gets on ``test``
+        (``report.matrix``'s chance line, :func:`_chance`: the setting's, whatever the model); None otherwise."""
+        if self.structure is None or "z" not in test or test["z"].dim() < 2:
+            return None
+        return {"chance": _chance(self.structure, test["z"].cpu())}
+
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
         """Accuracy and, when the true latent ``z`` is known, how well the MAP latent recovers it; all ×100.
@@ -164,6 +171,14 @@ class LatentClassifier(Task):
         elif true_z and all(v is not None for v in vertices):
             metrics.update(recovery_metrics(torch.cat(vertices), torch.cat(true_z)))
         return metrics
+
+
+def _chance(structure, true: torch.Tensor) -> dict[str, float]:
+    """:func:`recovery_metrics` of the MAP of random scores (N(0, 1) per part, ``torch.Generator`` seed 0) against
+    the true vertices ``true``: what a latent that carries no information about z* scores."""
+    gen = torch.Generator().manual_seed(0)
+    guess = structure.map(torch.randn(true.shape, generator=gen, dtype=torch.float64)).to(true.dtype)
+    return recovery_metrics(guess, true)
 
 
 def recovery_metrics(pred: torch.Tensor, true: torch.Tensor) -> dict[str, float]:

@@ -133,7 +133,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latentstruct.data.listops import spans_to_trees
+from latentstruct.data.listops import spans_to_trees, tree_scores
 from latentstruct.estimators import Ppo, Sfe
 from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
 from latentstruct.ranges import AtLeast, Probability
@@ -142,54 +142,15 @@ from latentstruct.tasks.base import Task
 
 __all__ = ["ListOps", "ListOpsOutput", "SpanScorer", "tree_scores"]
 
+#: the most B·n² chart cells of one batch that ``report_record`` parses (the official test set reaches n = 939)
+CELLS = 1 << 22
+
 
 @dataclass
 class ListOpsOutput:
     logits: torch.Tensor  # [batch, 10]
     loss: torch.Tensor  # scalar: the training loss (CE + the parser's surrogate) in training, the mean CE otherwise
     tree: torch.Tensor | None  # [batch, n, n] MAP / greedy tree at evaluation (BinaryTree layout); None otherwise
-
-
-# ------------------------------------------------------------------------------------------------- tree metrics
-
-
-def _parts(lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Constituent slots ``[B, n, n]`` (i < j < L) and the same without the whole span (0, L−1)."""
-    pos = torch.arange(n, device=lengths.device)
-    i, j = pos.view(1, -1, 1), pos.view(1, 1, -1)
-    ends = lengths.view(-1, 1, 1)
-    parts = (i < j) & (j < ends)
-    return parts, parts & ~((i == 0) & (j == ends - 1))
-
-
-def _f1(pred: torch.Tensor, ref: torch.Tensor, nontrivial: torch.Tensor) -> torch.Tensor:
-    p, g = (pred != 0) & nontrivial, (ref != 0) & nontrivial
-    hit = (p & g).flatten(1).sum(-1)
-    total = p.flatten(1).sum(-1) + g.flatten(1).sum(-1)
-    # 2PR / (P + R) = 2·hit / (|p| + |g|); 100 when both are empty (n ≤ 2), as tree_f1
-    return torch.where(total == 0, 100.0, 200.0 * hit / total.clamp_min(1))
-
-
-def tree_scores(pred: torch.Tensor, gold: torch.Tensor, lengths: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-example tree metrics ``[B]`` of 0/1 trees ``pred`` and ``gold`` ``[B, n, n]`` (BinaryTree layout) over
-    ``lengths`` leaves: ``tree_f1`` (vs ``gold``), ``f1_left`` / ``f1_right`` (vs the left- / right-branching trees),
-    all × 100 with the conventions of :func:`latentstruct.data.listops.tree_f1`, and ``depth``
-    (:func:`latentstruct.data.listops.tree_depth`). Vectorised over the batch."""
-    n = pred.shape[-1]
-    lengths = lengths.to(pred.device).long()
-    parts, nontrivial = _parts(lengths, n)
-    pos = torch.arange(n, device=pred.device)
-    left = parts & (pos.view(1, -1, 1) == 0)  # (0, j)
-    right = parts & (pos.view(1, 1, -1) == lengths.view(-1, 1, 1) - 1)  # (i, L−1)
-    tree = ((pred != 0) & parts).to(torch.int64)
-    # cover[b, k] = #{(i, j) in the tree: i ≤ k ≤ j} = Σ_{i ≤ k} Σ_{j ≥ k} tree[b, i, j]
-    cover = tree.flip(2).cumsum(2).flip(2).cumsum(1).diagonal(dim1=1, dim2=2)
-    return {
-        "tree_f1": _f1(pred, gold, nontrivial),
-        "f1_left": _f1(pred, left, nontrivial),
-        "f1_right": _f1(pred, right, nontrivial),
-        "depth": cover.max(-1).values.to(torch.float32),
-    }
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
@@ -381,6 +342,26 @@ class ListOps(Task):
             return self(batch).tree
         finally:
             self.train(was_training)
+
+    def report_record(self, test: dict[str, torch.Tensor], extras: dict) -> dict | None:
+        """The tree of every ``test`` example (``report.listops``: the self-F1 across seeds, the figure) as its
+        constituents (i, j), and its length, in the split's order; parsed in batches of similar lengths, at most 256
+        examples and 2²² B·n² chart cells each."""
+        if self.kind == "sequence":
+            return None
+        lengths = test["lengths"]
+        order, spans, start = lengths.argsort(stable=True), {}, 0
+        while start < len(order):
+            end = start + 1
+            while end < len(order) and end - start < 256 and (end + 1 - start) * int(lengths[order[end]]) ** 2 <= CELLS:
+                end += 1
+            index = order[start:end]
+            batch = {k: v[index] for k, v in test.items()}
+            for i, z, n in zip(index.tolist(), self.trees(batch).cpu(), batch["lengths"].tolist(), strict=True):
+                spans[i] = torch.triu(z[:n, :n] != 0, diagonal=1).nonzero().tolist()
+            start = end
+        return {"trees": "binary", "split": "test", "lengths": lengths.tolist(),
+                "spans": [spans[i] for i in range(len(order))]}
 
     # ------------------------------------------------------------------------------------------------- forward
 

@@ -152,6 +152,25 @@ class _TreeTask(Task):
         finally:
             self.train(was_training)
 
+    def report_record(self, test: dict[str, torch.Tensor], extras: dict) -> dict | None:
+        """The MAP tree of every distinct sentence of ``test`` (``report.trees`` draws them): its words (the
+        vocabulary's, ``<unk>`` for the unknown ones) and heads (0: the root), in the split's order."""
+        if self.scorer is None:
+            return None
+        itos, seen, sentences = extras["vocab"].itos, set(), []
+        for key in ("x", "premise", "hypothesis"):
+            if key not in test:
+                continue
+            lengths = test["lengths" if key == "x" else f"{key}_lengths"]
+            for batch in iterate_batches({"ids": test[key], "lengths": lengths}, 256):
+                z = self.parse(batch["ids"], batch["lengths"]).cpu()
+                for ids, tree, n in zip(batch["ids"].tolist(), z, batch["lengths"].tolist(), strict=True):
+                    words = [itos[i] for i in ids[:n]]
+                    if tuple(words) not in seen:
+                        seen.add(tuple(words))
+                        sentences.append({"words": words, "heads": tree[: n + 1, 1 : n + 1].argmax(0).tolist()})
+        return {"trees": "dependency", "split": "test", "sentences": sentences}
+
     def _latent(self, scores, lengths, downstream):
         """The estimator's tree, and the MAP tree for the statistics (evaluation only)."""
         z = self.estimator(scores, self.structure, lengths, downstream)

@@ -24,7 +24,7 @@ def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
     assert set(layers.TASK_BASELINE.values()) <= {c.key for c in configs}
     for config in configs:
         overrides = layers.run_overrides(config, steps=7, threads=1, device="cpu", eval_subset=32)
-        cfg = compose(*check_command_line(overrides, log=lambda line: None))  # as python -m latentstruct.train reads
+        cfg = compose(*check_command_line(overrides))  # as python -m latentstruct.train reads
         assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
         assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
         if config.task == "SST" and config.cap != "—":
@@ -35,6 +35,18 @@ def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
         assert layers.unapplied(tmp_path, overrides) == []
     # and it can fail: a value the config does not hold
     assert layers.unapplied(tmp_path, ["trainer.max_steps=8", "+experiment=x"]) == ["trainer.max_steps=8 (composed: 7)"]
+
+
+def test_an_older_tree_gets_the_nested_experiment_names_it_knows(tmp_path):
+    """The baseline tree of before the flat names has configs/experiment/sst/spigot.yaml: +experiment=sst_spigot
+    reaches it as sst/spigot; this tree, and any other override, get the names as they are."""
+    old = tmp_path / "old"
+    (old / "configs" / "experiment" / "sst").mkdir(parents=True)
+    (old / "configs" / "experiment" / "sst" / "spigot.yaml").write_text("")
+    overrides = ["+experiment=sst_spigot", "+preset=listops_cpu", "trainer.seed=1"]
+    before = layers.Tree("before", old, "0" * 40)
+    assert layers.tree_overrides(before, overrides) == ["+experiment=sst/spigot", *overrides[1:]]
+    assert layers.tree_overrides(layers.Tree("now", ROOT, "1" * 40), overrides) == overrides
 
 
 def test_read_metrics_and_steady_state(tmp_path):

@@ -233,15 +233,23 @@ def _reweighted_logistic(n: int = 12, d: int = 3, seed: int = 40):
     return aux, prim, d, n
 
 
-def test_implicit_gradient_matches_unrolled_optimisation():
+@pytest.fixture
+def unrolled():
+    """The reweighted logistic problem, its φ = (φ_w, φ_t), and θ after 300 unrolled steps θ_{k+1} = θ_k − η ∇_θ
+    L_aux(θ_k, φ) (η = 1), a function of φ differentiable end to end: ``(aux, prim, phi_w, phi_t, theta)``."""
     aux, prim, d, n = _reweighted_logistic()
     phi_w = (0.3 * _randn(n, seed=41)).requires_grad_()
     phi_t = (0.5 * _randn(d, seed=42)).requires_grad_()
-    # unrolled: θ_{k+1} = θ_k − η ∇_θ L_aux(θ_k, φ), differentiated end to end w.r.t. φ
     theta = torch.zeros(d, dtype=DT, requires_grad=True)
     for _ in range(300):
         (g,) = torch.autograd.grad(aux(theta, phi_w, phi_t), theta, create_graph=True)
         theta = theta - 1.0 * g
+    return aux, prim, phi_w, phi_t, theta
+
+
+def test_implicit_gradient_matches_unrolled_optimisation(unrolled):
+    aux, prim, phi_w, phi_t, theta = unrolled
+    # unrolled: differentiated end to end w.r.t. φ
     unrolled = torch.autograd.grad(prim(theta, phi_w, phi_t), [phi_w, phi_t])
     # implicit: at the converged θ (a fresh leaf, no history)
     theta_star = theta.detach().requires_grad_()
@@ -336,14 +344,8 @@ def test_cg_stops_on_negative_curvature_and_damping_makes_the_system_definite():
     assert damped[-1] <= 1e-10 and torch.allclose(got, want, atol=1e-8)
 
 
-def test_cg_implicit_gradient_matches_the_unrolled_one_closer_than_the_series():
-    aux, prim, d, n = _reweighted_logistic()
-    phi_w = (0.3 * _randn(n, seed=41)).requires_grad_()
-    phi_t = (0.5 * _randn(d, seed=42)).requires_grad_()
-    theta = torch.zeros(d, dtype=DT, requires_grad=True)
-    for _ in range(300):
-        (g,) = torch.autograd.grad(aux(theta, phi_w, phi_t), theta, create_graph=True)
-        theta = theta - 1.0 * g
+def test_cg_implicit_gradient_matches_the_unrolled_one_closer_than_the_series(unrolled):
+    aux, prim, phi_w, phi_t, theta = unrolled
     want = _flat(list(torch.autograd.grad(prim(theta, phi_w, phi_t), [phi_w, phi_t])))
     theta_star = theta.detach().requires_grad_()
 

@@ -1,4 +1,4 @@
-"""latentstruct.listops_report: random trees, the reference-tree statistics, self-F1 across seeds written for the
+"""latentstruct.report.listops: random trees, the reference-tree statistics, self-F1 across seeds written for the
 tables, and the tree figure, on tiny generated ListOps runs."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import torch
 
-from latentstruct.data.listops import listops_dataset, right_branching, tree_f1
+from latentstruct.data.listops import listops_dataset, right_branching, tree_f1, tree_scores
 from latentstruct.report import figures, tables
 from latentstruct.report import listops as listops_report
-from latentstruct.tasks.listops import tree_scores
 from tests.tasks.test_listops import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
+from tests.tasks.test_text import _final_model
 
 pytestmark = pytest.mark.usefixtures("short")  # generated expressions stay short: fast runs
 
@@ -71,13 +71,18 @@ def test_self_f1_is_written_for_runs_with_other_seeds_and_read_by_the_tables(tmp
     result = listops_report.self_f1(root, log=lambda *_: None)
     assert set(result) == {str(root / f"gumbel_{s}") for s in seeds}
 
-    # by hand: both models parse the test split, per-example F1, mean
-    (a, data, _), (b, _, _) = (listops_report.load_run(root / f"gumbel_{s}") for s in seeds)
-    test = data.splits["test"]
-    per = [tree_scores(x, y, batch["lengths"])["tree_f1"]
-           for x, y, batch in zip(listops_report.parse_split(a, test), listops_report.parse_split(b, test),
-                                  listops_report._batches(test), strict=True)]
+    # by hand: both final models (their checkpoints) parse the test split, per-example F1, mean; and what each run
+    # recorded (report.json, all the report reads) is its model's trees
+    (a, data), (b, _) = (_final_model(root / f"gumbel_{s}") for s in seeds)
+    test = {**data.splits["test"], "index": torch.arange(len(data.splits["test"]["y"]))}
+    batches = list(listops_report._batches(test))
+    per = [tree_scores(a.trees(batch), b.trees(batch), batch["lengths"])["tree_f1"] for batch in batches]
     expected = float(torch.cat(per).mean())
+    spans, lengths = listops_report.recorded_trees(root / "gumbel_1")
+    assert torch.equal(lengths, test["lengths"])
+    for batch in batches[:2]:
+        for z, i, n in zip(a.trees(batch), batch["index"].tolist(), batch["lengths"].tolist(), strict=True):
+            assert _spans(z[:n, :n]) == frozenset(map(tuple, spans[i]))
     for s in seeds:
         derived = json.loads((root / f"gumbel_{s}" / "derived.json").read_text())
         assert derived == {"self_f1": pytest.approx(expected), "self_f1_runs": 2}

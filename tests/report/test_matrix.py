@@ -91,6 +91,17 @@ def _record(root, name, *, experiment="planted_topk", estimator="spigot", lr=0.0
     (run / "metrics.json").write_text(json.dumps(record))
 
 
+def test_chance_is_read_from_the_first_run_of_each_setting_that_recorded_it(spec, tmp_path):
+    small = _small_spec(spec, settings=("topk", "matching"))
+    _record(tmp_path, "a", experiment="planted_topk", latent="none")  # no structure: nothing recorded
+    _record(tmp_path, "b", experiment="planted_topk", status="failed")
+    (tmp_path / "b" / "report.json").write_text(json.dumps({"chance": {"recovery": 1.0}}))
+    _record(tmp_path, "c", experiment="planted_topk")
+    (tmp_path / "c" / "report.json").write_text(json.dumps({"chance": {"recovery": 0.5, "exact": 12.5}}))
+    # top-k's recovery is its test/exact; matching: no run, left out
+    assert matrix.chance(small, load_runs(tmp_path)) == {"topk": 12.5}
+
+
 def _small_spec(spec, rows=("linear", "spigot", "ste_i"), settings=("topk",)):
     small = {**spec, "rows": [r for r in spec["rows"] if r["name"] in rows],
              "settings": [s for s in spec["settings"] if s["name"] in settings],

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from latentstruct.report import backfill, report, status, tables
+from latentstruct.report import report, status, tables
+from scripts import backfill
 from tests.helpers import ROOT as REPO
 from tests.report.test_tables import _four_runs, _run, _spec
 
@@ -127,7 +128,7 @@ def test_every_spec_says_what_the_paper_ran():
         assert ("steps" in proto) == ("length" in proto), spec_path.name
 
 
-@pytest.mark.parametrize("md, spec", backfill._committed(REPO / "experiments"), ids=lambda x: str(x))
+@pytest.mark.parametrize("md, spec", tables.committed_tables(REPO / "experiments"), ids=lambda x: str(x))
 def test_committed_tables_open_with_their_status_and_have_a_sidecar(md, spec):
     md = REPO / md if not md.is_absolute() else md
     if not md.is_file():

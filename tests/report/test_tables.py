@@ -1,4 +1,4 @@
-"""latentstruct.tables and latentstruct.figures on fake run records (DESIGN.md §7 formats)."""
+"""latentstruct.report.tables and latentstruct.report.figures on fake run records (DESIGN.md §7 formats)."""
 
 import json
 import math
@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from latentstruct.report import figures, reproduce, tables, trees
+from scripts import migrate_experiment_names
 from tests.helpers import ROOT as REPO
 from tests.helpers import methods
 
@@ -611,16 +612,23 @@ def _sst_run(root: Path, name: str, experiment: str, seed: int, status: str = "c
     return run
 
 
-def test_records_under_the_nested_experiment_names_count_for_their_flat_rows(tmp_path):
+def test_records_under_the_nested_experiment_names_count_for_their_flat_rows_once_migrated(tmp_path):
     """Records written before the experiments' flat names (``choices.experiment: sst/spigot``) fill the row of
-    ``sst_spigot``, beside those written under the flat name."""
-    _run(tmp_path, "before", "sst/spigot", acc=81.0)
-    _run(tmp_path, "after", "sst_spigot", acc=83.0, seed=2)
-    runs = tables.load_runs(tmp_path)
-    assert list(runs["choices.experiment"]) == ["sst_spigot", "sst_spigot"]
+    ``sst_spigot``, beside those written under the flat name, once ``scripts/migrate_experiment_names.py`` has
+    rewritten them (its overrides too); a flat record is left byte for byte."""
+    before = _run(tmp_path, "before", "sst/spigot", acc=81.0)
+    (before / ".hydra" / "overrides.yaml").write_text("- +experiment=sst/spigot\n- trainer.seed=1\n")
+    after = _run(tmp_path, "after", "sst_spigot", acc=83.0, seed=2)
+    flat = (after / ".hydra" / "hydra.yaml").read_bytes()
     spec = tables.load_spec(REPO / "experiments" / "spigot" / "table3_sst.yaml")
     row = next(r for r in spec["rows"] if r["name"] == "spigot")
+    assert len(tables.filter_runs(tables.load_runs(tmp_path), row["match"])) == 1
+    assert migrate_experiment_names.main([str(tmp_path)]) == 0
+    runs = tables.load_runs(tmp_path)
+    assert list(runs["choices.experiment"]) == ["sst_spigot", "sst_spigot"]
     assert len(tables.filter_runs(runs, row["match"])) == 2
+    assert (before / ".hydra" / "overrides.yaml").read_text() == "- +experiment=sst_spigot\n- trainer.seed=1\n"
+    assert (after / ".hydra" / "hydra.yaml").read_bytes() == flat
 
 
 def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_path):
@@ -639,13 +647,6 @@ def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_p
     assert trees.seed_runs(spec, tmp_path / "none", 301) == {}
     with pytest.raises(ValueError, match="not rows of table3_sst"):
         trees.seed_runs(spec, root, 301, ["marginal"])
-
-
-@pytest.mark.parametrize("module", ["tables", "figures", "show_trees", "listops_report"])
-def test_the_old_module_commands_still_run(module):
-    done = subprocess.run([sys.executable, "-m", f"latentstruct.{module}", "--help"], capture_output=True, text=True,
-                          cwd=REPO)
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m latentstruct.")
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -117,6 +118,9 @@ def test_every_planted_experiment_runs_a_few_steps(tmp_path, structure):
             assert {"test/recovery", "test/exact"} <= set(metrics)
         if name == "gold":
             assert metrics["test/recovery"] == 100.0 and metrics["test/exact"] == 100.0
+    # the recovery of random scores' MAP (report.matrix's chance line): the setting's, the same in every run of it
+    chance = [json.loads((tmp_path / n / "report.json").read_text())["chance"] for n in ("ste_i", "gold", "linear")]
+    assert chance[0] == chance[1] == chance[2] and 0 <= chance[0]["recovery"] < 100
 
 
 # --- identifiability (issue #38): the fixed read-out tells z* from its symmetric images --------------------------

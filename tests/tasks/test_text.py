@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from latentstruct.data.text import snli_dataset, sst_dataset
+from latentstruct.records import REPORT_FILE, load_checkpoint, load_model_weights
 from latentstruct.report.drawing import depth, heads_from_arcs
-from latentstruct.report.trees import load_tree_model, parse_sentence
+from latentstruct.report.trees import find_sentence, load_trees
 from latentstruct.report.trees import main as show_trees_main
 from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
@@ -289,27 +290,57 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
-def test_show_trees_prints_and_draws_the_map_tree(tmp_path, capsys):
+def _final_model(run_dir: Path):
+    """The model of a run's checkpoint (its final state), rebuilt from the configuration it holds, and its data."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    ckpt = load_checkpoint(run_dir / "checkpoint.pt", torch.device("cpu"))
+    cfg = OmegaConf.create(ckpt["config"])
+    cfg.paths.output_dir = str(run_dir)
+    data = instantiate(cfg.dataset)
+    model = build_model(cfg, data.dims, data.extras)
+    load_model_weights(model, ckpt["model"])
+    return model.eval(), data
+
+
+def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path, capsys):
+    """report.json holds every test sentence's MAP tree of the final model (the checkpoint's, parsed again here);
+    report.trees finds a sentence among them (an <unk> matching any word) and draws it, without the model."""
     write_sst(tmp_path / "data" / "sst")
     _run(tmp_path, "+experiment=sst_spigot_ce", "dataset.check_sizes=false", "trainer.max_steps=2",
          "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
-    model, vocab, lowercase = load_tree_model(tmp_path / "run")
-    tokens, heads, unknown = parse_sentence(model, vocab, "a very good movie, not dull", lowercase)
-    assert tokens == ["a", "very", "good", "movie", ",", "not", "dull"] and len(heads) == 7
-    assert "," in unknown and depth(heads) >= 1
+    sentences = load_trees(tmp_path / "run")
+    model, data = _final_model(tmp_path / "run")
+    test = data.splits["test"]
+    assert len(sentences) == len({tuple(ids[:n].tolist()) for ids, n in zip(test["x"], test["lengths"], strict=True)})
+    for b, entry in enumerate(sentences[:4]):
+        n = int(test["lengths"][b])
+        assert entry["words"] == [data.extras["vocab"].itos[i] for i in test["x"][b, :n].tolist()]
+        z = model.parse(test["x"][b : b + 1], test["lengths"][b : b + 1])[0]
+        assert entry["heads"] == heads_from_arcs(z, n)
+    entry = sentences[2]
+    words = entry["words"]
+    tokens, heads, unknown = find_sentence(sentences, " ".join(words).upper())  # case aside
+    assert [t.lower() for t in tokens] == words and heads == entry["heads"] and unknown == []
+    unk = [{"words": ["a", "<unk>", "movie"], "heads": [3, 3, 0]}]
+    assert find_sentence(unk, "A zzz movie") == (["A", "zzz", "movie"], [3, 3, 0], ["zzz"])  # <unk>: any word
+    with pytest.raises(ValueError, match="not among the"):
+        find_sentence(sentences, "a sentence no run has parsed")
     out = tmp_path / "tree.png"
     capsys.readouterr()  # drop the training printout
-    assert show_trees_main([str(tmp_path / "run"), "a very good movie", "--out", str(out)]) == 0
+    assert show_trees_main([str(tmp_path / "run"), " ".join(words), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("ROOT") and "depth" in printed and out.stat().st_size > 0
+    assert printed.startswith("ROOT") and f"depth {depth(heads)}" in printed and out.stat().st_size > 0
 
 
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
     _run(tmp_path, "+experiment=sst_baseline", "dataset.check_sizes=false", "trainer.max_steps=1",
          "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
-    with pytest.raises(ValueError, match="no latent tree"):
-        load_tree_model(tmp_path / "run")
+    assert not (tmp_path / "run" / REPORT_FILE).exists()  # no latent tree: nothing to draw
+    with pytest.raises(FileNotFoundError, match="latent-tree run"):
+        load_trees(tmp_path / "run")
 
 
 @pytest.mark.real_data("sst")
@@ -324,6 +355,6 @@ def test_real_sst_smoke_run(tmp_path, data_root):
                             *([f"embedding.pretrained={glove}"] if glove.is_file() else [])))
     assert record["status"] == "completed" and record["steps"] == 2
     assert 0 <= record["metrics"]["test/acc"] <= 100 and record["metrics"]["test/depth"] >= 1
-    model, vocab, lowercase = load_tree_model(tmp_path / "run")
-    tokens, heads, _ = parse_sentence(model, vocab, "It's a charming and often affecting journey.", lowercase)
-    assert len(tokens) == len(heads) == 9 and lowercase
+    sentences = load_trees(tmp_path / "run")  # the trees of the 64 test sentences, lower-cased words
+    assert len(sentences) == 64 and all(len(s["words"]) == len(s["heads"]) for s in sentences)
+    assert all(w == w.lower() for s in sentences for w in s["words"])

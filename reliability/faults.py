@@ -11,7 +11,7 @@
   (claims) and none is lost.
 - :func:`non_finite`: runs whose values overflow or hold NaN fail with one line naming the value.
 
-Every function returns :class:`Fault` records; ``python -m latentstruct.reliability`` tabulates them.
+Every function returns :class:`Fault` records; ``python -m reliability`` tabulates them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pandas as pd
 __all__ = ["Fault", "TASKS", "REAL_TASKS", "available_tasks", "reference", "kill_and_resume", "kill_during_write",
            "concurrent_launchers", "non_finite"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 _QUIET = ["trainer.progress=false", "trainer.log_seconds=null"]
 
 #: short runs of several tasks on generated data (no file needed): name -> overrides (see also REAL_TASKS)

@@ -1,4 +1,4 @@
-"""``python -m latentstruct.reliability``: inject the faults of :mod:`.faults`, :mod:`.readers` and :mod:`.values`,
+"""``python -m reliability``: inject the faults of :mod:`.faults`, :mod:`.readers` and :mod:`.values`,
 count what survived, and write ``results/reliability.md`` (``make reliability``; ``--quick`` for a small version).
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from latentstruct.records import environment
-from latentstruct.reliability import faults, readers, values
+from reliability import faults, readers, values
 
 KINDS = ("sigkill", "sigterm", "sigint", "sigusr1")
 WRITES = (("checkpoint.pt", 2), ("history.csv", 1), ("history.csv", 3), ("metrics.json", 1))
@@ -34,7 +34,7 @@ def _log(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m latentstruct.reliability", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m reliability", description=__doc__)
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per task (then one of each stop signal)")
     parser.add_argument("--stops-per-run", type=int, default=2, help="faults injected into each run before its end")
     parser.add_argument("--examples", type=int, default=20, help="damaged files per reader and mutation")
@@ -96,7 +96,7 @@ def _report(found, damaged, refused, args, seconds: float) -> list[str]:
         "# Reliability: faults injected and what survived them (issue #20)",
         "",
         f"Status: {'every target met' if _met(found, damaged, refused) else 'TARGETS MISSED (see below)'}; "
-        f"written by `{command}` (`python -m latentstruct.reliability`).",
+        f"written by `{command}` (`python -m reliability`).",
         "",
         f"- git commit: {env['git_commit']}{' (dirty)' if env['git_dirty'] else ''}; torch {env['torch']}; "
         f"hardware: CPU ({os.cpu_count()} cores, {platform.machine()}); generated "
@@ -149,7 +149,7 @@ def _report(found, damaged, refused, args, seconds: float) -> list[str]:
     lines += [f"| {f.kind} | {'' if f.survived else '**not clear** '}`{f.detail}` |" for f in by["non_finite"]]
     lines += ["", "## Damaged input files", "",
               f"{args.examples if not args.quick else 1} damaged files per reader and mutation "
-              "(`latentstruct/reliability/readers.py`: truncated, cut mid-record, a wrong field count, a wrong label, "
+              "(`reliability/readers.py`: truncated, cut mid-record, a wrong field count, a wrong label, "
               "bad UTF-8, a wrong magic number, a corrupt byte). *Undetectable*: the damaged file is itself a valid "
               "file (a cut exactly at a line end of a text format without counts, a cut in a last number of a format "
               "whose official files end without a newline), a rule in that module's docstring.", "",

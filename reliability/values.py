@@ -99,7 +99,7 @@ def check(case: Case) -> Outcome:
     experiment, override, _ = case
     args = [f"+experiment={experiment}", override] if experiment else [override]
     try:
-        check_command_line(args, log=lambda line: None)
+        check_command_line(args)
     except ConfigError as err:
         message = str(err)
         clear = "\n" not in message.strip() and _key(override) in message
