@@ -24,6 +24,15 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
         return hydra_compose("train", overrides=list(overrides), return_hydra_config=hydra)
 
 
+def train_run(folder: Path, *overrides: str, name: str = "run") -> dict:
+    """Train in-process into ``folder / name`` (unless ``overrides`` name ``paths.output_dir``), as
+    ``python -m latentstruct.train <overrides>`` would there, without a progress bar; returns the run's record
+    (``metrics.json``). Every test that trains an in-process run goes through here."""
+    from latentstruct.train import train
+
+    return train(compose("trainer.progress=false", f"paths.output_dir={folder / name}", *overrides))
+
+
 def methods(task: str) -> list[str]:
     """The methods of a task's experiments (``configs/experiment/<task>_<method>.yaml``), e.g. ``methods("sst")``."""
     return [name.removeprefix(f"{task}_") for name in latentstruct.config.experiments().get(task, [])]

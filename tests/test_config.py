@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 import latentstruct.config as config
 from latentstruct.tasks import Task
+from tests.helpers import compose as _compose
 
 CONFIGS = config.CONFIG_DIR
 # Groups whose options are whole compositions (package _global_), not instances of one schema.
@@ -29,11 +30,6 @@ def _options() -> list[tuple[str, str, Path]]:
         for p in CONFIGS.rglob("*.yaml")
         if p.parent != CONFIGS and p.relative_to(CONFIGS).parts[0] not in COMPOSITIONS
     )
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 @pytest.mark.parametrize(("group", "name", "path"), _options(), ids=lambda x: str(x) if isinstance(x, str) else "")

@@ -18,12 +18,20 @@ import torch
 
 import latentstruct.train as train_module
 from latentstruct.guards import Interrupted, NonFinite
-from tests.helpers import ROOT
-from tests.test_train import TINY, _run
+from tests.helpers import ROOT, train_run
+from tests.test_train import TINY
 
 # a stochastic estimator, mini-batches of 64 of 200 (4 per epoch), evaluations every 10 steps: a stop at step 13 is
 # mid-epoch and between evaluations, so resuming needs the RNG, the data order and the loss since the evaluation
-COMMON = ["trainer.max_steps=30", "trainer.eval_every=10", "estimator=sfe", "trainer.batch_size=64"]
+COMMON = [*TINY, "trainer.max_steps=30", "trainer.eval_every=10", "estimator=sfe", "trainer.batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory) -> Path:
+    """The uninterrupted COMMON run, once for the tests that stop and resume it: its directory."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    train_run(folder, *COMMON, name="full")
+    return folder / "full"
 
 
 def _history(run_dir: Path) -> pd.DataFrame:
@@ -54,21 +62,20 @@ def _at_step(monkeypatch, step: int, act) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1])
-def test_a_stop_signal_checkpoints_the_step_and_the_next_run_resumes_bit_exactly(tmp_path, monkeypatch, signum):
-    full = _run(tmp_path, *COMMON, name="full")
+def test_a_stop_signal_checkpoints_the_step_and_the_next_run_resumes_bit_exactly(tmp_path, monkeypatch, signum, full):
     with monkeypatch.context() as m:
         _at_step(m, 12, lambda: os.kill(os.getpid(), signum))  # noted during step 13, acted on before step 14
         with pytest.raises(Interrupted) as stopped:
-            _run(tmp_path, *COMMON, name="stopped")
+            train_run(tmp_path, *COMMON, name="stopped")
     assert stopped.value.step == 13 and stopped.value.signum == signum
     record = _record(tmp_path / "stopped")
     assert record["status"] == "interrupted" and record["step"] == 13
     assert record["signal"] == signal.Signals(signum).name
     assert torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=False)["step"] == 13
     assert signal.getsignal(signum) is not None  # the handlers of before are back (pytest's SIGINT handler too)
-    resumed = _run(tmp_path, *COMMON, name="stopped")  # no trainer.resume: an interrupted run goes on by itself
-    assert resumed["metrics"] == full["metrics"] and resumed["steps"] == 30
-    pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "stopped"))
+    resumed = train_run(tmp_path, *COMMON, name="stopped")  # no trainer.resume: an interrupted run goes on by itself
+    assert resumed["metrics"] == _record(full)["metrics"] and resumed["steps"] == 30
+    pd.testing.assert_frame_equal(_history(full), _history(tmp_path / "stopped"))
 
 
 @pytest.mark.cuda
@@ -76,19 +83,18 @@ def test_on_cuda_a_stopped_run_resumes_to_the_history_of_an_uninterrupted_one(tm
     """The same stop and resumption on the GPU (the checkpoint holds the CUDA generators' states too): bit-exact, as
     on the CPU, for this task's operations (linear layers, a categorical latent, SFE's draws on the device)."""
     on_gpu = [*COMMON, "trainer.device=cuda"]
-    full = _run(tmp_path, *on_gpu, name="full")
+    full = train_run(tmp_path, *on_gpu, name="full")
     with monkeypatch.context() as m:
         _at_step(m, 12, lambda: os.kill(os.getpid(), signal.SIGTERM))
         with pytest.raises(Interrupted):
-            _run(tmp_path, *on_gpu, name="stopped")
+            train_run(tmp_path, *on_gpu, name="stopped")
     assert _record(tmp_path / "stopped")["hardware"] == full["hardware"] != "cpu"
-    resumed = _run(tmp_path, *on_gpu, name="stopped")
+    resumed = train_run(tmp_path, *on_gpu, name="stopped")
     assert resumed["metrics"] == full["metrics"] and resumed["steps"] == 30
     pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "stopped"), check_exact=True)
 
 
-def test_checkpoint_every_lets_a_killed_run_resume_between_evaluations(tmp_path, monkeypatch):
-    full = _run(tmp_path, *COMMON, name="full")
+def test_checkpoint_every_lets_a_killed_run_resume_between_evaluations(tmp_path, monkeypatch, full):
     steps_seen = []
     real_save = train_module.save_checkpoint
 
@@ -103,12 +109,12 @@ def test_checkpoint_every_lets_a_killed_run_resume_between_evaluations(tmp_path,
         m.setattr(train_module, "save_checkpoint", save)
         _at_step(m, 17, crash)
         with pytest.raises(KeyboardInterrupt):
-            _run(tmp_path, *COMMON, "trainer.checkpoint_every=3", name="killed")
+            train_run(tmp_path, *COMMON, "trainer.checkpoint_every=3", name="killed")
     assert steps_seen == [3, 6, 9, 10, 12, 15]  # every 3 steps, and at the evaluation of step 10
     assert _record(tmp_path / "killed")["status"] == "failed"
-    resumed = _run(tmp_path, *COMMON, "trainer.resume=true", name="killed")  # from step 15
-    assert resumed["metrics"] == full["metrics"]
-    pd.testing.assert_frame_equal(_history(tmp_path / "full"), _history(tmp_path / "killed"))
+    resumed = train_run(tmp_path, *COMMON, "trainer.resume=true", name="killed")  # from step 15
+    assert resumed["metrics"] == _record(full)["metrics"]
+    pd.testing.assert_frame_equal(_history(full), _history(tmp_path / "killed"))
 
 
 def test_a_signal_before_the_loop_stops_at_step_zero_and_one_after_it_is_raised_again(tmp_path, monkeypatch):
@@ -121,7 +127,7 @@ def test_a_signal_before_the_loop_stops_at_step_zero_and_one_after_it_is_raised_
     with monkeypatch.context() as m:
         m.setattr(train_module, "build_model", build_then_signal)
         with pytest.raises(Interrupted):
-            _run(tmp_path, "trainer.max_steps=5")
+            train_run(tmp_path, *TINY, "trainer.max_steps=5")
     assert _record(tmp_path / "run")["step"] == 0
     # a completed run skipped while a signal comes: the signal is handed on once the run is left
     got = []
@@ -133,10 +139,10 @@ def test_a_signal_before_the_loop_stops_at_step_zero_and_one_after_it_is_raised_
             os.kill(os.getpid(), signal.SIGUSR1)
             return real_read(path)
 
-        _run(tmp_path, "trainer.max_steps=5")
+        train_run(tmp_path, *TINY, "trainer.max_steps=5")
         with monkeypatch.context() as m:
             m.setattr(train_module, "read_record", read_then_signal)
-            assert _run(tmp_path, "trainer.max_steps=5")["status"] == "completed"
+            assert train_run(tmp_path, *TINY, "trainer.max_steps=5")["status"] == "completed"
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert got == [signal.SIGUSR1]
@@ -210,9 +216,18 @@ if gate:
 """
 
 
+REQUEUE = ["trainer.max_steps=300", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def requeue_reference(tmp_path_factory) -> dict:
+    """The requeued job's configuration run uninterrupted in-process (one thread, as the job): its record."""
+    return train_run(tmp_path_factory.mktemp("requeue"), *TINY, *REQUEUE, name="uninterrupted")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("point, stopped_at", [("before", 0), ("150", 151)])
-def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, stopped_at):
+def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, stopped_at, requeue_reference):
     """The submitit launcher, executing locally: the job is sent submitit's preemption signal (USR2, what its
     SLURM jobs get before a preemption or the time limit) before its first step or mid-run (at a chosen point, see
     _GATE); it checkpoints, hands the signal to submitit, which requeues it, and the requeued job resumes from the
@@ -220,10 +235,9 @@ def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, 
     sweep, gate = tmp_path / "sweep", tmp_path / "gate"
     gate.mkdir()
     (gate / "sitecustomize.py").write_text(_GATE)
-    steps = ["trainer.max_steps=300", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
     env = {"LATENTSTRUCT_TEST_GATE": str(gate), "LATENTSTRUCT_TEST_GATE_AT": point,
            "PYTHONPATH": os.pathsep.join([str(gate), str(ROOT)])}
-    proc = _cli("-m", *TINY, *steps, "trainer.seed=301", "hydra/launcher=submitit_local",
+    proc = _cli("-m", *TINY, *REQUEUE, "trainer.seed=301", "hydra/launcher=submitit_local",
                 "hydra.launcher.timeout_min=60", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}", env=env)
     try:  # however long the job takes to get there on a loaded machine, unless the sweep ends first
         end = time.monotonic() + 1800
@@ -237,15 +251,14 @@ def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, 
         (gate / "go").write_text("")
     output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output
-    (run,) = {p.parent for p in sweep.glob("*/metrics.json")}
-    log = (run / "train.log").read_text()
-    assert f"stopped by SIGUSR2 at step {stopped_at}" in log and f"resumed {run} at step {stopped_at}" in log
+    (job,) = {p.parent for p in sweep.glob("*/metrics.json")}
+    log = (job / "train.log").read_text()
+    assert f"stopped by SIGUSR2 at step {stopped_at}" in log and f"resumed {job} at step {stopped_at}" in log
     logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
     assert "Requeued job" in logs
-    assert _record(run)["status"] == "completed" and _record(run)["steps"] == 300
-    uninterrupted = _run(tmp_path, *steps, name="uninterrupted")
-    assert _record(run)["threads"]["intra_op"] == uninterrupted["threads"]["intra_op"] == 1
-    assert _record(run)["metrics"] == uninterrupted["metrics"]
+    assert _record(job)["status"] == "completed" and _record(job)["steps"] == 300
+    assert _record(job)["threads"]["intra_op"] == requeue_reference["threads"]["intra_op"] == 1
+    assert _record(job)["metrics"] == requeue_reference["metrics"]
 
 
 def _nan_at(monkeypatch, step: int, module_name: str) -> None:
@@ -282,7 +295,7 @@ def test_nan_inputs_fail_with_one_line_naming_them(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_module, "instantiate", instantiate_with_a_nan)
     with pytest.raises(NonFinite, match=r"non-finite value at step 1: input 'x' of the batch \(1 NaN of"):
-        _run(tmp_path, "trainer.max_steps=5", "trainer.batch_size=null")
+        train_run(tmp_path, *TINY, "trainer.max_steps=5", "trainer.batch_size=null")
     record = _record(tmp_path / "run")
     assert record["status"] == "failed" and record["reason"] == "non_finite" and record["step"] == 1
     assert "\n" not in record["error"] and "configuration:" in record["error"]
@@ -291,7 +304,7 @@ def test_nan_inputs_fail_with_one_line_naming_them(tmp_path, monkeypatch):
 def test_nan_scores_fail_naming_the_module_that_made_them(tmp_path, monkeypatch):
     _nan_at(monkeypatch, 3, "scorer")
     with pytest.raises(NonFinite, match=r"step 4: output of scorer \(\w+\)"):
-        _run(tmp_path, "trainer.max_steps=10")
+        train_run(tmp_path, *TINY, "trainer.max_steps=10")
     assert _record(tmp_path / "run")["tensor"].startswith("output of scorer")
 
 
@@ -307,7 +320,7 @@ def test_a_non_finite_gradient_fails_naming_the_parameter(tmp_path, monkeypatch)
 
     monkeypatch.setattr(train_module, "build_model", build_with_bad_gradient)
     with pytest.raises(NonFinite, match=r"step 1: the gradient of \S+ \(.*inf"):
-        _run(tmp_path, "trainer.max_steps=10")
+        train_run(tmp_path, *TINY, "trainer.max_steps=10")
     assert _record(tmp_path / "run")["reason"] == "non_finite"
 
 

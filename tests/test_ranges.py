@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 import latentstruct.config as config
 from latentstruct.ranges import Above, AtLeast, Between, NonNegative, NonZero, Positive, Probability, constraint_of
 from reliability import values
+from tests.helpers import compose as _compose
 
 CONFIGS = config.CONFIG_DIR
 
@@ -46,11 +46,6 @@ def test_the_schema_keeps_the_plain_type_and_puts_the_range_in_the_metadata():
     assert str(fields["eta"].metadata["help"]).startswith("pull-back step size")
     fields = {f.name: f for f in dataclasses.fields(config.schema("latentstruct.structures.ProjectiveDepTree"))}
     assert config.range_text(fields["sparsemap_max_iter"].metadata["range"], True) == ">= 1 or null"
-
-
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
 
 
 def test_validate_refuses_a_value_out_of_range_in_one_line_naming_the_key():

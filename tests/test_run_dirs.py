@@ -18,14 +18,14 @@ import yaml
 import latentstruct.train as train_module
 from latentstruct.records import LENGTH, NOT_RESULT, RUN_FILE, RunMismatch, fingerprint, identity
 from latentstruct.report.tables import load_runs
-from tests.helpers import CONFIGS, ROOT
-from tests.test_train import TINY, _run
+from tests.helpers import CONFIGS, ROOT, train_run
+from tests.test_train import TINY
 
 STEPS = ["trainer.eval_every=10", "estimator=sfe", "trainer.batch_size=64"]  # stochastic, mini-batches
 
 
-def _files(run: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in [*run.glob("*"), *run.glob(".hydra/*")] if p.is_file()}
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in [*folder.glob("*"), *folder.glob(".hydra/*")] if p.is_file()}
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -39,67 +39,68 @@ def test_the_cli_finds_the_same_directory_for_the_same_configuration_and_refuses
     first = _cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     # sorted, without what cannot change the result (progress) or how long it trains (max_steps)
-    run = tmp_path / "outputs" / "dataset.n_test=100,dataset.n_train=200,dataset.n_valid=100,estimator=ste_i"
-    assert json.loads((run / "metrics.json").read_text())["steps"] == 10
-    assert (run / ".hydra" / "config.yaml").is_file() and (run / RUN_FILE).is_file()
-    before = _files(run)
+    folder = tmp_path / "outputs" / "dataset.n_test=100,dataset.n_train=200,dataset.n_valid=100,estimator=ste_i"
+    assert json.loads((folder / "metrics.json").read_text())["steps"] == 10
+    assert (folder / ".hydra" / "config.yaml").is_file() and (folder / RUN_FILE).is_file()
+    before = _files(folder)
     again = _cli(*args, cwd=tmp_path)  # the same command: the same directory, the run skipped
     assert again.returncode == 0 and "already completed; skipping" in again.stdout, again.stderr
-    other = _cli(*args[:-1], "estimator=spigot", f"hydra.run.dir='{run}'", cwd=tmp_path)  # quoted: its commas
+    other = _cli(*args[:-1], "estimator=spigot", f"hydra.run.dir='{folder}'", cwd=tmp_path)  # quoted: its commas
     assert other.returncode == 2
     assert "holds the run of another configuration" in other.stderr, other.stderr
     assert "estimator._target_: latentstruct.estimators.SteI → latentstruct.estimators.Spigot" in other.stderr
     assert "Traceback" not in other.stderr
-    after = _files(run)
+    after = _files(folder)
     after.pop("train.log"), before.pop("train.log")  # the refusal is logged there; nothing else changes
     assert after == before
 
 
 def test_a_directory_of_another_configuration_is_refused_and_force_replaces_it(tmp_path, caplog, monkeypatch):
-    _run(tmp_path, "trainer.max_steps=10", *STEPS)
-    run = tmp_path / "run"
-    before = _files(run)
+    train_run(tmp_path, *TINY, "trainer.max_steps=10", *STEPS)
+    folder = tmp_path / "run"
+    before = _files(folder)
     monkeypatch.setattr(train_module, "instantiate", lambda *a, **k: pytest.fail("data read before the guard"))
     with pytest.raises(RunMismatch, match=r"optim\.lr: 0\.001 → 0\.5"):
-        _run(tmp_path, "trainer.max_steps=10", *STEPS, "optim.lr=0.5")
+        train_run(tmp_path, *TINY, "trainer.max_steps=10", *STEPS, "optim.lr=0.5")
     with pytest.raises(RunMismatch, match="trainer.threads: 1 → 2"):  # the threads are part of the run
-        _run(tmp_path, "trainer.max_steps=10", *STEPS, "trainer.threads=2")
-    assert _files(run) == before
+        train_run(tmp_path, *TINY, "trainer.max_steps=10", *STEPS, "trainer.threads=2")
+    assert _files(folder) == before
     monkeypatch.undo()
     with caplog.at_level("INFO", logger="latentstruct"):
-        replaced = _run(tmp_path, "trainer.max_steps=10", *STEPS, "optim.lr=0.5", "trainer.force=true")
+        replaced = train_run(tmp_path, *TINY, "trainer.max_steps=10", *STEPS, "optim.lr=0.5", "trainer.force=true")
     assert "trainer.force=true replaces the run of fingerprint" in caplog.text
     assert "optim.lr: 0.001 → 0.5" in caplog.text
-    recorded = json.loads((run / RUN_FILE).read_text())
+    recorded = json.loads((folder / RUN_FILE).read_text())
     assert replaced["fingerprint"] == recorded["fingerprint"] == fingerprint(recorded["identity"])
     assert recorded["identity"]["optim.lr"] == 0.5
 
 
 def test_a_record_without_run_json_is_refused(tmp_path):
-    _run(tmp_path, "trainer.max_steps=5")
+    train_run(tmp_path, *TINY, "trainer.max_steps=5")
     (tmp_path / "run" / RUN_FILE).unlink()
     with pytest.raises(RunMismatch, match="without run.json"):
-        _run(tmp_path, "trainer.max_steps=5")
+        train_run(tmp_path, *TINY, "trainer.max_steps=5")
 
 
 def test_a_completed_run_goes_on_exactly_to_a_longer_length_and_refuses_a_shorter_one(tmp_path):
-    straight = _run(tmp_path, "trainer.max_steps=24", *STEPS, "trainer.select=best", name="straight")
-    _run(tmp_path, "trainer.max_steps=15", *STEPS, "trainer.select=best", name="grown")  # ends between evaluations
-    grown = _run(tmp_path, "trainer.max_steps=24", *STEPS, "trainer.select=best", name="grown")
+    straight = train_run(tmp_path, *TINY, "trainer.max_steps=24", *STEPS, "trainer.select=best", name="straight")
+    # ends between evaluations
+    train_run(tmp_path, *TINY, "trainer.max_steps=15", *STEPS, "trainer.select=best", name="grown")
+    grown = train_run(tmp_path, *TINY, "trainer.max_steps=24", *STEPS, "trainer.select=best", name="grown")
     assert grown["metrics"] == straight["metrics"] and grown["steps"] == 24
-    columns = lambda run: pd.read_csv(tmp_path / run / "history.csv").drop(columns="wall_seconds")  # noqa: E731
+    columns = lambda name: pd.read_csv(tmp_path / name / "history.csv").drop(columns="wall_seconds")  # noqa: E731
     pd.testing.assert_frame_equal(columns("grown"), columns("straight"))  # the evaluation at 15 is not kept
     with pytest.raises(RunMismatch, match="a shorter one"):
-        _run(tmp_path, "trainer.max_steps=20", *STEPS, "trainer.select=best", name="grown")
+        train_run(tmp_path, *TINY, "trainer.max_steps=20", *STEPS, "trainer.select=best", name="grown")
     # 6 epochs of 4 batches: the same 24 steps said another way, skipped
-    again = _run(tmp_path, "trainer.max_steps=null", "trainer.max_epochs=6", *STEPS, "trainer.select=best",
+    again = train_run(tmp_path, *TINY, "trainer.max_steps=null", "trainer.max_epochs=6", *STEPS, "trainer.select=best",
                  name="grown")
     assert again == grown
 
 
 def test_the_record_says_the_threads_and_the_same_threads_give_the_same_metrics(tmp_path):
-    a = _run(tmp_path, "trainer.max_steps=20", *STEPS, name="a")
-    b = _run(tmp_path, "trainer.max_steps=20", *STEPS, name="b")
+    a = train_run(tmp_path, *TINY, "trainer.max_steps=20", *STEPS, name="a")
+    b = train_run(tmp_path, *TINY, "trainer.max_steps=20", *STEPS, name="b")
     assert a["threads"]["intra_op"] == b["threads"]["intra_op"] == 1 and "inter_op" in a["threads"]
     assert a["metrics"] == b["metrics"]
     assert a["fingerprint"] == b["fingerprint"]
@@ -116,7 +117,7 @@ def test_the_directory_name_leaves_out_what_the_fingerprint_leaves_out():
 
 
 def test_the_tables_refuse_a_directory_whose_record_and_configuration_disagree(tmp_path):
-    _run(tmp_path, "trainer.max_steps=5", name="sweep/a")
+    train_run(tmp_path, *TINY, "trainer.max_steps=5", name="sweep/a")
     assert len(load_runs(tmp_path / "sweep")) == 1
     config = tmp_path / "sweep" / "a" / ".hydra" / "config.yaml"
     if not config.exists():  # written under Hydra only: as a launch would have written it

@@ -22,10 +22,9 @@ from latentstruct.config import ConfigError, TrainerConf, validate
 from latentstruct.data.images import DATASETS
 from latentstruct.records import flatten
 from latentstruct.tasks import Task
-from latentstruct.train import train
 from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
-from tests.helpers import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT, train_run
 from tests.helpers import compose as _compose
 from tests.tasks.test_energy import write_mlc
 from tests.tasks.test_energy_ner import write_conll
@@ -34,11 +33,6 @@ from tests.tasks.test_text import write_snli, write_sst
 from tests.tasks.test_twpos import write_twpos
 
 TINY = ["dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.progress=false"]
-
-
-def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
-    cfg = _compose(*TINY, f"paths.output_dir={tmp_path / name}", *overrides)
-    return train(cfg)
 
 
 def _options(group: str) -> list[str]:
@@ -85,8 +79,9 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
 @pytest.mark.parametrize("experiment", [e for e in _options("experiment") if e.startswith("synthetic_")])
 def test_every_experiment_runs_a_few_steps(tmp_path, experiment):  # of the synthetic task; the others: tests/tasks
     for k in (3, 10):
-        record = _run(
+        record = train_run(
             tmp_path,
+            *TINY,
             f"+experiment={experiment}",
             f"dataset.num_clusters={k}",
             "trainer.max_steps=4",
@@ -105,7 +100,7 @@ def test_tuned_hyperparameters_follow_the_number_of_clusters():
 
 
 def test_run_record_contract(tmp_path):
-    record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10")
+    record = train_run(tmp_path, *TINY, "trainer.max_steps=30", "trainer.eval_every=10")
     run = tmp_path / "run"
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk == record
@@ -121,18 +116,18 @@ def test_run_record_contract(tmp_path):
 
 
 def test_same_seed_same_metrics_and_other_seed_differs(tmp_path):
-    a = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", name="a")
-    b = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", name="b")
-    c = _run(tmp_path, "trainer.max_steps=30", "estimator=st_gumbel", "trainer.seed=7", name="c")
+    a = train_run(tmp_path, *TINY, "trainer.max_steps=30", "estimator=st_gumbel", name="a")
+    b = train_run(tmp_path, *TINY, "trainer.max_steps=30", "estimator=st_gumbel", name="b")
+    c = train_run(tmp_path, *TINY, "trainer.max_steps=30", "estimator=st_gumbel", "trainer.seed=7", name="c")
     assert a["metrics"] == b["metrics"]
     assert a["metrics"] != c["metrics"]
 
 
 @pytest.mark.parametrize("batch_size", ["null", "64"])
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch, batch_size):
+def test_resume_after_a_crash_matches_an_uninterruptedrun(tmp_path, *TINY, monkeypatch, batch_size):
     # Stochastic estimator and mini-batches: resuming must restore the RNG and the data order too.
     common = ["trainer.max_steps=40", "trainer.eval_every=10", "estimator=sfe", f"trainer.batch_size={batch_size}"]
-    full = _run(tmp_path, *common, name="full")
+    full = train_run(tmp_path, *TINY, *common, name="full")
 
     real_write_history, calls = train_module.write_history, {"n": 0}
 
@@ -144,11 +139,11 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch
 
     monkeypatch.setattr(train_module, "write_history", crash_on_third_evaluation)
     with pytest.raises(KeyboardInterrupt):
-        _run(tmp_path, *common, name="crashed")
+        train_run(tmp_path, *TINY, *common, name="crashed")
     monkeypatch.setattr(train_module, "write_history", real_write_history)
     crashed = json.loads((tmp_path / "crashed" / "metrics.json").read_text())  # train() records it, then raises
     assert crashed["status"] == "failed" and crashed["error"] == "KeyboardInterrupt: killed"
-    resumed = _run(tmp_path, *common, "trainer.resume=true", name="crashed")
+    resumed = train_run(tmp_path, *TINY, *common, "trainer.resume=true", name="crashed")
     assert resumed["metrics"] == full["metrics"]
     h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns="wall_seconds")
     h_resumed = pd.read_csv(tmp_path / "crashed" / "history.csv").drop(columns="wall_seconds")
@@ -156,13 +151,13 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch
 
 
 def test_completed_runs_are_skipped(tmp_path, monkeypatch):
-    first = _run(tmp_path, "trainer.max_steps=10")
+    first = train_run(tmp_path, *TINY, "trainer.max_steps=10")
     monkeypatch.setattr(train_module, "build_model", lambda *a, **k: pytest.fail("a completed run was re-run"))
-    assert _run(tmp_path, "trainer.max_steps=10") == first
+    assert train_run(tmp_path, *TINY, "trainer.max_steps=10") == first
 
 
 def test_best_selection_reports_the_best_validation_evaluation(tmp_path):
-    record = _run(tmp_path, "trainer.max_steps=60", "trainer.eval_every=10", "trainer.select=best")
+    record = train_run(tmp_path, *TINY, "trainer.max_steps=60", "trainer.eval_every=10", "trainer.select=best")
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     best = history.loc[history["valid/acc"].idxmax()]
     assert record["best_step"] == best["step"]
@@ -188,7 +183,7 @@ def test_wrong_type_and_unknown_key_name_the_key():
 
 def test_latent_none_requires_a_latent_free_decoder(tmp_path):
     with pytest.raises(ValueError, match="latent='none'"):
-        _run(tmp_path, "latent=none", "trainer.max_steps=2")
+        train_run(tmp_path, *TINY, "latent=none", "trainer.max_steps=2")
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -261,7 +256,7 @@ def test_the_planned_evaluations_are_those_the_loop_makes(tmp_path):
     each planned step, here across a phase boundary and a trainer.max_steps that stops the last phase early."""
     overrides = ["trainer.batch_size=64", "trainer.max_epochs=null", "trainer.eval_every=null", "trainer.max_steps=10",
                  "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]"]
-    _run(tmp_path, *overrides)
+    train_run(tmp_path, *TINY, *overrides)
     cfg = _compose(*TINY, *overrides)
     phases, max_steps = train_module._plan(cfg.trainer, {"train": 200})
     planned = train_module._evaluation_steps(phases, cfg.trainer.eval_every, max_steps)
@@ -323,7 +318,7 @@ def test_launchers_compose(launcher):
 
 
 def test_csv_logger_keeps_every_metric_under_one_header(tmp_path):
-    _run(tmp_path, "logger=csv", "trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10")
+    train_run(tmp_path, *TINY, "logger=csv", "trainer.max_steps=20", "trainer.log_every=5", "trainer.eval_every=10")
     log = pd.read_csv(tmp_path / "run" / "train_log.csv")
     assert list(log.columns) == ["step", "metric", "value"]
     assert set(log.loc[log.step == 5, "metric"]) == {"train/loss"}
@@ -331,18 +326,20 @@ def test_csv_logger_keeps_every_metric_under_one_header(tmp_path):
 
 
 def test_wandb_logger_runs_without_network(tmp_path):
-    record = _run(tmp_path, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=4", "trainer.log_every=2")
+    record = train_run(tmp_path, *TINY, "logger=wandb", "logger.mode=disabled", "trainer.max_steps=4",
+                       "trainer.log_every=2")
     assert record["status"] == "completed"
     assert _compose("logger=wandb").logger.mode == "offline"  # the default never touches the network
 
 
 def test_resume_refuses_a_checkpoint_of_another_configuration(tmp_path, monkeypatch):
-    _run(tmp_path, "trainer.max_steps=20", "trainer.eval_every=10")
+    train_run(tmp_path, *TINY, "trainer.max_steps=20", "trainer.eval_every=10")
     (tmp_path / "run" / "metrics.json").unlink()  # as if killed after the last checkpoint
     with pytest.raises(ValueError, match="optim.lr"):
-        _run(tmp_path, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.resume=true", "optim.lr=0.5")
+        train_run(tmp_path, *TINY, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.resume=true",
+                  "optim.lr=0.5")
     # Extending the run is a resumption of the same run.
-    record = _run(tmp_path, "trainer.max_steps=30", "trainer.eval_every=10", "trainer.resume=true")
+    record = train_run(tmp_path, *TINY, "trainer.max_steps=30", "trainer.eval_every=10", "trainer.resume=true")
     assert record["steps"] == 30
 
 
@@ -373,7 +370,7 @@ def test_best_is_selected_among_the_evaluations_of_the_last_phase(tmp_path, monk
         return {name: {"acc": acc} for name in splits}
 
     monkeypatch.setattr(Task, "evaluate_splits", fake)
-    record = _run(tmp_path, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
+    record = train_run(tmp_path, *TINY, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
                   "trainer.select=best",
                   "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
     assert record["metrics"]["valid/acc"] == 30.0 and record["best_step"] == 6
@@ -390,7 +387,7 @@ def test_seconds_per_epoch_times_the_last_phase_only(tmp_path, monkeypatch):
         clock[0] += 10.0 if phase == 0 else 1.0
 
     monkeypatch.setattr(Task, "begin_step", tick)
-    record = _run(tmp_path, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
+    record = train_run(tmp_path, *TINY, "trainer.batch_size=100", "trainer.max_epochs=null", "trainer.eval_every=null",
                   "+trainer.phases=[{split: train, epochs: 2}, {split: train, epochs: 2}]")
     assert record["seconds_per_step"] == 5.5  # (4 × 10 + 4 × 1) / 8
     assert record["seconds_per_epoch"] == 2.0  # 2 steps per epoch of phase 1
@@ -401,7 +398,7 @@ def test_the_map_oracle_estimators_and_rloo_train_on_the_synthetic_task(tmp_path
     """Issue #21's estimators end to end: a few steps of the default synthetic task, each with its settings set."""
     settings = {"blackbox": ["estimator.lam=5"], "imle": ["estimator.samples=2", "estimator.noise_k=1"],
                 "perturbed": ["estimator.sigma=0.5", "estimator.samples=3"], "sfe_rloo": ["estimator.samples=3"]}
-    record = _run(tmp_path, f"estimator={estimator}", *settings[estimator], "trainer.max_steps=4",
+    record = train_run(tmp_path, *TINY, f"estimator={estimator}", *settings[estimator], "trainer.max_steps=4",
                   "trainer.eval_every=2")
     assert record["status"] == "completed"
     assert set(record["metrics"]) >= {"valid/acc", "test/acc"}

@@ -25,9 +25,9 @@ from latentstruct.data.listops import (
 from latentstruct.structures import BinaryTree
 from latentstruct.tasks import ListOps
 from latentstruct.tasks.listops import tree_scores
-from latentstruct.train import build_model, train
+from latentstruct.train import build_model
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, train_run
 
 EXPERIMENTS = methods("listops")
 TREE_EXPERIMENTS = [e for e in EXPERIMENTS if e not in ("lstm", "gold")]
@@ -63,11 +63,11 @@ def _model(experiment: str, *overrides: str, seed: int = 0) -> ListOps:
 
 
 def _run(tmp_path: Path, experiment: str, *overrides: str) -> dict:
+    """Two steps of ``listops_<experiment>`` at the SMALL sizes on expressions generated into ``tmp_path / "data"``."""
     write_listops(tmp_path / "data" / "listops")
-    return train(_compose(f"+experiment=listops_{experiment}", *SMALL, "dataset.n_train=16", "dataset.n_valid=6",
-                          "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8",
-                          "trainer.progress=false", "trainer.device=cpu", f"paths.data_dir={tmp_path / 'data'}",
-                          f"paths.output_dir={tmp_path / 'run'}", *overrides))
+    return train_run(tmp_path, f"+experiment=listops_{experiment}", *SMALL, "dataset.n_train=16", "dataset.n_valid=6",
+                     "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8", "trainer.device=cpu",
+                     f"paths.data_dir={tmp_path / 'data'}", *overrides)
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -388,8 +388,7 @@ def test_a_part_group_listops_does_not_read_is_refused(group, option):
 @pytest.mark.real_data("listops")
 def test_real_listops_smoke_run(tmp_path, data_root):
     """The official test file end to end with the LSTM (10,000 expressions of up to 939 tokens, in length buckets)."""
-    record = train(_compose("+experiment=listops_lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",
-                            "trainer.max_steps=1", "trainer.batch_size=32", "trainer.progress=false",
-                            "trainer.device=cpu", f"paths.data_dir={data_root}",
-                            f"paths.output_dir={tmp_path / 'run'}"))
+    record = train_run(tmp_path, "+experiment=listops_lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",
+                       "trainer.max_steps=1", "trainer.batch_size=32", "trainer.device=cpu",
+                       f"paths.data_dir={data_root}")
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100

@@ -24,14 +24,10 @@ from latentstruct.tasks import LatentClassifier, Sorting
 from latentstruct.tasks.sorting import LinearSigmaNet, RankScorer, kendall_tau, sorting_loss
 from latentstruct.train import build_model, train
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, train_run
 
 TINY = ["dataset.num_items=5", "dataset.n_valid=40", "dataset.n_test=40", "trainer.progress=false"]
 EXPERIMENTS = methods("sorting")
-
-
-def _run(tmp_path: Path, *overrides: str, name: str = "run") -> dict:
-    return train(_compose(*TINY, f"paths.output_dir={tmp_path / name}", *overrides))
 
 
 def _random_permutations(batch: int, d: int, seed: int) -> torch.Tensor:
@@ -158,7 +154,8 @@ def test_default_task_is_the_classifier_and_a_sorting_run_is_another_configurati
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_sorting_experiment_runs_a_few_steps(tmp_path, experiment):
     assert len(EXPERIMENTS) == 4
-    record = _run(tmp_path, f"+experiment=sorting_{experiment}", "trainer.max_steps=4", "trainer.eval_every=2")
+    record = train_run(tmp_path, *TINY, f"+experiment=sorting_{experiment}", "trainer.max_steps=4",
+                       "trainer.eval_every=2")
     assert record["status"] == "completed"
     assert {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "prop_wrong", "kendall_tau")} <= set(
         record["metrics"]
@@ -262,7 +259,7 @@ def test_the_parts_are_the_protocol_networks():
 
 def test_direct_sigma1_training_improves_validation_accuracy(tmp_path):
     # Seed 3 starts far from sorted; Adam lr 0.1 then learns to sort 5 numbers within a dozen steps.
-    _run(tmp_path, "+experiment=sorting_direct_sigma1", "trainer.seed=3", "dataset.n_valid=100",
+    train_run(tmp_path, *TINY, "+experiment=sorting_direct_sigma1", "trainer.seed=3", "dataset.n_valid=100",
          "trainer.max_steps=12", "trainer.eval_every=1")
     history = pd.read_csv(tmp_path / "run" / "history.csv")
     first, last = history.iloc[0], history.iloc[-1]

@@ -19,9 +19,9 @@ from latentstruct.report.trees import main as show_trees_main
 from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.text import tree_depths
-from latentstruct.train import build_model, train
+from latentstruct.train import build_model
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, train_run
 
 METHODS = ["baseline", "marginals", "sparsemap", "perturb_and_map", "ste_s", "ste_i", "spigot", "spigot_ce",
            "spigot_eg"]
@@ -68,10 +68,9 @@ def write_glove(path: Path, words, dim: int = 4) -> Path:
     return path
 
 
-def _run(tmp_path: Path, *overrides: str) -> dict:
-    return train(_compose(*overrides, "trainer.progress=false", "trainer.device=cpu",
-                          f"paths.data_dir={tmp_path / 'data'}", f"paths.output_dir={tmp_path / 'run'}",
-                          f"embedding.cache_dir={tmp_path / 'cache'}"))
+def _local(tmp_path: Path) -> list[str]:
+    """A run on the CPU reading the generated data in ``tmp_path / "data"``, its vectors cached beside it."""
+    return ["trainer.device=cpu", f"paths.data_dir={tmp_path / 'data'}", f"embedding.cache_dir={tmp_path / 'cache'}"]
 
 
 # --- tree statistics ---------------------------------------------------------------------------------------------
@@ -273,8 +272,9 @@ def test_sweeps_compose_the_table_and_the_grids():
 @pytest.mark.parametrize("method", METHODS)
 def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     write_sst(tmp_path / "data" / "sst")
-    record = _run(tmp_path, f"+experiment=sst_{method}", "dataset.check_sizes=false", "trainer.max_steps=2",
-                  "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+    record = train_run(tmp_path, *_local(tmp_path), f"+experiment=sst_{method}", "dataset.check_sizes=false",
+                       "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8",
+                       "encoder.hidden=6")
     assert record["status"] == "completed" and record["seconds_per_epoch"] > 0
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
 
@@ -283,10 +283,9 @@ def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
 def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     write_snli(tmp_path / "data" / "snli")
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
-    record = _run(tmp_path, f"+experiment=snli_{method}", "trainer.max_steps=2", "trainer.eval_every=2",
-                  "trainer.batch_size=8",
-                  f"embedding.pretrained={glove.name}", "decoder.hidden=6",
-                  *([] if method == "baseline" else ["scorer.hidden=4"]))
+    record = train_run(tmp_path, *_local(tmp_path), f"+experiment=snli_{method}", "trainer.max_steps=2",
+                       "trainer.eval_every=2", "trainer.batch_size=8", f"embedding.pretrained={glove.name}",
+                       "decoder.hidden=6", *([] if method == "baseline" else ["scorer.hidden=4"]))
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
@@ -308,8 +307,8 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
     """report.json holds every test sentence's MAP tree of the final model (the checkpoint's, parsed again here);
     report.trees finds a sentence among them (an <unk> matching any word) and draws it, without the model."""
     write_sst(tmp_path / "data" / "sst")
-    _run(tmp_path, "+experiment=sst_spigot_ce", "dataset.check_sizes=false", "trainer.max_steps=2",
-         "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+    train_run(tmp_path, *_local(tmp_path), "+experiment=sst_spigot_ce", "dataset.check_sizes=false",
+              "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     sentences = load_trees(tmp_path / "run")
     model, data = _final_model(tmp_path / "run")
     test = data.splits["test"]
@@ -336,8 +335,8 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
 
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
-    _run(tmp_path, "+experiment=sst_baseline", "dataset.check_sizes=false", "trainer.max_steps=1",
-         "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+    train_run(tmp_path, *_local(tmp_path), "+experiment=sst_baseline", "dataset.check_sizes=false",
+              "trainer.max_steps=1", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     assert not (tmp_path / "run" / REPORT_FILE).exists()  # no latent tree: nothing to draw
     with pytest.raises(FileNotFoundError, match="latent-tree run"):
         load_trees(tmp_path / "run")
@@ -348,11 +347,10 @@ def test_real_sst_smoke_run(tmp_path, data_root):
     """The real SST files end to end: 64 training sentences, one epoch of SPIGOT, 64 valid / test sentences, with the
     shared GloVe 6B subset (frozen, lower-cased), then a tree of the trained model."""
     glove = data_root / "glove" / "glove.6B-top2717.100d.sst_conll_snli.txt.xz"
-    record = train(_compose("+experiment=sst_spigot", "dataset.subset=64", "dataset.eval_subset=64",
-                            "trainer.max_epochs=1", "trainer.progress=false", "trainer.device=cpu",
-                            f"paths.data_dir={data_root}", f"paths.output_dir={tmp_path / 'run'}",
-                            f"embedding.cache_dir={tmp_path / 'cache'}", "embedding.lowercase=true",
-                            *([f"embedding.pretrained={glove}"] if glove.is_file() else [])))
+    record = train_run(tmp_path, "+experiment=sst_spigot", "dataset.subset=64", "dataset.eval_subset=64",
+                       "trainer.max_epochs=1", "trainer.device=cpu", f"paths.data_dir={data_root}",
+                       f"embedding.cache_dir={tmp_path / 'cache'}", "embedding.lowercase=true",
+                       *([f"embedding.pretrained={glove}"] if glove.is_file() else []))
     assert record["status"] == "completed" and record["steps"] == 2
     assert 0 <= record["metrics"]["test/acc"] <= 100 and record["metrics"]["test/depth"] >= 1
     sentences = load_trees(tmp_path / "run")  # the trees of the 64 test sentences, lower-cased words
