@@ -173,6 +173,27 @@ def test_the_phi_gradient_is_the_implicit_gradient_or_the_explicit_one(primary):
     assert diff > 1e-4 * max(float(g.abs().max()) for g in grads["explicit"])  # the implicit term is there
 
 
+@pytest.mark.parametrize("features", [False, True])
+def test_forward_over_reverse_products_give_the_double_backward_gradient_through_the_bilstm(features):
+    """task.hvp=forward_over_reverse through A's BiLSTM (packed, trainable word vectors; NER+'s feature
+    embeddings): the φ-gradient of the double backward's, to round-off; with dropout it is refused."""
+    batch = _batch()
+    settings = dict(primary="cd", inner_steps=1, lam=0.7, num_samples=3, inverse_solver="minres", solver_tol=1e-4,
+                    solver_max_iter=6, features=features)
+    grads = {}
+    for hvp in ("double_backward", "forward_over_reverse"):
+        task = _task("implicit", hvp=hvp, **settings)
+        assert any(p.requires_grad for p in task.infnet.features.words.parameters())  # θ holds the word vectors
+        torch.manual_seed(5)
+        task(batch).loss.backward()
+        grads[hvp] = torch.cat([p.grad.reshape(-1) for p in task.energy_parameters()])
+    torch.testing.assert_close(grads["forward_over_reverse"], grads["double_backward"], rtol=1e-9, atol=1e-12)
+    task = _task("implicit", hvp="forward_over_reverse", **settings)
+    task.infnet.features.encoder.dropout.p = 0.1
+    with pytest.raises(ValueError, match="dropout"):
+        task(batch)
+
+
 # -------------------------------------------------------------------------------------------------- padding
 
 
