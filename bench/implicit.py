@@ -2,7 +2,8 @@
 — what one step costs and how close its H⁻¹v is — on the energy tables' configurations (NER, POS, bibtex).
 
     python bench/implicit.py --out results/bench/implicit.md [--datasets ner pos bibtex] [--pretrain-steps 100]
-                             [--method-steps 5] [--rounds 3] [--cg-tol 0.1] [--cg-max-iter 20] [--threads 1]
+                             [--method-steps 5] [--rounds 3] [--solvers minres:0.2 ...] [--max-iter 20]
+                             [--hvps double_backward forward_over_reverse] [--threads 1]
 
 **State.** Per dataset, each configuration (``+experiment=<prefix>_{cd,ssvm,dvn}``, and ``_spen``, ``_explicit_cd``
 for the ratios; composed and built by :func:`bench.tables.build_cell`, as a sweep job) is trained as train.py
@@ -18,10 +19,20 @@ definite on its Krylov space (else the stop is reported); then, for the 20-term 
 products, seconds, relative residual, ‖w − w*‖/‖w*‖, and the relative error of the implicit *gradient*
 dL_prim/dφ against the one from w* and against the 20-term series' (what the code computed before).
 
+**Products** (same batch): the two ways of making the Hessian-vector products (``task.hvp``,
+``latentstruct/models/implicit.py``): ``double_backward`` (one ``create_graph`` backward of L_aux — its *setup* —
+then one backward through that graph per product) and ``forward_over_reverse`` (per product, L_aux re-evaluated with
+θ as dual numbers and differentiated once; no setup); per way, the seconds of the setup, of one product H v and of
+one mixed product (∂²L_aux/∂φ∂θ) v (medians of ``--product-repeats``), the relative difference of its H v from the
+double backward's, and of its implicit gradient (MINRES at ``--solvers``' first tolerance) from the double
+backward's.
+
 **Cost** (same process, interleaved so that the machine's load affects every row alike): ``--rounds`` rounds, each
 one training step (train.py's: forward, backward, optimizer step) of SPEN, of the explicit L_CD, and of every implicit
-configuration with the series and with CG (``--cg-tol``, ``--cg-max-iter``); the time of one HVP; the seconds inside
-the solver (the implicit term's share of the step). Reported: medians over the rounds.
+configuration with the series and with each of ``--solvers`` (``solver:tol``, cap ``--max-iter``), the solvers'
+rows once per way of making the products (``--hvps``; a row without a way named is ``double_backward``); the time of
+one HVP; the seconds inside the solver, and inside the whole implicit term (``Task.timings``: ∇_θ L_aux, the solver,
+the mixed product — what ``train.py`` records as ``time/implicit_share``). Reported: medians over the rounds.
 
 The machine is a shared 2-core CPU (one torch thread): timings are under load, and only ratios within one run mean
 anything. ``make bench-implicit`` runs the default and writes ``results/bench/implicit.md`` and ``.json``.
@@ -53,10 +64,14 @@ if not hasattr(tables, "build_cell"):
 
 from latentstruct.models.energy import auxiliary_loss  # noqa: E402
 from latentstruct.models.implicit import (  # noqa: E402
+    HVPS,
+    ForwardOverReverse,
     cg_inverse_hvp,
+    grad_or_zeros,
     hvp,
     implicit_gradient,
     minres_inverse_hvp,
+    mixed_vp,
     neumann_inverse_hvp,
 )
 
@@ -99,17 +114,19 @@ def _stepper(built):
 
 
 def _losses(model, batch):
-    """(L_prim, L_aux, θ, φ) at the current θ, φ (no inner step), as ``_bilevel_step`` forms them."""
+    """(L_prim, L_aux, θ, φ, the batch as the step sees it) at the current θ, φ (no inner step), as
+    ``_bilevel_step`` forms them."""
     batch = model.trim(batch) if hasattr(model, "trim") else batch
     theta, phi = model.inference_parameters(), model.energy_parameters()
     y_bar, nll = model.inference(model.infnet, batch)
     prim = model.primary_loss(batch, y_bar)
     aux = auxiliary_loss(nll, model.energy(batch, y_bar), model.lam)
-    return prim, aux, theta, phi
+    return prim, aux, theta, phi, batch
 
 
-def _solve(prim, aux, theta, phi, solver):
-    """The implicit gradient with ``solver`` as H⁻¹, and what the solver saw and did."""
+def _solve(prim, aux, theta, phi, solver, aux_fn=None):
+    """The implicit gradient with ``solver`` as H⁻¹ (products by forward-over-reverse given ``aux_fn``), and what
+    the solver saw and did."""
     rec: dict = {}
 
     def inverse(g, p, v):
@@ -119,14 +136,46 @@ def _solve(prim, aux, theta, phi, solver):
         rec.update(seconds=time.perf_counter() - start, w=w, v=v, g=g, history=history)
         return w
 
-    rec["grad"] = implicit_gradient(prim, aux, theta, phi, inverse_hvp=inverse)
+    rec["grad"] = implicit_gradient(prim, aux, theta, phi, inverse_hvp=inverse, aux_fn=aux_fn)
     return rec
+
+
+def products(model, batch, prim, aux, theta, phi, v, args) -> dict:
+    """The products block of the module docstring."""
+    repeat = args.product_repeats
+
+    def median(fn) -> float:
+        return statistics.median(_timed(fn) for _ in range(repeat))
+
+    g = grad_or_zeros(aux, theta, create_graph=True)
+    want = hvp(g, theta, v)
+    out = {"double_backward": {"setup_seconds": median(lambda: grad_or_zeros(aux, theta, create_graph=True)),
+                               "product_seconds": median(lambda: hvp(g, theta, v)),
+                               "mixed_seconds": median(lambda: mixed_vp(g, theta, phi, v))}}
+    try:
+        op = ForwardOverReverse(model.aux_function(batch), theta, phi)
+        got = op(v)
+    except (NotImplementedError, ValueError) as err:
+        out["forward_over_reverse"] = {"error": str(err)}
+        return out
+    out["forward_over_reverse"] = {"setup_seconds": 0.0, "product_seconds": median(lambda: op(v)),
+                                   "mixed_seconds": median(lambda: op.mixed(v)), "product_difference": _rel(got, want)}
+    kind, _, tol = args.solvers[0].partition(":")
+    solver = functools.partial(minres_inverse_hvp if kind == "minres" else cg_inverse_hvp, tol=float(tol),
+                               max_iter=args.max_iter)
+    torch.manual_seed(0)  # the same L_CD samples for both
+    double = _solve(_losses(model, batch)[0], aux, theta, phi, solver)
+    torch.manual_seed(0)
+    forward = _solve(_losses(model, batch)[0], None, theta, phi, solver, aux_fn=model.aux_function(batch))
+    out["forward_over_reverse"]["gradient_difference"] = _rel(forward["grad"], double["grad"])
+    out["forward_over_reverse"]["products_used"] = [len(double["history"]), len(forward["history"])]
+    return out
 
 
 def accuracy(model, batch, args) -> dict:
     """The accuracy block of the module docstring for one batch."""
     torch.manual_seed(0)  # L_CD's samples
-    prim, aux, theta, phi = _losses(model, batch)
+    prim, aux, theta, phi, batch = _losses(model, batch)
     alpha, terms = model.neumann_alpha, model.neumann_terms
     out: dict = {"alpha": alpha, "terms": terms}
     seed = _solve(prim, aux, theta, phi, functools.partial(neumann_inverse_hvp, terms=terms, alpha=alpha))
@@ -134,6 +183,7 @@ def accuracy(model, batch, args) -> dict:
         return None  # ∂L_prim/∂θ = 0: no implicit term on this batch
     g, v = seed["g"], seed["v"]
     out["hvp_seconds"] = statistics.median(_timed(lambda: hvp(g, theta, v)) for _ in range(5))
+    out["products"] = products(model, batch, prim, aux, theta, phi, v, args)
     series: list[float] = []
     neumann_inverse_hvp(g, theta, v, terms=args.series_terms, alpha=alpha, history=series)
     out["series_residuals"] = series  # [k-1]: of the sum of the first k terms
@@ -235,32 +285,40 @@ def run_dataset(dataset: str, args) -> dict:
         else:
             out["accuracy"][primary] = {"none": "∂L_prim/∂θ = 0 on 10 batches"}
             continue
-        ref = out["accuracy"][primary]["reference"]
+        ref, series = out["accuracy"][primary]["reference"], out["accuracy"][primary]["series_residuals"]
         print(f"  {dataset} {primary}: hvp {out['accuracy'][primary]['hvp_seconds']:.3f} s, series residual after "
-              f"20 terms {out['accuracy'][primary]['series_residuals'][19]:.3g}, reference "
+              f"{min(20, len(series))} terms {series[min(20, len(series)) - 1]:.3g}, reference "
               f"{'converged' if ref['converged'] else 'not converged'} in {ref['products']}", flush=True)
     # cost: interleaved rounds
     rows = {"spen": [], "explicit_cd": []}
     for primary in args.primaries:
-        for solver in ("neumann", *args.solvers):
-            rows[f"{primary} {solver}"] = []
+        rows[f"{primary} neumann"] = []
+        for solver in args.solvers:
+            for way in args.hvps:
+                rows[f"{primary} {solver}" + ("" if way == "double_backward" else f" {way}")] = []
     solver_share = {k: [] for k in rows}
+    implicit_share = {k: [] for k in rows}
     clocks = {p: _solver_clock(models[p][0].model) for p in args.primaries}
     for _ in range(args.rounds):
         for name in rows:
-            experiment, _, solver = name.partition(" ")
+            experiment, _, rest = name.partition(" ")
+            solver, _, way = rest.partition(" ")
             built, step, _, last = models[experiment]
             if solver:
                 kind, _, tol = solver.partition(":")
                 built.model.inverse_solver = kind
                 built.model.solver_tol, built.model.solver_max_iter = float(tol or 0), args.max_iter
+                built.model.hvp = way or "double_backward"
                 clocks[experiment][0] = 0.0
+                before = built.model.timings()["implicit"]
             seconds = _timed(lambda: step(last))  # noqa: B023
             rows[name].append(seconds)
             solver_share[name].append(clocks[experiment][0] if solver else 0.0)
+            implicit_share[name].append(built.model.timings()["implicit"] - before if solver else 0.0)
     for name, times in rows.items():
         out["timing"][name] = {"step_seconds": statistics.median(times), "all": times,
-                               "solver_seconds": statistics.median(solver_share[name])}
+                               "solver_seconds": statistics.median(solver_share[name]),
+                               "implicit_seconds": statistics.median(implicit_share[name])}
     return out
 
 
@@ -297,14 +355,41 @@ def render(sheet: dict) -> list[str]:
     for dataset, res in sheet["datasets"].items():
         a = res.get("args", sheet["args"])  # the run's that measured this dataset
         lines += [f"## {dataset}", "", "### Cost per training step of the method (seconds, medians)", "",
-                  "| row | s / step | × SPEN | in the solver (s) | solver share |", "|---|---|---|---|---|"]
+                  "| row | s / step | × SPEN | in the solver (s) | solver share | implicit term (s) | implicit share |",
+                  "|---|---|---|---|---|---|---|"]
         spen = res["timing"]["spen"]["step_seconds"]
         for name, t in res["timing"].items():
             share = t["solver_seconds"] / t["step_seconds"] if t["step_seconds"] else 0
+            implicit = t.get("implicit_seconds")
+            whole = "—" if implicit is None else f"{implicit:.3f}"
+            whole_share = "—" if implicit is None else f"{100 * implicit / t['step_seconds']:.0f} %"
             lines.append(f"| {name} | {t['step_seconds']:.3f} | {t['step_seconds'] / spen:.1f} | "
-                         f"{t['solver_seconds']:.3f} | {100 * share:.0f} % |")
-        lines += ["", f"Rows `<primary> <solver>:<tol>`: that solver stopped at that relative residual or after "
-                  f"{a['max_iter']} products.", ""]
+                         f"{t['solver_seconds']:.3f} | {100 * share:.0f} % | {whole} | {whole_share} |")
+        lines += ["", f"Rows `<primary> <solver>:<tol> [<hvp>]`: that solver stopped at that relative residual or "
+                  f"after {a['max_iter']} products, its products made by double backward unless `forward_over_reverse`"
+                  " is named. Implicit term: ∇_θ L_aux, the solver and the mixed product (what train.py records as "
+                  "`time/implicit_share`; — where the run predates it).", ""]
+        ways = {p: acc["products"] for p, acc in res["accuracy"].items() if "products" in acc}
+        if ways:
+            lines += ["### Products: double backward vs forward-over-reverse (seconds, one batch)", "",
+                      "| configuration | way | setup | one H v | one mixed product | × double backward (H v) | "
+                      "H v difference | implicit gradient difference | products (db, fo-r) |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for primary, way in ways.items():
+                base = way["double_backward"]["product_seconds"]
+                for name, w in way.items():
+                    if "error" in w:
+                        lines.append(f"| L_{primary.upper()} | {name} | {w['error']} |  |  |  |  |  |  |")
+                        continue
+                    used = w.get("products_used")
+                    lines.append(
+                        f"| L_{primary.upper()} | {name} | {w['setup_seconds']:.4f} | {w['product_seconds']:.4f} | "
+                        f"{w['mixed_seconds']:.4f} | {w['product_seconds'] / base:.2f} | "
+                        f"{_f(w.get('product_difference'))} | {_f(w.get('gradient_difference'))} | "
+                        f"{'' if used is None else f'{used[0]}, {used[1]}'} |")
+            lines += ["", "Setup: the `create_graph` backward of L_aux that every double-backward product then "
+                      "reuses (forward-over-reverse has none). Differences: relative, against the double backward's "
+                      "H v and its implicit gradient (MINRES at the first `--solvers` tolerance), float32.", ""]
         for primary, acc in res["accuracy"].items():
             if "none" in acc:
                 lines += [f"### {dataset} L_{primary.upper()}: {acc['none']}", ""]
@@ -350,6 +435,9 @@ def main(argv=None) -> int:
     parser.add_argument("--solvers", nargs="*", default=["minres:0.2", "minres:0.1"],
                         help="solver:tol pairs timed beside the series in the cost block")
     parser.add_argument("--max-iter", type=int, default=20, help="the solvers' cap (both blocks)")
+    parser.add_argument("--hvps", nargs="*", default=list(HVPS), choices=HVPS,
+                        help="the ways of making the products timed in the cost block's solver rows")
+    parser.add_argument("--product-repeats", type=int, default=5, help="timings per product (medians)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--merge", type=Path, nargs="*", help="only write --out from these sheets' datasets (runs "
                         "of one dataset each, e.g. run side by side)")
@@ -380,7 +468,8 @@ def main(argv=None) -> int:
              "command": "python bench/implicit.py " + " ".join(words),
              "torch": torch.__version__, "threads": torch.get_num_threads(), "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
-                                               "ref_max_iter", "tols", "solvers", "max_iter", "primaries")},
+                                               "ref_max_iter", "tols", "solvers", "max_iter", "primaries", "hvps",
+                                               "product_repeats")},
              "datasets": {}}
     for dataset in args.datasets:
         sheet["datasets"][dataset] = {**run_dataset(dataset, args), "args": sheet["args"]}
