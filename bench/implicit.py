@@ -46,6 +46,7 @@ import functools
 import importlib.util
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -82,6 +83,8 @@ DATASETS = {
     "bibtex": ("energy_mlc", ["dataset=bibtex"], "mlc"),
 }
 PRIMARIES = ("cd", "ssvm", "dvn")
+#: where the configurations are built and timed (``--device``; CUDA timings synchronise the device at both ends)
+DEVICE = torch.device("cpu")
 
 
 def _flat(ts) -> torch.Tensor:
@@ -96,7 +99,7 @@ def _rel(a, b) -> float:
 def _build(dataset: str, experiment: str, data_cache: dict, extra=()):
     sweep, overrides, prefix = DATASETS[dataset]
     cell = tables.Cell(f"energy/{dataset}", sweep, [f"+experiment={prefix}_{experiment}", *overrides], 1)
-    return tables.build_cell(cell, torch.device("cpu"), data_cache, extra)
+    return tables.build_cell(cell, DEVICE, data_cache, extra)
 
 
 def _stepper(built):
@@ -223,8 +226,12 @@ def accuracy(model, batch, args) -> dict:
 
 
 def _timed(fn) -> float:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     start = time.perf_counter()
     fn()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     return time.perf_counter() - start
 
 
@@ -299,6 +306,7 @@ def run_dataset(dataset: str, args) -> dict:
     solver_share = {k: [] for k in rows}
     implicit_share = {k: [] for k in rows}
     clocks = {p: _solver_clock(models[p][0].model) for p in args.primaries}
+    failed: dict[str, str] = {}
     for _ in range(args.rounds):
         for name in rows:
             experiment, _, rest = name.partition(" ")
@@ -311,11 +319,20 @@ def run_dataset(dataset: str, args) -> dict:
                 built.model.hvp = way or "double_backward"
                 clocks[experiment][0] = 0.0
                 before = built.model.timings()["implicit"]
-            seconds = _timed(lambda: step(last))  # noqa: B023
+            if name in failed:
+                continue
+            try:
+                seconds = _timed(lambda: step(last))  # noqa: B023
+            except (NotImplementedError, ValueError) as err:  # forward-over-reverse on a model without it
+                failed[name] = str(err)
+                continue
             rows[name].append(seconds)
             solver_share[name].append(clocks[experiment][0] if solver else 0.0)
             implicit_share[name].append(built.model.timings()["implicit"] - before if solver else 0.0)
     for name, times in rows.items():
+        if name in failed:
+            out["timing"][name] = {"error": failed[name]}
+            continue
         out["timing"][name] = {"step_seconds": statistics.median(times), "all": times,
                                "solver_seconds": statistics.median(solver_share[name]),
                                "implicit_seconds": statistics.median(implicit_share[name])}
@@ -327,6 +344,55 @@ def run_dataset(dataset: str, args) -> dict:
 
 def _f(x, d=3) -> str:
     return "—" if x is None else f"{x:.{d}g}" if abs(x) < 1e-2 else f"{x:.{d}f}"
+
+
+def cost_lines(res: dict, max_iter: int) -> list[str]:
+    """The cost table of one dataset's results (``res["timing"]``)."""
+    lines = ["### Cost per training step of the method (seconds, medians)", "",
+             "| row | s / step | × SPEN | in the solver (s) | solver share | implicit term (s) | implicit share |",
+             "|---|---|---|---|---|---|---|"]
+    spen = res["timing"]["spen"]["step_seconds"]
+    for name, t in res["timing"].items():
+        if "error" in t:
+            lines.append(f"| {name} | failed: {t['error']} |  |  |  |  |  |")
+            continue
+        share = t["solver_seconds"] / t["step_seconds"] if t["step_seconds"] else 0
+        implicit = t.get("implicit_seconds")
+        whole = "—" if implicit is None else f"{implicit:.3f}"
+        whole_share = "—" if implicit is None else f"{100 * implicit / t['step_seconds']:.0f} %"
+        lines.append(f"| {name} | {t['step_seconds']:.3f} | {t['step_seconds'] / spen:.1f} | "
+                     f"{t['solver_seconds']:.3f} | {100 * share:.0f} % | {whole} | {whole_share} |")
+    return lines + ["", f"Rows `<primary> <solver>:<tol> [<hvp>]`: that solver stopped at that relative residual or "
+                    f"after {max_iter} products, its products made by double backward unless `forward_over_reverse` "
+                    "is named. Implicit term: ∇_θ L_aux, the solver and the mixed product (what train.py records as "
+                    "`time/implicit_share`; — where the run predates it).", ""]
+
+
+def product_lines(res: dict) -> list[str]:
+    """The products table (double backward vs forward-over-reverse) of one dataset's results, if measured."""
+    ways = {p: acc["products"] for p, acc in res["accuracy"].items() if "products" in acc}
+    if not ways:
+        return []
+    lines = ["### Products: double backward vs forward-over-reverse (seconds, one batch)", "",
+             "| configuration | way | setup | one H v | one mixed product | × double backward (H v) | "
+             "H v difference | implicit gradient difference | products (db, fo-r) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for primary, way in ways.items():
+        base = way["double_backward"]["product_seconds"]
+        for name, w in way.items():
+            if "error" in w:
+                lines.append(f"| L_{primary.upper()} | {name} | failed: {w['error']} |  |  |  |  |  |  |")
+                continue
+            used = w.get("products_used")
+            lines.append(
+                f"| L_{primary.upper()} | {name} | {w['setup_seconds']:.4f} | {w['product_seconds']:.4f} | "
+                f"{w['mixed_seconds']:.4f} | {w['product_seconds'] / base:.2f} | "
+                f"{_f(w.get('product_difference'))} | {_f(w.get('gradient_difference'))} | "
+                f"{'' if used is None else f'{used[0]}, {used[1]}'} |")
+    return lines + ["", "Setup: the `create_graph` backward of L_aux that every double-backward product then "
+                    "reuses (forward-over-reverse has none). Differences: relative, against the double backward's "
+                    "H v and its implicit gradient (MINRES at the first `--solvers` tolerance), float32 — round-off, "
+                    "if the two ways compute the same thing.", ""]
 
 
 def render(sheet: dict) -> list[str]:
@@ -342,11 +408,12 @@ def render(sheet: dict) -> list[str]:
           f"{r['args']['method_steps']} method steps from the configuration's seed, {r['args']['rounds']} rounds."
           for r in runs], "",
         f"Torch "
-        f"{sheet['torch']}, CPU, {sheet['threads']} torch thread, on a shared 2-core machine under heavy load from "
-        "other jobs (load average 14-29 during the committed runs: absolute seconds are many times the unloaded "
-        "ones and noisy; every row of one table was timed interleaved in one process, so the ratios between rows "
-        "are the comparable numbers). One training batch for the accuracy block; interleaved rounds of one training "
-        "step per row for the cost block (medians).", "",
+        f"{sheet['torch']}, {sheet.get('device', 'cpu').upper()}, {sheet['threads']} torch thread, on a shared 2-core "
+        "machine under load from other jobs (load averages at the start and end of each run: "
+        + "; ".join(f"{' → '.join(f'{x:.1f}' for x in r['load_average'])}" for r in runs if r.get("load_average"))
+        + "; absolute seconds are many times the unloaded ones and noisy; every row of one table was timed "
+        "interleaved in one process, so the ratios between rows are the comparable numbers). One training batch for "
+        "the accuracy block; interleaved rounds of one training step per row for the cost block (medians).", "",
         "Systems: the series with K terms returns α Σ_{i≤K} (I − αH)^i v (it solves no system; its residual is "
         "(I − αH)^{K+1} v); MINRES and CG solve H w = v (no damping) and stop at relative residual `tol` or after "
         "`cap` products; CG also at a direction of non-positive curvature (then it returns its last iterate). "
@@ -354,42 +421,7 @@ def render(sheet: dict) -> list[str]:
     ]
     for dataset, res in sheet["datasets"].items():
         a = res.get("args", sheet["args"])  # the run's that measured this dataset
-        lines += [f"## {dataset}", "", "### Cost per training step of the method (seconds, medians)", "",
-                  "| row | s / step | × SPEN | in the solver (s) | solver share | implicit term (s) | implicit share |",
-                  "|---|---|---|---|---|---|---|"]
-        spen = res["timing"]["spen"]["step_seconds"]
-        for name, t in res["timing"].items():
-            share = t["solver_seconds"] / t["step_seconds"] if t["step_seconds"] else 0
-            implicit = t.get("implicit_seconds")
-            whole = "—" if implicit is None else f"{implicit:.3f}"
-            whole_share = "—" if implicit is None else f"{100 * implicit / t['step_seconds']:.0f} %"
-            lines.append(f"| {name} | {t['step_seconds']:.3f} | {t['step_seconds'] / spen:.1f} | "
-                         f"{t['solver_seconds']:.3f} | {100 * share:.0f} % | {whole} | {whole_share} |")
-        lines += ["", f"Rows `<primary> <solver>:<tol> [<hvp>]`: that solver stopped at that relative residual or "
-                  f"after {a['max_iter']} products, its products made by double backward unless `forward_over_reverse`"
-                  " is named. Implicit term: ∇_θ L_aux, the solver and the mixed product (what train.py records as "
-                  "`time/implicit_share`; — where the run predates it).", ""]
-        ways = {p: acc["products"] for p, acc in res["accuracy"].items() if "products" in acc}
-        if ways:
-            lines += ["### Products: double backward vs forward-over-reverse (seconds, one batch)", "",
-                      "| configuration | way | setup | one H v | one mixed product | × double backward (H v) | "
-                      "H v difference | implicit gradient difference | products (db, fo-r) |",
-                      "|---|---|---|---|---|---|---|---|---|"]
-            for primary, way in ways.items():
-                base = way["double_backward"]["product_seconds"]
-                for name, w in way.items():
-                    if "error" in w:
-                        lines.append(f"| L_{primary.upper()} | {name} | {w['error']} |  |  |  |  |  |  |")
-                        continue
-                    used = w.get("products_used")
-                    lines.append(
-                        f"| L_{primary.upper()} | {name} | {w['setup_seconds']:.4f} | {w['product_seconds']:.4f} | "
-                        f"{w['mixed_seconds']:.4f} | {w['product_seconds'] / base:.2f} | "
-                        f"{_f(w.get('product_difference'))} | {_f(w.get('gradient_difference'))} | "
-                        f"{'' if used is None else f'{used[0]}, {used[1]}'} |")
-            lines += ["", "Setup: the `create_graph` backward of L_aux that every double-backward product then "
-                      "reuses (forward-over-reverse has none). Differences: relative, against the double backward's "
-                      "H v and its implicit gradient (MINRES at the first `--solvers` tolerance), float32.", ""]
+        lines += [f"## {dataset}", ""] + cost_lines(res, a["max_iter"]) + product_lines(res)
         for primary, acc in res["accuracy"].items():
             if "none" in acc:
                 lines += [f"### {dataset} L_{primary.upper()}: {acc['none']}", ""]
@@ -439,6 +471,7 @@ def main(argv=None) -> int:
                         help="the ways of making the products timed in the cost block's solver rows")
     parser.add_argument("--product-repeats", type=int, default=5, help="timings per product (medians)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU check runs it on cuda)")
     parser.add_argument("--merge", type=Path, nargs="*", help="only write --out from these sheets' datasets (runs "
                         "of one dataset each, e.g. run side by side)")
     args = parser.parse_args(argv)
@@ -452,12 +485,15 @@ def main(argv=None) -> int:
             sh["command"] = " ".join(Path(w).name if i and words[i - 1] == "--out" else w
                                      for i, w in enumerate(words))
         sheet = {**sheets[0], "datasets": {k: v for sh in sheets for k, v in sh["datasets"].items()},
-                 "runs": [{k: sh[k] for k in ("generated", "commit", "command", "args")} for sh in sheets]}
+                 "runs": [{k: sh.get(k) for k in ("generated", "commit", "command", "args", "load_average")}
+                          for sh in sheets]}
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
         args.out.write_text("\n".join(render(sheet)) + "\n")
         print(f"wrote {args.out}")
         return 0
     torch.set_num_threads(args.threads)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
@@ -466,13 +502,15 @@ def main(argv=None) -> int:
     words = [Path(w).name if i and words[i - 1] == "--out" else w for i, w in enumerate(words)]  # no machine paths
     sheet = {"generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
              "command": "python bench/implicit.py " + " ".join(words),
-             "torch": torch.__version__, "threads": torch.get_num_threads(), "args": {
+             "torch": torch.__version__, "threads": torch.get_num_threads(), "device": DEVICE.type,
+             "load_average": [os.getloadavg()[0]], "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
                                                "ref_max_iter", "tols", "solvers", "max_iter", "primaries", "hvps",
                                                "product_repeats")},
              "datasets": {}}
     for dataset in args.datasets:
         sheet["datasets"][dataset] = {**run_dataset(dataset, args), "args": sheet["args"]}
+        sheet["load_average"] = [sheet["load_average"][0], os.getloadavg()[0]]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
         args.out.write_text("\n".join(render(sheet)) + "\n")
