@@ -38,8 +38,9 @@ Products, never matrices
   ordinary backward of it gives ∇L whose tangent is H v (w.r.t. θ) and (∂²L/∂φ∂θ) v (w.r.t. φ). No ``create_graph``
   backward is needed, but every product costs a forward and a backward of L with dual numbers. Forward-mode AD is
   eager PyTorch's, not ``torch.func.jvp`` over ``torch.func.grad``: the latter fails on a packed LSTM
-  ("Cannot access data pointer of Tensor that doesn't have storage", torch 2.13), the eager one does not (with
-  :func:`latentstruct.models.text.pack_padded`; ``_pack_padded_sequence`` has no forward-mode derivative). Which of
+  ("Cannot access data pointer of Tensor that doesn't have storage", torch 2.13), the eager one does not (the
+  encoder packs a dual input with :func:`latentstruct.models.text.pack_padded`: ``_pack_padded_sequence`` has no
+  forward-mode derivative). Which of
   the two is faster is measured, not assumed: ``results/bench/implicit.md``.
 * :func:`neumann_inverse_hvp` — H⁻¹ v by the truncated von Neumann series of Appendix A, with the step size α of
   Lorraine, Vicol & Duvenaud (2020, Algorithm 3) as the "suitably chosen large divisor" 1/α:
