@@ -2,7 +2,8 @@
 — what one step costs and how close its H⁻¹v is — on the energy tables' configurations (NER, POS, bibtex).
 
     python bench/implicit.py --out results/bench/implicit.md [--datasets ner pos bibtex] [--pretrain-steps 100]
-                             [--method-steps 5] [--rounds 3] [--cg-tol 0.1] [--cg-max-iter 20] [--threads 1]
+                             [--method-steps 5] [--rounds 3] [--solvers minres:0.2 ...] [--max-iter 20]
+                             [--hvps double_backward forward_over_reverse] [--threads 1]
 
 **State.** Per dataset, each configuration (``+experiment=<prefix>_{cd,ssvm,dvn}``, and ``_spen``, ``_explicit_cd``
 for the ratios; composed and built by :func:`bench.tables.build_cell`, as a sweep job) is trained as train.py
@@ -18,10 +19,20 @@ definite on its Krylov space (else the stop is reported); then, for the 20-term 
 products, seconds, relative residual, ‖w − w*‖/‖w*‖, and the relative error of the implicit *gradient*
 dL_prim/dφ against the one from w* and against the 20-term series' (what the code computed before).
 
+**Products** (same batch): the two ways of making the Hessian-vector products (``task.hvp``,
+``latentstruct/models/implicit.py``): ``double_backward`` (one ``create_graph`` backward of L_aux — its *setup* —
+then one backward through that graph per product) and ``forward_over_reverse`` (per product, L_aux re-evaluated with
+θ as dual numbers and differentiated once; no setup); per way, the seconds of the setup, of one product H v and of
+one mixed product (∂²L_aux/∂φ∂θ) v (medians of ``--product-repeats``), the relative difference of its H v from the
+double backward's, and of its implicit gradient (MINRES at ``--solvers``' first tolerance) from the double
+backward's.
+
 **Cost** (same process, interleaved so that the machine's load affects every row alike): ``--rounds`` rounds, each
 one training step (train.py's: forward, backward, optimizer step) of SPEN, of the explicit L_CD, and of every implicit
-configuration with the series and with CG (``--cg-tol``, ``--cg-max-iter``); the time of one HVP; the seconds inside
-the solver (the implicit term's share of the step). Reported: medians over the rounds.
+configuration with the series and with each of ``--solvers`` (``solver:tol``, cap ``--max-iter``), the solvers'
+rows once per way of making the products (``--hvps``; a row without a way named is ``double_backward``); the time of
+one HVP; the seconds inside the solver, and inside the whole implicit term (``Task.timings``: ∇_θ L_aux, the solver,
+the mixed product — what ``train.py`` records as ``time/implicit_share``). Reported: medians over the rounds.
 
 The machine is a shared 2-core CPU (one torch thread): timings are under load, and only ratios within one run mean
 anything. ``make bench-implicit`` runs the default and writes ``results/bench/implicit.md`` and ``.json``.
@@ -35,6 +46,7 @@ import functools
 import importlib.util
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -53,10 +65,14 @@ if not hasattr(tables, "build_cell"):
 
 from latentstruct.models.energy import auxiliary_loss  # noqa: E402
 from latentstruct.models.implicit import (  # noqa: E402
+    HVPS,
+    ForwardOverReverse,
     cg_inverse_hvp,
+    grad_or_zeros,
     hvp,
     implicit_gradient,
     minres_inverse_hvp,
+    mixed_vp,
     neumann_inverse_hvp,
 )
 
@@ -67,6 +83,8 @@ DATASETS = {
     "bibtex": ("energy_mlc", ["dataset=bibtex"], "mlc"),
 }
 PRIMARIES = ("cd", "ssvm", "dvn")
+#: where the configurations are built and timed (``--device``; CUDA timings synchronise the device at both ends)
+DEVICE = torch.device("cpu")
 
 
 def _flat(ts) -> torch.Tensor:
@@ -81,7 +99,7 @@ def _rel(a, b) -> float:
 def _build(dataset: str, experiment: str, data_cache: dict, extra=()):
     sweep, overrides, prefix = DATASETS[dataset]
     cell = tables.Cell(f"energy/{dataset}", sweep, [f"+experiment={prefix}_{experiment}", *overrides], 1)
-    return tables.build_cell(cell, torch.device("cpu"), data_cache, extra)
+    return tables.build_cell(cell, DEVICE, data_cache, extra)
 
 
 def _stepper(built):
@@ -99,17 +117,19 @@ def _stepper(built):
 
 
 def _losses(model, batch):
-    """(L_prim, L_aux, θ, φ) at the current θ, φ (no inner step), as ``_bilevel_step`` forms them."""
+    """(L_prim, L_aux, θ, φ, the batch as the step sees it) at the current θ, φ (no inner step), as
+    ``_bilevel_step`` forms them."""
     batch = model.trim(batch) if hasattr(model, "trim") else batch
     theta, phi = model.inference_parameters(), model.energy_parameters()
     y_bar, nll = model.inference(model.infnet, batch)
     prim = model.primary_loss(batch, y_bar)
     aux = auxiliary_loss(nll, model.energy(batch, y_bar), model.lam)
-    return prim, aux, theta, phi
+    return prim, aux, theta, phi, batch
 
 
-def _solve(prim, aux, theta, phi, solver):
-    """The implicit gradient with ``solver`` as H⁻¹, and what the solver saw and did."""
+def _solve(prim, aux, theta, phi, solver, aux_fn=None):
+    """The implicit gradient with ``solver`` as H⁻¹ (products by forward-over-reverse given ``aux_fn``), and what
+    the solver saw and did."""
     rec: dict = {}
 
     def inverse(g, p, v):
@@ -119,14 +139,46 @@ def _solve(prim, aux, theta, phi, solver):
         rec.update(seconds=time.perf_counter() - start, w=w, v=v, g=g, history=history)
         return w
 
-    rec["grad"] = implicit_gradient(prim, aux, theta, phi, inverse_hvp=inverse)
+    rec["grad"] = implicit_gradient(prim, aux, theta, phi, inverse_hvp=inverse, aux_fn=aux_fn)
     return rec
+
+
+def products(model, batch, prim, aux, theta, phi, v, args) -> dict:
+    """The products block of the module docstring."""
+    repeat = args.product_repeats
+
+    def median(fn) -> float:
+        return statistics.median(_timed(fn) for _ in range(repeat))
+
+    g = grad_or_zeros(aux, theta, create_graph=True)
+    want = hvp(g, theta, v)
+    out = {"double_backward": {"setup_seconds": median(lambda: grad_or_zeros(aux, theta, create_graph=True)),
+                               "product_seconds": median(lambda: hvp(g, theta, v)),
+                               "mixed_seconds": median(lambda: mixed_vp(g, theta, phi, v))}}
+    try:
+        op = ForwardOverReverse(model.aux_function(batch), theta, phi)
+        got = op(v)
+    except (NotImplementedError, ValueError) as err:
+        out["forward_over_reverse"] = {"error": str(err)}
+        return out
+    out["forward_over_reverse"] = {"setup_seconds": 0.0, "product_seconds": median(lambda: op(v)),
+                                   "mixed_seconds": median(lambda: op.mixed(v)), "product_difference": _rel(got, want)}
+    kind, _, tol = args.solvers[0].partition(":")
+    solver = functools.partial(minres_inverse_hvp if kind == "minres" else cg_inverse_hvp, tol=float(tol),
+                               max_iter=args.max_iter)
+    torch.manual_seed(0)  # the same L_CD samples for both
+    double = _solve(_losses(model, batch)[0], aux, theta, phi, solver)
+    torch.manual_seed(0)
+    forward = _solve(_losses(model, batch)[0], None, theta, phi, solver, aux_fn=model.aux_function(batch))
+    out["forward_over_reverse"]["gradient_difference"] = _rel(forward["grad"], double["grad"])
+    out["forward_over_reverse"]["products_used"] = [len(double["history"]), len(forward["history"])]
+    return out
 
 
 def accuracy(model, batch, args) -> dict:
     """The accuracy block of the module docstring for one batch."""
     torch.manual_seed(0)  # L_CD's samples
-    prim, aux, theta, phi = _losses(model, batch)
+    prim, aux, theta, phi, batch = _losses(model, batch)
     alpha, terms = model.neumann_alpha, model.neumann_terms
     out: dict = {"alpha": alpha, "terms": terms}
     seed = _solve(prim, aux, theta, phi, functools.partial(neumann_inverse_hvp, terms=terms, alpha=alpha))
@@ -134,6 +186,7 @@ def accuracy(model, batch, args) -> dict:
         return None  # ∂L_prim/∂θ = 0: no implicit term on this batch
     g, v = seed["g"], seed["v"]
     out["hvp_seconds"] = statistics.median(_timed(lambda: hvp(g, theta, v)) for _ in range(5))
+    out["products"] = products(model, batch, prim, aux, theta, phi, v, args)
     series: list[float] = []
     neumann_inverse_hvp(g, theta, v, terms=args.series_terms, alpha=alpha, history=series)
     out["series_residuals"] = series  # [k-1]: of the sum of the first k terms
@@ -173,8 +226,12 @@ def accuracy(model, batch, args) -> dict:
 
 
 def _timed(fn) -> float:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     start = time.perf_counter()
     fn()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
     return time.perf_counter() - start
 
 
@@ -235,32 +292,50 @@ def run_dataset(dataset: str, args) -> dict:
         else:
             out["accuracy"][primary] = {"none": "∂L_prim/∂θ = 0 on 10 batches"}
             continue
-        ref = out["accuracy"][primary]["reference"]
+        ref, series = out["accuracy"][primary]["reference"], out["accuracy"][primary]["series_residuals"]
         print(f"  {dataset} {primary}: hvp {out['accuracy'][primary]['hvp_seconds']:.3f} s, series residual after "
-              f"20 terms {out['accuracy'][primary]['series_residuals'][19]:.3g}, reference "
+              f"{min(20, len(series))} terms {series[min(20, len(series)) - 1]:.3g}, reference "
               f"{'converged' if ref['converged'] else 'not converged'} in {ref['products']}", flush=True)
     # cost: interleaved rounds
     rows = {"spen": [], "explicit_cd": []}
     for primary in args.primaries:
-        for solver in ("neumann", *args.solvers):
-            rows[f"{primary} {solver}"] = []
+        rows[f"{primary} neumann"] = []
+        for solver in args.solvers:
+            for way in args.hvps:
+                rows[f"{primary} {solver}" + ("" if way == "double_backward" else f" {way}")] = []
     solver_share = {k: [] for k in rows}
+    implicit_share = {k: [] for k in rows}
     clocks = {p: _solver_clock(models[p][0].model) for p in args.primaries}
+    failed: dict[str, str] = {}
     for _ in range(args.rounds):
         for name in rows:
-            experiment, _, solver = name.partition(" ")
+            experiment, _, rest = name.partition(" ")
+            solver, _, way = rest.partition(" ")
             built, step, _, last = models[experiment]
             if solver:
                 kind, _, tol = solver.partition(":")
                 built.model.inverse_solver = kind
                 built.model.solver_tol, built.model.solver_max_iter = float(tol or 0), args.max_iter
+                built.model.hvp = way or "double_backward"
                 clocks[experiment][0] = 0.0
-            seconds = _timed(lambda: step(last))  # noqa: B023
+                before = built.model.timings()["implicit"]
+            if name in failed:
+                continue
+            try:
+                seconds = _timed(lambda: step(last))  # noqa: B023
+            except (NotImplementedError, ValueError) as err:  # forward-over-reverse on a model without it
+                failed[name] = str(err)
+                continue
             rows[name].append(seconds)
             solver_share[name].append(clocks[experiment][0] if solver else 0.0)
+            implicit_share[name].append(built.model.timings()["implicit"] - before if solver else 0.0)
     for name, times in rows.items():
+        if name in failed:
+            out["timing"][name] = {"error": failed[name]}
+            continue
         out["timing"][name] = {"step_seconds": statistics.median(times), "all": times,
-                               "solver_seconds": statistics.median(solver_share[name])}
+                               "solver_seconds": statistics.median(solver_share[name]),
+                               "implicit_seconds": statistics.median(implicit_share[name])}
     return out
 
 
@@ -269,6 +344,55 @@ def run_dataset(dataset: str, args) -> dict:
 
 def _f(x, d=3) -> str:
     return "—" if x is None else f"{x:.{d}g}" if abs(x) < 1e-2 else f"{x:.{d}f}"
+
+
+def cost_lines(res: dict, max_iter: int) -> list[str]:
+    """The cost table of one dataset's results (``res["timing"]``)."""
+    lines = ["### Cost per training step of the method (seconds, medians)", "",
+             "| row | s / step | × SPEN | in the solver (s) | solver share | implicit term (s) | implicit share |",
+             "|---|---|---|---|---|---|---|"]
+    spen = res["timing"]["spen"]["step_seconds"]
+    for name, t in res["timing"].items():
+        if "error" in t:
+            lines.append(f"| {name} | failed: {t['error']} |  |  |  |  |  |")
+            continue
+        share = t["solver_seconds"] / t["step_seconds"] if t["step_seconds"] else 0
+        implicit = t.get("implicit_seconds")
+        whole = "—" if implicit is None else f"{implicit:.3f}"
+        whole_share = "—" if implicit is None else f"{100 * implicit / t['step_seconds']:.0f} %"
+        lines.append(f"| {name} | {t['step_seconds']:.3f} | {t['step_seconds'] / spen:.1f} | "
+                     f"{t['solver_seconds']:.3f} | {100 * share:.0f} % | {whole} | {whole_share} |")
+    return lines + ["", f"Rows `<primary> <solver>:<tol> [<hvp>]`: that solver stopped at that relative residual or "
+                    f"after {max_iter} products, its products made by double backward unless `forward_over_reverse` "
+                    "is named. Implicit term: ∇_θ L_aux, the solver and the mixed product (what train.py records as "
+                    "`time/implicit_share`; — where the run predates it).", ""]
+
+
+def product_lines(res: dict) -> list[str]:
+    """The products table (double backward vs forward-over-reverse) of one dataset's results, if measured."""
+    ways = {p: acc["products"] for p, acc in res["accuracy"].items() if "products" in acc}
+    if not ways:
+        return []
+    lines = ["### Products: double backward vs forward-over-reverse (seconds, one batch)", "",
+             "| configuration | way | setup | one H v | one mixed product | × double backward (H v) | "
+             "H v difference | implicit gradient difference | products (db, fo-r) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for primary, way in ways.items():
+        base = way["double_backward"]["product_seconds"]
+        for name, w in way.items():
+            if "error" in w:
+                lines.append(f"| L_{primary.upper()} | {name} | failed: {w['error']} |  |  |  |  |  |  |")
+                continue
+            used = w.get("products_used")
+            lines.append(
+                f"| L_{primary.upper()} | {name} | {w['setup_seconds']:.4f} | {w['product_seconds']:.4f} | "
+                f"{w['mixed_seconds']:.4f} | {w['product_seconds'] / base:.2f} | "
+                f"{_f(w.get('product_difference'))} | {_f(w.get('gradient_difference'))} | "
+                f"{'' if used is None else f'{used[0]}, {used[1]}'} |")
+    return lines + ["", "Setup: the `create_graph` backward of L_aux that every double-backward product then "
+                    "reuses (forward-over-reverse has none). Differences: relative, against the double backward's "
+                    "H v and its implicit gradient (MINRES at the first `--solvers` tolerance), float32 — round-off, "
+                    "if the two ways compute the same thing.", ""]
 
 
 def render(sheet: dict) -> list[str]:
@@ -284,11 +408,12 @@ def render(sheet: dict) -> list[str]:
           f"{r['args']['method_steps']} method steps from the configuration's seed, {r['args']['rounds']} rounds."
           for r in runs], "",
         f"Torch "
-        f"{sheet['torch']}, CPU, {sheet['threads']} torch thread, on a shared 2-core machine under heavy load from "
-        "other jobs (load average 14-29 during the committed runs: absolute seconds are many times the unloaded "
-        "ones and noisy; every row of one table was timed interleaved in one process, so the ratios between rows "
-        "are the comparable numbers). One training batch for the accuracy block; interleaved rounds of one training "
-        "step per row for the cost block (medians).", "",
+        f"{sheet['torch']}, {sheet.get('device', 'cpu').upper()}, {sheet['threads']} torch thread, on a shared 2-core "
+        "machine under load from other jobs (load averages at the start and end of each run: "
+        + "; ".join(f"{' → '.join(f'{x:.1f}' for x in r['load_average'])}" for r in runs if r.get("load_average"))
+        + "; absolute seconds are many times the unloaded ones and noisy; every row of one table was timed "
+        "interleaved in one process, so the ratios between rows are the comparable numbers). One training batch for "
+        "the accuracy block; interleaved rounds of one training step per row for the cost block (medians).", "",
         "Systems: the series with K terms returns α Σ_{i≤K} (I − αH)^i v (it solves no system; its residual is "
         "(I − αH)^{K+1} v); MINRES and CG solve H w = v (no damping) and stop at relative residual `tol` or after "
         "`cap` products; CG also at a direction of non-positive curvature (then it returns its last iterate). "
@@ -296,15 +421,7 @@ def render(sheet: dict) -> list[str]:
     ]
     for dataset, res in sheet["datasets"].items():
         a = res.get("args", sheet["args"])  # the run's that measured this dataset
-        lines += [f"## {dataset}", "", "### Cost per training step of the method (seconds, medians)", "",
-                  "| row | s / step | × SPEN | in the solver (s) | solver share |", "|---|---|---|---|---|"]
-        spen = res["timing"]["spen"]["step_seconds"]
-        for name, t in res["timing"].items():
-            share = t["solver_seconds"] / t["step_seconds"] if t["step_seconds"] else 0
-            lines.append(f"| {name} | {t['step_seconds']:.3f} | {t['step_seconds'] / spen:.1f} | "
-                         f"{t['solver_seconds']:.3f} | {100 * share:.0f} % |")
-        lines += ["", f"Rows `<primary> <solver>:<tol>`: that solver stopped at that relative residual or after "
-                  f"{a['max_iter']} products.", ""]
+        lines += [f"## {dataset}", ""] + cost_lines(res, a["max_iter"]) + product_lines(res)
         for primary, acc in res["accuracy"].items():
             if "none" in acc:
                 lines += [f"### {dataset} L_{primary.upper()}: {acc['none']}", ""]
@@ -350,7 +467,11 @@ def main(argv=None) -> int:
     parser.add_argument("--solvers", nargs="*", default=["minres:0.2", "minres:0.1"],
                         help="solver:tol pairs timed beside the series in the cost block")
     parser.add_argument("--max-iter", type=int, default=20, help="the solvers' cap (both blocks)")
+    parser.add_argument("--hvps", nargs="*", default=list(HVPS), choices=HVPS,
+                        help="the ways of making the products timed in the cost block's solver rows")
+    parser.add_argument("--product-repeats", type=int, default=5, help="timings per product (medians)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the GPU check runs it on cuda)")
     parser.add_argument("--merge", type=Path, nargs="*", help="only write --out from these sheets' datasets (runs "
                         "of one dataset each, e.g. run side by side)")
     args = parser.parse_args(argv)
@@ -364,12 +485,15 @@ def main(argv=None) -> int:
             sh["command"] = " ".join(Path(w).name if i and words[i - 1] == "--out" else w
                                      for i, w in enumerate(words))
         sheet = {**sheets[0], "datasets": {k: v for sh in sheets for k, v in sh["datasets"].items()},
-                 "runs": [{k: sh[k] for k in ("generated", "commit", "command", "args")} for sh in sheets]}
+                 "runs": [{k: sh.get(k) for k in ("generated", "commit", "command", "args", "load_average")}
+                          for sh in sheets]}
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
         args.out.write_text("\n".join(render(sheet)) + "\n")
         print(f"wrote {args.out}")
         return 0
     torch.set_num_threads(args.threads)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     import subprocess
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
@@ -378,12 +502,15 @@ def main(argv=None) -> int:
     words = [Path(w).name if i and words[i - 1] == "--out" else w for i, w in enumerate(words)]  # no machine paths
     sheet = {"generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
              "command": "python bench/implicit.py " + " ".join(words),
-             "torch": torch.__version__, "threads": torch.get_num_threads(), "args": {
+             "torch": torch.__version__, "threads": torch.get_num_threads(), "device": DEVICE.type,
+             "load_average": [os.getloadavg()[0]], "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
-                                               "ref_max_iter", "tols", "solvers", "max_iter", "primaries")},
+                                               "ref_max_iter", "tols", "solvers", "max_iter", "primaries", "hvps",
+                                               "product_repeats")},
              "datasets": {}}
     for dataset in args.datasets:
         sheet["datasets"][dataset] = {**run_dataset(dataset, args), "args": sheet["args"]}
+        sheet["load_average"] = [sheet["load_average"][0], os.getloadavg()[0]]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
         args.out.write_text("\n".join(render(sheet)) + "\n")

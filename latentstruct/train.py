@@ -448,6 +448,9 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     start = time.perf_counter() - elapsed
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
     phase_seconds, phase_steps, tick_step = [0.0] * len(phases), [0] * len(phases), step  # the same, per phase
+    # the task's timed parts of its steps (Task.timings: e.g. the implicit term), per phase, this process only
+    parts_seconds: list[dict[str, float]] = [{} for _ in phases]
+    parts_before = dict(model.timings())
 
     def mean_loss() -> float | None:  # since the last evaluation; for the progress lines (a host sync)
         return float(loss_sum) / loss_count if loss_count else None
@@ -527,6 +530,12 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
                     train_seconds += seconds
                     phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless
                     phase_steps[index] += step - tick_step  # eval_every straddles a phase boundary)
+                    parts_now = dict(model.timings())
+                    for name, total in parts_now.items():
+                        spent = total - parts_before.get(name, 0.0)
+                        parts_seconds[index][name] = parts_seconds[index].get(name, 0.0) + spent
+                        row[f"time/{name}_share"] = spent / seconds if seconds > 0 else None
+                    parts_before = parts_now
                     with _rng_untouched():
                         evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
                                                           tc.batch_size)
@@ -564,6 +573,9 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
         # per epoch of the last phase (the only one without trainer.phases), from that phase's steps
         "seconds_per_epoch": phase_seconds[-1] / phase_steps[-1] * phases[-1].per_epoch if phase_steps[-1] else None,
+        # the share of the last phase's training time in each timed part of the task's steps (Task.timings)
+        **{f"{name}_share": spent / phase_seconds[-1] if phase_seconds[-1] else None
+           for name, spent in parts_seconds[-1].items()},
         "steps": step,
         "length": _length(tc),
         "fingerprint": fingerprint(ident),

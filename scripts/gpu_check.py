@@ -19,7 +19,11 @@ Its steps, in order, each given what is left of the time and recorded (status, s
    (``syncs.json``).
 5. **structures** — ``bench/structures.py --device <device>`` with the reference libraries from the bundle, stopped
    at its share of the time (``structures_<device>.md`` and ``.json``).
-6. **timing** — ``bench/tables.py`` until the deadline: seconds per step, per epoch and per evaluation of every paper
+6. **implicit** — ``bench/implicit.py --device <device>``, shortened: the energy methods' Hessian-vector products by
+   double backward and by forward-over-reverse (``task.hvp``; one H v, one mixed product, their difference) and
+   L_CD's training step with each, interleaved, on bibtex and NER (on the CPU: bibtex); its sheet goes into
+   ``env.json`` (the device tool brings back 8 files).
+7. **timing** — ``bench/tables.py`` until the deadline: seconds per step, per epoch and per evaluation of every paper
    table's configuration, the device-hours of each table (``timing.json``).
 
 With gpu_check.sh's ``check.log`` these are the 8 files the device tool brings back; ``make gpu-results FROM=<dir>``
@@ -329,8 +333,41 @@ def structures(device: str, out: Path, bench_path: Path | None, seconds: float) 
                                                                            or [""])[-1] if proc.returncode else ""}
 
 
+def implicit(device: str, seconds: float) -> dict:
+    """Step 6: bench/implicit.py on the device, shortened (module docstring); its sheet, less the accuracy block's
+    residual lists, under ``sheet`` (written after each dataset: a run stopped at its time keeps the datasets done)."""
+    cuda = device == "cuda"
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-implicit-"))
+    cmd = [sys.executable, "-W", "ignore::UserWarning", "bench/implicit.py", "--device", device, "--threads", "1",
+           "--datasets", *(["bibtex", "ner"] if cuda else ["bibtex"]), "--primaries", "cd",
+           "--pretrain-steps", "10" if cuda else "2", "--method-steps", "1", "--series-terms", "5",
+           "--ref-max-iter", "5", "--tols", "0.2", "--rounds", "3" if cuda else "1", "--solvers", "minres:0.2",
+           "--product-repeats", "5" if cuda else "2", "--out", str(work / "implicit.md")]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=seconds)
+        status = "ok" if proc.returncode == 0 else "failed"
+        print(_tail(proc.stdout), _tail(proc.stderr), sep="\n", flush=True)
+    except subprocess.TimeoutExpired:
+        status = "timeout"
+    path = work / "implicit.json"
+    sheet = json.loads(path.read_text()) if path.is_file() else None
+    notes = []
+    for dataset, res in (sheet or {}).get("datasets", {}).items():
+        for acc in res.get("accuracy", {}).values():
+            for key in ("series_residuals", "reference", "cg_reference", "solvers"):
+                acc.pop(key, None)
+            ways = acc.get("products") or {}
+            fo, db = ways.get("forward_over_reverse", {}), ways.get("double_backward", {})
+            if "product_seconds" in fo and db.get("product_seconds"):
+                notes.append(f"{dataset}: forward-over-reverse H v {fo['product_seconds'] / db['product_seconds']:.2f}"
+                             f"× the double backward's")
+            elif "error" in fo:
+                notes.append(f"{dataset}: forward-over-reverse failed")
+    return {"status": status, "note": "; ".join(notes) or "no sheet", "sheet": sheet}
+
+
 def timing(device: str, out: Path, clock: Clock) -> dict:
-    """Step 6: bench/tables.py until the deadline (on the CPU: three configurations of the multi-label table, one of
+    """Step 7: bench/tables.py until the deadline (on the CPU: three configurations of the multi-label table, one of
     them in two phases, two steps each)."""
     small = [] if device == "cuda" else ["--tables", "energy/mlc", "--max-configs", "3", "--max-steps", "2",
                                          "--min-seconds", "0", "--warmup", "1", "--threads", "1"]
@@ -357,6 +394,7 @@ def check(device: str, out: Path, deadline: float, bench_path: Path | None, bund
         ("experiments", lambda: experiments(device, out, clock.share(0.3, 60))),
         ("syncs", (lambda: syncs(out)) if device == "cuda" else None),
         ("structures", lambda: structures(device, out, bench_path, clock.share(0.3, 30))),
+        ("implicit", lambda: implicit(device, clock.share(0.25, 60))),
         ("timing", lambda: timing(device, out, clock)),
     ]
     for name, step in plan:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's check in one command of under ten minutes (docs/gpu.md): latentstruct installed from the bundle
 # (.device, make device-bundle), then scripts/gpu_check.py's steps (CUDA tests, every experiment on the device, host
-# round trips, bench/structures, the timing sheet). Everything goes to $OUT (8 files), the log to $OUT/check.log.
+# round trips, bench/structures, bench/implicit's two ways of making the energy methods' HVPs, the timing sheet). Everything goes to $OUT (8 files), the log to $OUT/check.log.
 #
 #   OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 8]
 #

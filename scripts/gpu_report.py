@@ -6,7 +6,8 @@
 
 gpu.md opens with its status (every step of the check ok, or which were not), the machine and the commit; then the
 steps, the CUDA tests (counts and every failure), the experiments trained on the device (per family; the repeats,
-bit for bit or not; the joblib sweep), the host round trips per structure operation, and the timing sheet
+bit for bit or not; the joblib sweep), the host round trips per structure operation, the implicit gradient's two ways
+of making Hessian-vector products (bench/implicit.py on the device), and the timing sheet
 (bench/tables.py: seconds per step, epoch and evaluation of every table's configuration, device-hours per table).
 """
 
@@ -100,6 +101,7 @@ def markdown(source: Path) -> list[str]:
     lines += [f"- FAILED {f}" for f in failures]
     lines += _experiments(experiments)
     lines += _syncs(syncs)
+    lines += _implicit((steps.get("implicit") or {}).get("sheet"))
     lines += ["", "## Timing sheet (`bench/tables.py`)", ""]
     if timing:
         lines += [f"One run at a time on {timing.get('hardware')}, torch {timing.get('torch')}; a run's device-seconds "
@@ -139,6 +141,20 @@ def _experiments(sheet: dict) -> list[str]:
     sweep = sheet.get("launcher_sweep") or {}
     lines += ["", f"Two runs through `python -m latentstruct.train -m` with the joblib launcher: {sweep.get('status')}"
               f" ({', '.join(map(str, sweep.get('runs', []))) or 'no runs'})."]
+    return lines
+
+
+def _implicit(sheet) -> list[str]:
+    """The implicit step's sheet (bench/implicit.py on the device): cost rows and the two ways of the products."""
+    lines = ["", "## Implicit gradient: double backward vs forward-over-reverse (`bench/implicit.py`)", ""]
+    if not sheet:
+        return lines + ["Not measured: the implicit step did not run or wrote no sheet."]
+    from bench.implicit import cost_lines, product_lines
+
+    lines += [f"`{scrub(sheet.get('command', ''))}` on {sheet.get('device')}; L_CD, MINRES at tol 0.2; each row "
+              "of a table timed interleaved in one process (medians).", ""]
+    for dataset, res in sheet.get("datasets", {}).items():
+        lines += [f"**{dataset}**", "", *cost_lines(res, sheet["args"]["max_iter"]), *product_lines(res)]
     return lines
 
 

@@ -7,7 +7,9 @@ For min_φ L_prim(θ*(φ), φ) with θ*(φ) = argmin_θ L_aux(θ, φ), the total
 (both losses minimised; descend the result). Exact only at a strict local minimiser θ; Algorithm 1 uses it after
 T_inner inner steps.
 
-* :func:`hvp` (H v by double backward), :func:`mixed_vp` ((∂²L/∂φ∂θ) v).
+* :func:`hvp` (H v by double backward), :func:`mixed_vp` ((∂²L/∂φ∂θ) v); :class:`ForwardOverReverse`: the same two
+  products by forward-over-reverse (re-evaluating L with θ as dual numbers; the ``forward_over_reverse`` option of
+  :data:`HVPS`, chosen by an energy task's ``hvp`` setting; slower on CPU, ``results/bench/implicit.md``).
 * H⁻¹ v: :func:`neumann_inverse_hvp` (the truncated series of Appendix A, step α), :func:`cg_inverse_hvp`
   ((H + μI)⁻¹ v by conjugate gradient, stops at non-positive curvature), :func:`minres_inverse_hvp` (MINRES, for an
   indefinite H), :func:`exact_inverse_hvp` (forms H: tests and tiny models); :data:`SOLVERS`.
@@ -30,12 +32,15 @@ The derivation, each solver's convergence condition and what it computes when tr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 __all__ = [
+    "HVPS",
     "SOLVERS",
+    "ForwardOverReverse",
     "cg_inverse_hvp",
     "exact_inverse_hvp",
     "grad_or_zeros",
@@ -51,6 +56,11 @@ Tensors = Sequence[torch.Tensor]
 InverseHVP = Callable[[Tensors, Tensors, Tensors], list[torch.Tensor]]
 #: the inverse-HVP solvers a task may name (``inverse_solver``): the seed's series, conjugate gradient, MINRES
 SOLVERS: tuple[str, ...] = ("neumann", "cg", "minres")
+#: how a task's Hessian-vector products are made (``hvp``): double backward through the first backward's graph, or
+#: forward-over-reverse (:class:`ForwardOverReverse`)
+HVPS: tuple[str, ...] = ("double_backward", "forward_over_reverse")
+#: ``v -> H v``: a product operator, accepted by :func:`hvp` and every solver in place of the loss or its gradients
+Operator = Callable[[Tensors], list[torch.Tensor]]
 
 
 # ------------------------------------------------------------------------------------------------------- helpers
@@ -83,8 +93,11 @@ def grad_or_zeros(
     return [torch.zeros_like(p) if g is None else g for g, p in zip(grads, inputs, strict=True)]
 
 
-def _first_grads(loss_or_grads: torch.Tensor | Tensors, params: Tensors) -> list[torch.Tensor]:
-    """∇ L w.r.t. ``params`` with a graph (``create_graph``), or the given gradient tensors unchanged."""
+def _first_grads(loss_or_grads, params: Tensors):
+    """∇ L w.r.t. ``params`` with a graph (``create_graph``), or the given gradient tensors (or product operator)
+    unchanged."""
+    if callable(loss_or_grads):
+        return loss_or_grads
     if isinstance(loss_or_grads, torch.Tensor):
         if loss_or_grads.ndim != 0:
             raise ValueError(f"a loss must be a scalar, got shape {tuple(loss_or_grads.shape)}")
@@ -105,27 +118,78 @@ def _check_vectors(v: Tensors, params: Tensors, name: str = "v") -> list[torch.T
 # ---------------------------------------------------------------------------------------------- vector products
 
 
-def hvp(loss_or_grads: torch.Tensor | Tensors, params: Tensors, v: Tensors) -> list[torch.Tensor]:
+def hvp(loss_or_grads: torch.Tensor | Tensors | Operator, params: Tensors, v: Tensors) -> list[torch.Tensor]:
     """Hessian-vector product H v, H = ∂²L/∂θ², by double backward.
 
     ``loss_or_grads``: the scalar loss L, or the list ∇_θ L already computed with ``create_graph=True`` (pass it to
-    reuse one first backward across many products). ``params`` θ: a list of tensors; ``v``: one tensor per
-    parameter, of its shape. Returns H v as one tensor per parameter (zeros where L does not depend on it). The
-    result is detached from the graph (no third derivatives).
+    reuse one first backward across many products: each product is then one backward through that graph, no new
+    forward), or a product operator ``v -> H v`` (e.g. :class:`ForwardOverReverse`), which is applied. ``params`` θ:
+    a list of tensors; ``v``: one tensor per parameter, of its shape. Returns H v as one tensor per parameter (zeros
+    where L does not depend on it). The result is detached from the graph (no third derivatives).
     """
     params = list(params)
     grads = _first_grads(loss_or_grads, params)
     v = _check_vectors(v, params)
+    if callable(grads):
+        return [h.detach() for h in grads(v)]
     return [h.detach() for h in grad_or_zeros(grads, params, grad_outputs=[t.detach() for t in v])]
+
+
+class ForwardOverReverse:
+    """Hessian-vector and mixed products of L(θ, φ) by forward-over-reverse: ``op(v)`` = H v, H = ∂²L/∂θ², and
+    ``op.mixed(v)`` = (∂²L/∂φ∂θ) v = ∇_φ ⟨∇_θ L, v⟩, for v in θ-space.
+
+    ``loss_fn(values)``: L evaluated with θ's tensors replaced by ``values`` (one tensor per parameter of ``params``,
+    in order; e.g. ``torch.func.functional_call`` of the network), φ = ``outer`` the module's own parameters; it must
+    compute the same L as the caller's graph (the same batch, the same random draws: replay the RNG if L draws).
+    Each product evaluates ``loss_fn`` once at θ + ε v as dual numbers (``torch.autograd.forward_ad``) and
+    differentiates it once by reverse mode: the tangent of ∇L is the product. A module without forward-mode
+    derivatives raises ``NotImplementedError`` from PyTorch, re-raised naming this option. Results are detached.
+    """
+
+    def __init__(self, loss_fn: Callable[[list[torch.Tensor]], torch.Tensor], params: Tensors,
+                 outer: Tensors = ()) -> None:
+        self.loss_fn, self.params, self.outer = loss_fn, list(params), list(outer)
+
+    def _products(self, v: Tensors, wrt_outer: bool) -> list[torch.Tensor]:
+        import torch.autograd.forward_ad as fwad
+
+        v = _check_vectors(v, self.params)
+        primals = [p.detach().requires_grad_() for p in self.params]
+        inputs = self.outer if wrt_outer else primals
+        try:
+            with torch.enable_grad(), fwad.dual_level():
+                duals = [fwad.make_dual(p, t.detach().to(p.dtype)) for p, t in zip(primals, v, strict=True)]
+                loss = self.loss_fn(duals)
+                if loss.ndim != 0:
+                    raise ValueError(f"a loss must be a scalar, got shape {tuple(loss.shape)}")
+                grads = torch.autograd.grad(loss, inputs, allow_unused=True) if loss.requires_grad else \
+                    [None] * len(inputs)
+                tangents = [None if g is None else fwad.unpack_dual(g).tangent for g in grads]
+        except NotImplementedError as err:  # PyTorch's "Trying to use forward AD with <op> that does not support it"
+            raise NotImplementedError(f"hvp=forward_over_reverse: this model has an operation without a forward-mode "
+                                      f"derivative ({err}); use hvp=double_backward") from err
+        return [torch.zeros_like(p) if t is None else t.detach() for t, p in zip(tangents, inputs, strict=True)]
+
+    def __call__(self, v: Tensors) -> list[torch.Tensor]:
+        """H v."""
+        return self._products(v, wrt_outer=False)
+
+    def mixed(self, v: Tensors) -> list[torch.Tensor]:
+        """(∂²L/∂φ∂θ) v, one tensor per outer parameter."""
+        return self._products(v, wrt_outer=True)
 
 
 def mixed_vp(loss_or_grads: torch.Tensor | Tensors, inner: Tensors, outer: Tensors, v: Tensors) -> list[torch.Tensor]:
     """Cross product (∂²L/∂φ∂θ) v = ∇_φ ⟨∇_θ L, v⟩ for ``v`` in θ-space; returns one tensor per outer parameter φ.
 
-    ``loss_or_grads``: the scalar L, or ∇_θ L (w.r.t. ``inner``) computed with ``create_graph=True``. Parameters
-    of φ that ∇_θ L does not depend on get zeros. Detached result.
+    ``loss_or_grads``: the scalar L, or ∇_θ L (w.r.t. ``inner``) computed with ``create_graph=True``, or a
+    :class:`ForwardOverReverse` (its ``outer`` must be ``outer``). Parameters of φ that ∇_θ L does not depend on get
+    zeros. Detached result.
     """
     inner, outer = list(inner), list(outer)
+    if isinstance(loss_or_grads, ForwardOverReverse):
+        return loss_or_grads.mixed(_check_vectors(v, inner))
     grads = _first_grads(loss_or_grads, inner)
     v = _check_vectors(v, inner)
     return [h.detach() for h in grad_or_zeros(grads, outer, grad_outputs=[t.detach() for t in v])]
@@ -348,12 +412,14 @@ def _unflatten(flat: torch.Tensor, like: Tensors) -> list[torch.Tensor]:
 
 def implicit_gradient(
     primary_loss: torch.Tensor,
-    aux_loss: torch.Tensor,
+    aux_loss: torch.Tensor | None,
     inner_params: Tensors,
     outer_params: Tensors,
     terms: int = 20,
     alpha: float = 0.01,
     inverse_hvp: InverseHVP | None = None,
+    aux_fn: Callable[[list[torch.Tensor]], torch.Tensor] | None = None,
+    clock: dict[str, float] | None = None,
 ) -> list[torch.Tensor]:
     """dL_prim/dφ of the bi-level problem (2) at the current (θ, φ), by eq. 3-4 (= eq. 13) of seed 004:
 
@@ -361,23 +427,42 @@ def implicit_gradient(
 
     ``primary_loss``, ``aux_loss``: scalars computed from θ = ``inner_params`` and φ = ``outer_params`` (two
     disjoint lists of tensors that require grad). H⁻¹ is applied by :func:`neumann_inverse_hvp` with ``terms`` and
-    ``alpha`` unless ``inverse_hvp`` (``(grads_theta, theta, v) -> H⁻¹ v``, e.g. :func:`exact_inverse_hvp`) is
-    given. Returns one detached tensor per outer parameter (zeros for parameters neither loss depends on); nothing is
-    written to ``.grad`` — assign the result there (or pass it to an optimiser) to take the step of Algorithm 1.
-    Both losses' graphs are consumed for θ and φ only; other leaves are untouched.
+    ``alpha`` unless ``inverse_hvp`` (``(grads_theta, theta, v) -> H⁻¹ v``, e.g. :func:`exact_inverse_hvp`; its
+    first argument may also be a product operator) is given. The products are double backward through one
+    ``create_graph`` backward of ``aux_loss``; with ``aux_fn`` (L_aux evaluated with θ's tensors replaced by its
+    argument, φ the module's own: :class:`ForwardOverReverse`) they are forward-over-reverse, and ``aux_loss`` is
+    not differentiated (it may be None). ``clock``: a dict whose ``"implicit"`` entry is increased by the seconds
+    spent on the implicit term (everything after L_prim's backward: ∇_θ L_aux, the solver, the mixed product; the
+    device synchronised at both ends when θ is on CUDA). Returns one detached tensor per outer parameter (zeros for
+    parameters neither loss depends on); nothing is written to ``.grad`` — assign the result there (or pass it to
+    an optimiser) to take the step of Algorithm 1. Both losses' graphs are consumed for θ and φ only; other leaves
+    are untouched.
     """
     inner, outer = list(inner_params), list(outer_params)
     if {id(p) for p in inner} & {id(p) for p in outer}:
         raise ValueError("inner_params and outer_params must be disjoint")
+    if aux_loss is None and aux_fn is None:
+        raise ValueError("need aux_loss (double backward) or aux_fn (forward-over-reverse)")
     g_prim = grad_or_zeros(primary_loss, inner + outer)
     d_theta = [g.detach() for g in g_prim[: len(inner)]]
     explicit = [g.detach() for g in g_prim[len(inner) :]]
     if not any(bool(g.any()) for g in d_theta):
         return explicit  # L_prim does not depend on θ (e.g. ȳ detached): the implicit term vanishes
-    g_aux = grad_or_zeros(aux_loss, inner, create_graph=True)
-    if inverse_hvp is None:
-        w = neumann_inverse_hvp(g_aux, inner, d_theta, terms=terms, alpha=alpha)
+    cuda = clock is not None and inner[0].is_cuda
+    if cuda:
+        torch.cuda.synchronize(inner[0].device)
+    start = time.perf_counter()
+    if aux_fn is not None:
+        products: torch.Tensor | Tensors | Operator = ForwardOverReverse(aux_fn, inner, outer)
     else:
-        w = inverse_hvp(g_aux, inner, d_theta)
-    cross = mixed_vp(g_aux, inner, outer, w)
+        products = grad_or_zeros(aux_loss, inner, create_graph=True)
+    if inverse_hvp is None:
+        w = neumann_inverse_hvp(products, inner, d_theta, terms=terms, alpha=alpha)
+    else:
+        w = inverse_hvp(products, inner, d_theta)
+    cross = mixed_vp(products, inner, outer, w)
+    if clock is not None:
+        if cuda:
+            torch.cuda.synchronize(inner[0].device)
+        clock["implicit"] = clock.get("implicit", 0.0) + time.perf_counter() - start
     return [e - c for e, c in zip(explicit, cross, strict=True)]

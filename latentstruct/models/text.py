@@ -37,7 +37,8 @@ from typing import Annotated
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.autograd.forward_ad import unpack_dual
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from latentstruct.models.masks import check_lengths, length_mask, masked_softmax, masked_sum
 from latentstruct.ranges import AtLeast, Probability
@@ -45,6 +46,7 @@ from latentstruct.ranges import AtLeast, Probability
 __all__ = [
     "Embedder",
     "BiLSTMEncoder",
+    "pack_padded",
     "ArcScorer",
     "head_vectors",
     "SSTDecoder",
@@ -62,6 +64,24 @@ def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
     for d_in, d_out in zip(sizes[:-1], sizes[1:], strict=True):
         layers += [nn.Dropout(dropout), nn.Linear(d_in, d_out), nn.ReLU()]
     return nn.Sequential(*layers)
+
+
+def pack_padded(x: torch.Tensor, lengths: torch.Tensor) -> PackedSequence:
+    """``pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)`` written as one gather
+    (``index_select``): the same :class:`PackedSequence`, value for value, and the same gradient, but differentiable
+    in forward mode too (``aten::_pack_padded_sequence`` has no forward-mode derivative, which the forward-over-reverse
+    Hessian-vector products of ``latentstruct.models.implicit`` need). :class:`BiLSTMEncoder` uses it only for an
+    input that carries a forward-mode tangent: on CUDA its backward (``index_add_``) is not the one
+    pack_padded_sequence's determinism guarantees were checked with. ``x`` ``[B, n, d]``; ``lengths`` ``[B]`` on the
+    CPU, each in 1..n."""
+    lengths = lengths.to(torch.int64)
+    sorted_lengths, order = torch.sort(lengths, descending=True)  # as pack_padded_sequence sorts
+    steps = torch.arange(int(sorted_lengths[0]))
+    batch_sizes = (sorted_lengths.unsqueeze(0) > steps.unsqueeze(1)).sum(1)  # [T]: sequences still running at t
+    t_index, rank = (torch.arange(len(lengths)).unsqueeze(0) < batch_sizes.unsqueeze(1)).nonzero(as_tuple=True)
+    rows = (order[rank] * x.shape[1] + t_index).to(x.device)  # time-major, longest sequence first at each t
+    data = x.reshape(-1, x.shape[-1]).index_select(0, rows)
+    return PackedSequence(data, batch_sizes, order.to(x.device))
 
 
 # ----------------------------------------------------------------------------------------------------- embedding
@@ -130,7 +150,10 @@ class BiLSTMEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         cpu_lengths = check_lengths(torch.as_tensor(lengths).detach().cpu(), *x.shape[:2], torch.device("cpu"))
-        packed = pack_padded_sequence(x, cpu_lengths, batch_first=True, enforce_sorted=False)
+        if unpack_dual(x).tangent is None:
+            packed = pack_padded_sequence(x, cpu_lengths, batch_first=True, enforce_sorted=False)
+        else:  # x carries a forward-mode tangent (hvp=forward_over_reverse): the same packing, as a gather
+            packed = pack_padded(x, cpu_lengths)
         out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])  # padding → 0
         return self.dropout(out)  # dropout keeps the zeros zero

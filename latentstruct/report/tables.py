@@ -35,7 +35,8 @@ __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs",
            "committed_tables", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "torch", "threads", "fingerprint",
-                  "wall_seconds", "seconds_per_step", "seconds_per_epoch", "steps", "best_epoch", "best_step", "error")
+                  "wall_seconds", "seconds_per_step", "seconds_per_epoch", "implicit_share", "steps", "best_epoch",
+                  "best_step", "error")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -81,8 +82,8 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``; records made before the experiments' flat names:
     ``python -m scripts.migrate_experiment_names``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
     record fields ``status, seed, git_commit, git_dirty, hardware, torch, threads, fingerprint, wall_seconds,
-    seconds_per_step, seconds_per_epoch, steps, best_epoch, best_step, error``, ``run_dir`` and ``completed``
-    (status == "completed").
+    seconds_per_step, seconds_per_epoch, implicit_share, steps, best_epoch, best_step, error``, ``run_dir`` and
+    ``completed`` (status == "completed").
     Record fields win over same-named config keys (``seed``). Failed runs are kept, flagged by ``completed``; an
     unreadable metrics.json counts as failed. A directory whose record and configuration disagree raises
     ValueError (:func:`_check_record`).

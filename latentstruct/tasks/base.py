@@ -24,6 +24,10 @@ then only uses:
   ``optim_groups.<name>`` when the config gives one, else by ``optim`` too (see :func:`latentstruct.optim.build`);
 * ``report_record(test, extras)`` → what the reports draw of the final model (trees, parses), as JSON, or None
   (the default): ``train.py`` writes it beside ``metrics.json`` (``report.json``) when the run completes;
+* ``timings()`` → ``{name: seconds}``: seconds spent so far, in this process, in named parts of the training steps
+  (the energy tasks' ``implicit``: the implicit term of the gradient); ``train.py`` writes each part's share of the
+  training time to the history (``time/<name>_share`` per evaluation window) and to the record (``<name>_share``,
+  over the last phase); none by default;
 * ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
 """
 
@@ -101,6 +105,11 @@ class Task(nn.Module):
     def begin_step(self, phase: int, step: int) -> None:
         """Where training is, before each step: ``phase`` indexes ``trainer.phases``, ``step`` counts the steps
         already taken in it (see the module docstring); ignored by default."""
+
+    def timings(self) -> dict[str, float]:
+        """Seconds spent so far (this process) in named parts of the training steps (module docstring); none by
+        default."""
+        return {}
 
     def evaluate_splits(
         self, splits: dict[str, dict[str, torch.Tensor]], batch_size: int | None = None

@@ -37,7 +37,10 @@ Methods (``method``), for a training batch (x, y)
   (:func:`~latentstruct.models.implicit.implicit_gradient`; H⁻¹ by the solver ``inverse_solver``: ``neumann``, the
   seed's von Neumann series with ``neumann_terms`` terms of step ``neumann_alpha``; ``minres`` or ``cg``, MINRES or
   conjugate gradient on (H + ``solver_damping`` I) w = ∂L_prim/∂θ stopped at relative residual ``solver_tol`` or
-  after ``solver_max_iter`` products; CG also at a direction of non-positive curvature).
+  after ``solver_max_iter`` products; CG also at a direction of non-positive curvature; the Hessian-vector products
+  by ``hvp``: ``double_backward`` through one ``create_graph`` backward of L_aux, or ``forward_over_reverse``, L_aux
+  re-evaluated per product with θ as dual numbers by ``torch.func.functional_call``). The seconds spent on the
+  implicit term are summed (:meth:`~BilevelEnergyTask.timings`; ``train.py`` records their share of the step).
   :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
   L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
   rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
@@ -119,6 +122,7 @@ from latentstruct.models.energy import (
     ssvm_loss,
 )
 from latentstruct.models.implicit import (
+    HVPS,
     SOLVERS,
     cg_inverse_hvp,
     grad_or_zeros,
@@ -135,6 +139,7 @@ Method = Literal["mbce", "implicit", "explicit", "infnet", "spen"]
 Primary = Literal["ssvm", "cd", "dvn"]
 InnerOptimizer = Literal["sgd", "adam"]
 InverseSolver = Literal["neumann", "cg", "minres"]  # latentstruct.models.implicit.SOLVERS
+HVP = Literal["double_backward", "forward_over_reverse"]  # latentstruct.models.implicit.HVPS
 METHODS: tuple[str, ...] = get_args(Method)
 PRIMARY_LOSSES: tuple[str, ...] = get_args(Primary)
 INNER_OPTIMIZERS: tuple[str, ...] = get_args(InnerOptimizer)
@@ -151,6 +156,18 @@ def _with_gradient(value: torch.Tensor, params: Sequence[torch.Tensor], grads: S
     """A scalar equal to ``value`` whose gradient w.r.t. ``params`` is ``grads`` (and nothing else)."""
     dot = sum((p * g.detach()).sum() for p, g in zip(params, grads, strict=True))
     return value.detach() + (dot - dot.detach())  # the bracket is exactly 0: the value is value's, bit for bit
+
+
+class _AuxLoss(nn.Module):
+    """A task's L_aux on a batch as a module's forward (``torch.func.functional_call`` substitutes parameters of a
+    module's forward only); built per step, never stored on the task."""
+
+    def __init__(self, task: BilevelEnergyTask) -> None:
+        super().__init__()
+        self.task = task
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.task.aux_loss(batch)
 
 
 class BilevelEnergyTask(Task):
@@ -189,6 +206,12 @@ class BilevelEnergyTask(Task):
             about the residual the seed's series reaches with 20 terms and α = 5e-3 (results/bench/implicit.md).
         solver_max_iter: minres, cg: at most this many Hessian-vector products.
         solver_damping: minres, cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
+        hvp: implicit: how the solver's Hessian-vector products (and the mixed product) are made: double_backward
+            (one create_graph backward of L_aux per step, then one backward through its graph per product) or
+            forward_over_reverse (per product, L_aux re-evaluated with θ as forward-mode dual numbers and
+            differentiated once; no dropout allowed: the re-evaluation must equal the first); the same gradient up
+            to round-off. Our choice, double_backward: faster on CPU on every configuration measured
+            (results/bench/implicit.md).
         phases: the number of ``trainer.phases``, which the task's option copies here (``${len:${trainer.phases}}``):
             none, or two (phase 0 pretrains, then the method).
     """
@@ -227,6 +250,7 @@ class BilevelEnergyTask(Task):
         solver_tol: float = 0.2,
         solver_max_iter: int = 20,
         solver_damping: float = 0.0,
+        hvp: str = "double_backward",
     ):
         super().__init__()
         if method not in self.METHODS:
@@ -239,6 +263,8 @@ class BilevelEnergyTask(Task):
             raise ValueError(f"inverse_solver must be one of {SOLVERS}, got {inverse_solver!r}")
         if solver_tol < 0 or solver_max_iter < 0 or solver_damping < 0:
             raise ValueError("need solver_tol, solver_max_iter, solver_damping >= 0")
+        if hvp not in HVPS:
+            raise ValueError(f"hvp must be one of {HVPS}, got {hvp!r}")
         if inner_steps < 0 or neumann_terms < 0 or num_samples < 1 or spen_steps < 0:
             raise ValueError("need inner_steps, neumann_terms, spen_steps >= 0 and num_samples >= 1")
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
@@ -258,6 +284,8 @@ class BilevelEnergyTask(Task):
         self.inverse_solver = inverse_solver
         self.solver_tol, self.solver_max_iter = float(solver_tol), int(solver_max_iter)
         self.solver_damping = float(solver_damping)
+        self.hvp = hvp
+        self._clock: dict[str, float] = {}  # seconds in the implicit term, this process (timings)
         self.pretrain = bool(pretrain)
         self._pretraining = False
         theta = self.inference_parameters()
@@ -360,6 +388,29 @@ class BilevelEnergyTask(Task):
         return functools.partial(neumann_inverse_hvp, terms=self.neumann_terms, alpha=self.neumann_alpha,
                                  history=history)
 
+    def timings(self) -> dict[str, float]:
+        """``implicit``: the seconds spent so far on the implicit term (``implicit`` method only: after L_prim's
+        backward, ∇_θ L_aux, the solver and the mixed product; :func:`implicit_gradient`'s ``clock``)."""
+        return {"implicit": self._clock.get("implicit", 0.0)} if self.method == "implicit" else {}
+
+    def aux_function(self, batch: dict[str, torch.Tensor]):
+        """L_aux on ``batch`` (:meth:`aux_loss`) as a function of θ's values, ``values -> L_aux`` (θ in
+        :meth:`inference_parameters` order, substituted by ``torch.func.functional_call``; φ the module's own): the
+        forward-over-reverse products' function. Refused with an active dropout (a re-evaluation would draw another
+        mask: its products would not be those of the step's L_aux)."""
+        dropping = [m for m in self.modules() if isinstance(m, nn.Dropout) and m.p > 0 and m.training]
+        if dropping:
+            raise ValueError("hvp=forward_over_reverse re-evaluates L_aux for every product, and the networks draw "
+                             f"dropout masks ({dropping[0]}): use hvp=double_backward or no dropout")
+        call = _AuxLoss(self)
+        index = {id(p): name for name, p in call.named_parameters()}
+        names = [index[id(p)] for p in self.inference_parameters()]
+
+        def aux_fn(values):
+            return torch.func.functional_call(call, dict(zip(names, values, strict=True)), (batch,))
+
+        return aux_fn
+
     def aux_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Eq. 6 at the current (θ, φ), batch mean."""
         y_bar, nll = self.inference(self.infnet, batch)
@@ -423,8 +474,9 @@ class BilevelEnergyTask(Task):
         prim = self.primary_loss(batch, y_bar)
         aux = auxiliary_loss(nll, self.energy(batch, y_bar), self.lam)
         if self.method == "implicit":
+            aux_fn = self.aux_function(batch) if self.hvp == "forward_over_reverse" else None
             grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha,
-                                      inverse_hvp=self.inverse_hvp())
+                                      inverse_hvp=self.inverse_hvp(), aux_fn=aux_fn, clock=self._clock)
         else:
             grads = [g.detach() for g in grad_or_zeros(prim, phi)]
         return EnergyOutput(_with_gradient(prim, phi, grads), prim.detach(), aux.detach())
@@ -509,6 +561,7 @@ class MultiLabelEnergy(BilevelEnergyTask):
         solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
+        hvp: HVP = "double_backward",
     ) -> MultiLabelEnergy:
         """E, A, F in this order (the order of their initial draws), sized by the data (``input_dim``,
         ``num_labels``: ``dataset=bibtex|delicious|eurlex|bookmarks``)."""
@@ -521,7 +574,7 @@ class MultiLabelEnergy(BilevelEnergyTask):
             inner_lr=inner_lr, neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
             pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
-            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping, hvp=hvp,
         )
 
     # hooks

@@ -50,7 +50,7 @@ from latentstruct.data.citation_rules import CUE_INDEX, CUE_RULES, FIELDS, rewar
 from latentstruct.models.energy import categorical_samples, cd_loss, hamming_loss, ssvm_loss
 from latentstruct.models.masks import length_mask
 from latentstruct.ranges import AtLeast, NonNegative, Positive, Probability
-from latentstruct.tasks.energy import EnergyOutput, InnerOptimizer, InverseSolver, Primary
+from latentstruct.tasks.energy import HVP, EnergyOutput, InnerOptimizer, InverseSolver, Primary
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy, SequenceMethod
 
 __all__ = ["CitationEnergy"]
@@ -89,6 +89,7 @@ class CitationEnergy(SequenceLabelEnergy):
         solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
+        hvp: HVP = "double_backward",
     ) -> CitationEnergy:
         """The networks of :meth:`SequenceLabelEnergy.build` (``dataset=cora``).
 
@@ -110,7 +111,7 @@ class CitationEnergy(SequenceLabelEnergy):
                              num_samples=num_samples, straight_through=straight_through, infnet_ce=0.0,
                              spen_steps=spen_steps, spen_lr=spen_lr, phases=phases, normalize_cost=False,
                              inverse_solver=inverse_solver, solver_tol=solver_tol,
-                             solver_max_iter=solver_max_iter, solver_damping=solver_damping)
+                             solver_max_iter=solver_max_iter, solver_damping=solver_damping, hvp=hvp)
         task.ge_weight, task.ge_target = float(ge_weight), float(ge_target)
         return task
 

@@ -88,6 +88,7 @@ from latentstruct.models.masks import length_mask
 from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.structures import Categorical, SequenceTagging
 from latentstruct.tasks.energy import (
+    HVP,
     METHODS,
     BilevelEnergyTask,
     EnergyOutput,
@@ -189,6 +190,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         solver_tol: Annotated[float, NonNegative] = 0.2,
         solver_max_iter: Annotated[int, NonNegative] = 20,
         solver_damping: Annotated[float, NonNegative] = 0.0,
+        hvp: HVP = "double_backward",
     ) -> SequenceLabelEnergy:
         """E, A, F in this order (the order of their initial draws), each on its own feature network from
         ``encoder``: word vectors of ``embedding.dim`` (the GloVe file's size when ``embedding.pretrained`` names one;
@@ -216,7 +218,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             neumann_terms=neumann_terms, neumann_alpha=neumann_alpha, num_samples=num_samples,
             straight_through=straight_through, infnet_ce=infnet_ce, spen_steps=spen_steps, spen_lr=spen_lr,
             pretrain=cls.pretrains(phases), inverse_solver=inverse_solver, solver_tol=solver_tol,
-            solver_max_iter=solver_max_iter, solver_damping=solver_damping,
+            solver_max_iter=solver_max_iter, solver_damping=solver_damping, hvp=hvp,
         )
 
     # -------------------------------------------------------------------------------------------- helpers

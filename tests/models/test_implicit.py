@@ -401,3 +401,129 @@ def test_minres_implicit_gradient_matches_the_exact_one():
     problem = Quadratic()
     got = _implicit(problem, inverse_hvp=lambda g, p, v: minres_inverse_hvp(g, p, v, tol=1e-12, max_iter=10))
     assert torch.allclose(_flat(got[:2]), problem.total_derivative(), atol=1e-9)
+
+
+# ---------------------------------------------- the products two ways: double backward and forward-over-reverse
+
+
+def _tiny_bilevel(seed: int = 11):
+    """θ (two tensors) and φ (two tensors) of a small non-quadratic L_aux(θ, φ) (a tanh layer read by φ) and
+    L_prim(θ, φ); ``aux(w, b)`` = L_aux with θ's values replaced (φ the tensors of ``phi``), ``aux_full(w, b, u, c)``
+    with φ's too."""
+    w1, b1 = _randn(4, 3, seed=seed), _randn(4, seed=seed + 1)
+    u, c = _randn(4, seed=seed + 2), _randn(3, seed=seed + 3)
+    theta = [w1.requires_grad_(), b1.requires_grad_()]
+    phi = [u.requires_grad_(), c.requires_grad_()]
+    x = _randn(5, 3, seed=seed + 4)
+
+    def aux_full(w, b, u, c):
+        h = torch.tanh(x @ w.T + b)  # [5, 4]
+        return (h @ u).pow(2).mean() + 0.3 * (h * h).sum() + (w.pow(2).sum(1) * c.sum()).sum() + 0.5 * (w * w).sum()
+
+    def prim(w, b):
+        return torch.sin(torch.tanh(x @ w.T + b) @ u).sum() + (c * c).sum() * b.sum()
+
+    return theta, phi, (lambda w, b: aux_full(w, b, *phi)), prim, aux_full
+
+
+def test_every_hvp_variant_equals_the_dense_hessian_times_v():
+    theta, phi, aux, _, aux_full = _tiny_bilevel()
+    v = [_randn(4, 3, seed=40), _randn(4, seed=41)]
+    sizes, psizes = [p.numel() for p in theta], [p.numel() for p in phi]
+
+    def split(z, like, shapes):
+        return [t.view_as(p) for t, p in zip(z.split(shapes), like, strict=True)]
+
+    z, zphi = _flat(theta).detach(), _flat(phi).detach()
+    dense_h = torch.autograd.functional.hessian(lambda t: aux_full(*split(t, theta, sizes), *phi), z)
+    want = dense_h @ _flat(v)
+    # the mixed product (∂²L/∂φ∂θ) v: the dense |φ| × |θ| block of the joint Hessian, times v
+    joint = torch.autograd.functional.hessian(lambda t: aux_full(*split(t[:z.numel()], theta, sizes),
+                                                                 *split(t[z.numel():], phi, psizes)),
+                                              torch.cat([z, zphi]))
+    want_mixed = joint[z.numel():, :z.numel()] @ _flat(v)
+    loss = aux(*theta)
+    grads = grad_or_zeros(loss, theta, create_graph=True)
+    op = implicit_module.ForwardOverReverse(lambda vals: aux(*vals), theta, phi)
+    got = {"double backward (loss)": hvp(loss, theta, v), "double backward (reused graph)": hvp(grads, theta, v),
+           "forward-over-reverse": op(v), "forward-over-reverse via hvp": hvp(op, theta, v)}
+    for name, h in got.items():
+        torch.testing.assert_close(_flat(h), want, rtol=1e-10, atol=1e-12, msg=name)
+    assert want.abs().max() > 1e-2  # not a vacuous check
+    mixed = {"double backward": mixed_vp(grads, theta, phi, v), "forward-over-reverse": op.mixed(v),
+             "forward-over-reverse via mixed_vp": mixed_vp(op, theta, phi, v)}
+    for name, m in mixed.items():
+        torch.testing.assert_close(_flat(m), want_mixed, rtol=1e-10, atol=1e-12, msg=name)
+    assert want_mixed.abs().max() > 1e-2
+    # the product is of v, not of another vector
+    assert not torch.allclose(_flat(op([2 * t for t in v])), want)
+
+
+@pytest.mark.parametrize("solver", ["neumann", "minres", "exact"])
+def test_the_implicit_gradient_is_the_same_with_either_product(solver):
+    theta, phi, aux, prim, _ = _tiny_bilevel(seed=21)
+    inverse = {"neumann": lambda g, p, v: neumann_inverse_hvp(g, p, v, terms=6, alpha=0.05),
+               "minres": lambda g, p, v: minres_inverse_hvp(g, p, v, tol=1e-8, max_iter=50),
+               "exact": exact_inverse_hvp}[solver]
+    clock: dict = {}
+    double = implicit_gradient(prim(*theta), aux(*theta), theta, phi, inverse_hvp=inverse)
+    forward = implicit_gradient(prim(*theta), None, theta, phi, inverse_hvp=inverse, aux_fn=lambda vals: aux(*vals),
+                                clock=clock)
+    torch.testing.assert_close(_flat(forward), _flat(double), rtol=1e-10, atol=1e-12)
+    explicit = torch.autograd.grad(prim(*theta), phi)
+    assert (_flat(double) - _flat(explicit)).norm() > 1e-3 * _flat(double).norm()  # the implicit term is there
+    assert clock["implicit"] > 0
+    with pytest.raises(ValueError, match="aux_fn"):
+        implicit_gradient(prim(*theta), None, theta, phi)
+
+
+def test_a_model_without_forward_mode_derivatives_is_named():
+    class NoForward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return 2 * x * g
+
+    a = _randn(3, seed=50).requires_grad_()
+    op = implicit_module.ForwardOverReverse(lambda vals: NoForward.apply(vals[0]).sum(), [a])
+    with pytest.raises(NotImplementedError, match="hvp=double_backward"):
+        op([_randn(3, seed=51)])
+
+
+def test_pack_padded_is_pack_padded_sequence_and_the_bilstm_has_forward_over_reverse_products():
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from latentstruct.models.energy import BiLSTMFeatures
+    from latentstruct.models.text import pack_padded
+
+    x = _randn(4, 6, 3, seed=60).requires_grad_()
+    lengths = torch.tensor([3, 6, 1, 3])
+    ours, theirs = pack_padded(x, lengths), pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    g = _randn(*theirs.data.shape, seed=61)
+    assert torch.equal(torch.autograd.grad(ours.data, x, g)[0], torch.autograd.grad(theirs.data, x, g)[0])
+    # a BiLSTM over trainable embeddings (the sequence tasks' A_θ): both products agree
+    torch.manual_seed(0)
+    net = BiLSTMFeatures(vocab_size=9, emb_dim=3, hidden=2, freeze=False).double()
+    ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7], [8, 0, 0, 0]])
+    lens = torch.tensor([3, 4, 1])
+    names = [n for n, _ in net.named_parameters()]
+    theta = list(net.parameters())
+    target = _randn(3, 4, 4, seed=62)
+
+    def loss_of(values=None):
+        out = net(ids, lens) if values is None else torch.func.functional_call(net, dict(zip(names, values,
+                                                                                          strict=True)), (ids, lens))
+        return (torch.tanh(out) * target).sum() + out.pow(2).sum()
+
+    v = [_randn(*p.shape, seed=70 + i) for i, p in enumerate(theta)]
+    double = hvp(loss_of(), theta, v)
+    forward = implicit_module.ForwardOverReverse(loss_of, theta)(v)
+    torch.testing.assert_close(_flat(forward), _flat(double), rtol=1e-9, atol=1e-11)
+    assert _flat(double).abs().max() > 1e-3

@@ -57,3 +57,27 @@ def test_the_report_names_the_device_machines_paths_by_what_they_are():
     assert gpu_report.scrub(message) == (
         'SNLI split(s) train not found in $LATENTSTRUCT_DATA/snli (found: valid). File '
         '"<site-packages>/hydra/main.py", File "latentstruct/train.py", --out $OUT/structures_cuda.md')
+
+
+def test_the_report_shows_the_implicit_steps_two_ways_of_making_products(tmp_path):
+    sheet = {"command": "python bench/implicit.py --device cuda --out implicit.md", "device": "cuda",
+             "args": {"max_iter": 20},
+             "datasets": {"ner": {
+                 "timing": {"spen": {"step_seconds": 0.01, "solver_seconds": 0.0, "implicit_seconds": 0.0},
+                            "cd minres:0.2": {"step_seconds": 0.05, "solver_seconds": 0.02, "implicit_seconds": 0.03},
+                            "cd minres:0.2 forward_over_reverse": {"error": "hvp=forward_over_reverse: no derivative"}},
+                 "accuracy": {"cd": {"products": {
+                     "double_backward": {"setup_seconds": 0.01, "product_seconds": 0.02, "mixed_seconds": 0.02},
+                     "forward_over_reverse": {"setup_seconds": 0.0, "product_seconds": 0.03, "mixed_seconds": 0.03,
+                                              "product_difference": 1e-7, "gradient_difference": 2e-7,
+                                              "products_used": [2, 2]}}}}}}}
+    steps = {"implicit": {"status": "ok", "seconds": 40, "sheet": sheet}}
+    (tmp_path / "env.json").write_text(json.dumps({"gpu": "NVIDIA H100", "steps": steps}))
+    (tmp_path / "experiments.json").write_text(json.dumps({"runs": []}))
+    (tmp_path / "timing.json").write_text("null")
+    assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "results")]) == 0
+    text = (tmp_path / "results" / "gpu.md").read_text()
+    assert "## Implicit gradient: double backward vs forward-over-reverse" in text and "**ner**" in text
+    assert "| cd minres:0.2 | 0.050 | 5.0 | 0.020 | 40 % | 0.030 | 60 % |" in text
+    assert "| cd minres:0.2 forward_over_reverse | failed: hvp=forward_over_reverse: no derivative |" in text
+    assert "| L_CD | forward_over_reverse | 0.0000 | 0.0300 | 0.0300 | 1.50 | 1e-07 | 2e-07 | 2, 2 |" in text

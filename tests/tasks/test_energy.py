@@ -324,7 +324,8 @@ def check_resume_in_the_method_phase(cfg_for, tmp_path, monkeypatch, steps: int)
 
     assert timeless(resumed["metrics"]) == timeless(full["metrics"]) and resumed["steps"] == full["steps"] == steps
     a, b = (pd.read_csv(tmp_path / n / "history.csv") for n in ("full", "crashed"))
-    a, b = (h.drop(columns=[c for c in h.columns if c.endswith(("wall_seconds", "infer_seconds"))]) for h in (a, b))
+    a, b = (h.drop(columns=[c for c in h.columns if c.endswith(("wall_seconds", "infer_seconds"))
+                            or c.startswith("time/")]) for h in (a, b))
     assert len(a) == 4
     pd.testing.assert_frame_equal(a, b)
 
@@ -490,3 +491,53 @@ def test_the_inverse_solver_setting_reaches_the_solver_and_solves_the_damped_sys
     assert not torch.allclose(torch.cat([p.grad.reshape(-1) for p in task.energy_parameters()]), grads["dense"])
     with pytest.raises(ValueError, match="inverse_solver"):
         _task("implicit", inverse_solver="lu", **settings)
+
+
+@pytest.mark.parametrize("solver", ["neumann", "minres"])
+def test_the_hvp_setting_reaches_the_products_and_leaves_the_gradient(solver, monkeypatch):
+    """task.hvp=forward_over_reverse makes every product (the solver's and the mixed one) by forward-over-reverse,
+    and gives the double backward's φ-gradient to round-off; the implicit term's seconds are counted."""
+    from latentstruct.models.implicit import HVPS, ForwardOverReverse
+
+    calls = []
+    original = ForwardOverReverse._products
+    monkeypatch.setattr(ForwardOverReverse, "_products",
+                        lambda self, v, wrt_outer: calls.append(wrt_outer) or original(self, v, wrt_outer))
+    batch = _batch()
+    settings = dict(primary="dvn", inner_steps=2, neumann_terms=4, neumann_alpha=0.1, lam=0.7, inverse_solver=solver,
+                    solver_tol=1e-3, solver_max_iter=8)
+    grads, used = {}, {}
+    for hvp in HVPS:
+        task = _task("implicit", hvp=hvp, **settings)
+        assert task.timings() == {"implicit": 0.0}
+        calls.clear()
+        task(batch).loss.backward()
+        used[hvp] = list(calls)
+        grads[hvp] = torch.cat([p.grad.reshape(-1) for p in task.energy_parameters()])
+        assert task.timings()["implicit"] > 0
+    assert used["double_backward"] == []
+    assert used["forward_over_reverse"].count(True) == 1 and used["forward_over_reverse"].count(False) >= 1
+    if solver == "neumann":
+        assert used["forward_over_reverse"].count(False) == 4
+    torch.testing.assert_close(grads["forward_over_reverse"], grads["double_backward"], rtol=1e-9, atol=1e-12)
+    explicit = _task("explicit", **{k: v for k, v in settings.items() if not k.startswith(("solver", "inverse"))})
+    explicit(batch).loss.backward()
+    plain = torch.cat([p.grad.reshape(-1) for p in explicit.energy_parameters()])
+    assert (grads["double_backward"] - plain).norm() > 1e-3 * plain.norm()  # the implicit term is there
+    assert explicit.timings() == {}
+    with pytest.raises(ValueError, match="hvp"):
+        _task("implicit", hvp="finite_difference", **settings)
+
+
+def test_the_record_and_the_history_carry_the_implicit_share(tmp_path):
+    data_dir = write_mlc(tmp_path / "data")
+    cfg = _toy_cfg(data_dir, tmp_path / "run", "cd", "trainer.batch_size=16", "task.neumann_terms=2")
+    cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
+    record = train(cfg)
+    history = pd.read_csv(tmp_path / "run" / "history.csv")
+    assert history["time/implicit_share"].tolist()[0] == 0  # pretraining: no implicit term
+    assert 0 < history["time/implicit_share"].tolist()[-1] < 1
+    assert 0 < record["implicit_share"] < 1
+    cfg = _toy_cfg(data_dir, tmp_path / "spen", "spen", "trainer.batch_size=16", "task.spen_steps=2")
+    cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
+    assert "implicit_share" not in train(cfg)
