@@ -53,7 +53,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.estimators.direct import Direct
 from latentstruct.ranges import AtLeast, Positive
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
@@ -178,8 +177,9 @@ class Sorting(Task):
         if (estimator is None) != (baseline == "gumbel_sinkhorn"):
             raise ValueError("task.baseline=gumbel_sinkhorn trains without an estimator (estimator=null); every "
                              f"other method through one (got baseline={baseline!r}, estimator={estimator})")
-        if sigma is not None and not isinstance(estimator, Direct):
-            raise ValueError("a learned σ: sigma_net needs estimator=direct (and task.baseline=none)")
+        if sigma is not None and not getattr(estimator, "takes_sigma", False):
+            raise ValueError(f"a learned σ: sigma_net needs estimator=direct (an estimator that takes a noise scale) "
+                             f"and task.baseline=none, got {type(estimator).__name__}")
         if not tau > 0 or sinkhorn_iters < 1 or samples < 1:
             raise ValueError(f"need tau > 0, sinkhorn_iters >= 1, samples >= 1; got {tau}, {sinkhorn_iters}, {samples}")
         self.structure, self.estimator, self.mu, self.sigma = structure, estimator, mu, sigma
