@@ -58,3 +58,11 @@ def test_no_task_names_an_estimator_class():
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         used |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not used & names, f"{path.name} names {sorted(used & names)}: ask the estimator's interface instead"
+
+
+def test_a_schedule_anneals_a_positive_temperature_only():
+    from latentstruct.tasks.vae import anneal_start
+
+    assert anneal_start(E.Direct(epsilon=-0.5)) == 0.5 and anneal_start(E.Spigot()) is None
+    with pytest.raises(ValueError, match="epsilon must be negative"):
+        anneal_start(E.Direct(epsilon=0.5))  # away from best: the VAE's step goes towards the best code
