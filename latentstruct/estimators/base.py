@@ -82,6 +82,36 @@ class Estimator(nn.Module):
 
     relaxed: bool = False
 
+    # What a task may ask of an estimator, instead of asking which class it is (each has a default here and is
+    # overridden by the estimators it concerns; docs/architecture.md, "Estimators (contract)"):
+
+    #: the call takes ``sigma=``, a noise-scale tensor per example (a σ-network's output: a learned σ)
+    takes_sigma: bool = False
+    #: the call takes ``target=``, the known best vertices of a batch (labelled examples), in place of ``downstream``
+    takes_target: bool = False
+    #: reads ``downstream`` only through its loss vector ℓ = ∇_z downstream at the forward vertex: a task whose loss
+    #: is not linear in z serves it better with a linear ``downstream`` whose slope holds each part's exact loss
+    wants_loss_vector: bool = False
+    #: the loss can be its exact expectation over every vertex: a task that computes each vertex's loss with its
+    #: graph uses :func:`latentstruct.estimators.exact.expected_loss` instead of calling the estimator
+    enumerates: bool = False
+    #: trains a sequential policy from its sampled actions' log-probabilities (``policy_loss``) rather than acting
+    #: at each step; a task with a sampled policy (the ListOps merge parser) samples, then adds ``policy_loss``
+    policy_gradient: bool = False
+    #: training steps between refreshes of a frozen behaviour policy that samples in its place; None: the current
+    #: policy samples (the task keeps the copy and refreshes it)
+    behaviour_refresh: int | None = None
+
+    @property
+    def temperature(self) -> float | None:
+        """The positive value a schedule anneals, set before each step as a learning rate is (None: nothing to
+        anneal): a relaxation's τ, direct's |ε| towards the best vertex."""
+        return None
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        raise ValueError(f"{type(self).__name__} has no temperature to set")
+
     def __init__(self, eval_latent: Literal["map", "relaxed"] = "relaxed"):
         super().__init__()
         if eval_latent not in EVAL_LATENTS:
@@ -124,3 +154,12 @@ class Tempered(Estimator):
         if not tau > 0:
             raise ValueError(f"tau must be > 0, got {tau}")
         self.tau = float(tau)
+
+    @property
+    def temperature(self) -> float:
+        """τ."""
+        return self.tau
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.tau = value

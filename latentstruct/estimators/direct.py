@@ -83,6 +83,19 @@ class Direct(Estimator):
     is a float or a tensor, ``target`` the known best vertices ``[B, ...]`` (see module docstring).
     """
 
+    takes_sigma = True
+    takes_target = True
+    wants_loss_vector = True
+
+    @property
+    def temperature(self) -> float:
+        """−ε: the step's size towards the best vertex (positive when ε < 0, "towards best")."""
+        return -self.epsilon
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self.epsilon = -value
+
     def __init__(
         self,
         epsilon: Annotated[float, NonZero()] = -12.0,

@@ -55,6 +55,7 @@ class Exact(Estimator):
     """
 
     calls = frozenset({"exact_samples", "enumerate"})
+    enumerates = True
 
     def __init__(self, max_vertices: Annotated[int, AtLeast(1)] = 4096,
                  eval_latent: Literal["map", "relaxed"] = "relaxed"):

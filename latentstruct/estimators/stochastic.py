@@ -90,6 +90,7 @@ class Sfe(Estimator):
     """
 
     calls = frozenset({"map", "marginals", "exact_samples"})
+    policy_gradient = True
 
     BASELINES = ("none", "moving_average", "self_critical", "rloo")
 
@@ -218,6 +219,11 @@ class Ppo(Sfe):
         if not 0 < clip < 1 or refresh < 1:
             raise ValueError(f"need 0 < clip < 1 and refresh >= 1, got {clip}, {refresh}")
         self.clip, self.refresh = float(clip), int(refresh)
+
+    @property
+    def behaviour_refresh(self) -> int:
+        """``refresh``: the behaviour policy is the caller's frozen copy, refreshed every ``refresh`` steps."""
+        return self.refresh
 
     def train_forward(self, scores, structure, lengths, downstream):
         raise ValueError("ppo trains a sequential policy (policy_loss); for a structure's scores use estimator=sfe")

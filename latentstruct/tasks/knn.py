@@ -19,8 +19,8 @@ estimator. With a σ-network (``sigma_net``) each query image gets its own noise
 its own optimizer (``optim_groups.sigma``).
 
 **NeuralSort baselines** (Grover et al. 2019): the estimators ``estimator=neuralsort`` / ``neuralsort_stochastic``
-(:class:`~latentstruct.estimators.NeuralSort`), the same loss of the relaxed top-k at temperature ``tau``
-(stochastic: of relaxed Plackett-Luce samples, averaged over ``samples`` draws).
+(``latentstruct/estimators/relaxed.py``), the same loss of the relaxed top-k at temperature ``estimator.tau``
+(stochastic: of relaxed Plackett-Luce samples, averaged over ``estimator.samples`` draws).
 
 **Evaluation** (every method): the classic kNN classifier in the learned embedding space. The whole training split
 (what ``train.py`` hands over with :meth:`use_training_data`) is embedded and every image of the evaluated split gets
@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.estimators.direct import Direct
 from latentstruct.ranges import AtLeast
 from latentstruct.structures.topk import TopK
 from latentstruct.tasks.base import Task
@@ -117,8 +116,9 @@ class KNN(Task):
         sigma: nn.Module | None = None,
     ):
         super().__init__()
-        if sigma is not None and not isinstance(estimator, Direct):
-            raise ValueError("a learned σ: sigma_net needs estimator=direct")
+        if sigma is not None and not getattr(estimator, "takes_sigma", False):
+            raise ValueError(f"a learned σ: sigma_net needs estimator=direct (an estimator that takes a noise scale), "
+                             f"got {type(estimator).__name__}")
         if k < 1 or num_queries < 1:
             raise ValueError(f"need k >= 1, num_queries >= 1; got {k}, {num_queries}")
         self.embedding, self.estimator, self.sigma = embedding, estimator, sigma

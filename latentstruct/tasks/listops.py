@@ -42,22 +42,22 @@ Models
     (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``estimator.tau``); the parser's root state → MLP.
     Greedy (argmax) merges at evaluation.
   - ``estimator=sfe``: REINFORCE (Williams, 1992; RL-SPINN, Yogatama et al., 2017) — sampled merges, reward
-    −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + :meth:`Sfe.policy_loss
-    <latentstruct.estimators.Sfe.policy_loss>` (control variate ``estimator.baseline``: ``none``,
+    −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + the estimator's
+    ``policy_loss`` (control variate ``estimator.baseline``: ``none``,
     ``moving_average`` of past batch-mean losses, decay ``estimator.decay``, or ``self_critical``, the loss of the
     greedy parse of the same example, Rennie et al. 2017; entropy bonus ``estimator.entropy_weight``). Experiments
     ``reinforce``, ``reinforce_none``, ``reinforce_self_critical``. Our parser is Choi et al.'s easy-first merger,
     not SPINN's shift-reduce transitions: the same family of trees (all binary bracketings) under a different policy
     factorisation.
   - ``estimator=ppo``: Havrylov et al. (2019), experiment ``ppo`` — the same sampled parser, trained with the
-    clipped PPO surrogate (:class:`~latentstruct.estimators.Ppo`, clip ε = ``estimator.clip``) against a
-    self-critical baseline, the advantage divided by a running standard deviation
+    clipped PPO surrogate (its ``behaviour_refresh``: a frozen behaviour copy of the parser samples; clip ε =
+    ``estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
     (``estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and ``task.disjoint=true``
     (below).
 
   The sequential policy does not take the §5 interface as a whole (its scores at step t depend on the merges before
   it), so the estimators meet it in two ways: a pathwise estimator makes each merge (a categorical choice), and the
-  score-function ones (:class:`~latentstruct.estimators.Sfe`, :class:`~latentstruct.estimators.Ppo`) receive the
+  score-function ones (``policy_gradient``: ``sfe``, ``ppo``) receive the
   sampled merges' log-probabilities and the examples' losses (``policy_loss``), with the same control variates as
   ``sfe`` on a structure.
 
@@ -134,7 +134,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.listops import spans_to_trees, tree_scores
-from latentstruct.estimators import Ppo, Sfe
 from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
 from latentstruct.ranges import AtLeast, Probability
 from latentstruct.structures import BinaryTree
@@ -240,7 +239,7 @@ class ListOps(Task):
                                  "structure is the chart parser's: scorer=span_scorer composer=chart_tree_lstm)")
             if predicted and estimator is None:
                 raise ValueError("the merge parser needs an estimator for its merges (st_gumbel, sfe, ppo)")
-            if predicted and disjoint and not isinstance(estimator, Sfe):
+            if predicted and disjoint and not estimator.policy_gradient:
                 raise ValueError("task.disjoint=true is for the score-function estimators (sfe, ppo) and the chart: a "
                                  "pathwise estimator's gradient reaches its merge parser only through its composition")
         if kind == "chart" and predicted:
@@ -296,7 +295,7 @@ class ListOps(Task):
         self.structure, self.estimator = structure, estimator
         self.disjoint = parser_embedding is not None
         self.behaviour = None
-        if isinstance(estimator, Ppo) and parser is not None:
+        if estimator is not None and estimator.behaviour_refresh is not None and parser is not None:
             own = parser_embedding if parser_embedding is not None else embedding
             policy = nn.ModuleDict({"embedding": own, "parser": parser})
             self.behaviour = copy.deepcopy(policy).requires_grad_(False)
@@ -408,7 +407,7 @@ class ListOps(Task):
             logits = self.classifier(composer(emb, lengths, mode="given", tree=tree).h)
             return ListOpsOutput(logits, F.cross_entropy(logits, y), None if self.training else tree)
         pemb = self.parser_embedding(ids) if self.parser_embedding is not None else emb
-        if not self.training or not isinstance(self.estimator, Sfe):
+        if not self.training or not self.estimator.policy_gradient:
             # a pathwise estimator at every merge while training (st_gumbel: the Gumbel Tree-LSTM); greedy in eval
             parse = self.parser(pemb, lengths, mode="estimate", estimator=self.estimator)
             logits = self.classifier(self._compose(emb, lengths, parse))
@@ -438,7 +437,7 @@ class ListOps(Task):
         return ListOpsOutput(logits, ce.mean() + surrogate, None)
 
     def _maybe_refresh(self) -> None:
-        if int(self.ppo_steps) % self.estimator.refresh == 0:
+        if int(self.ppo_steps) % self.estimator.behaviour_refresh == 0:
             own = self.parser_embedding if self.parser_embedding is not None else self.embedding
             self.behaviour["embedding"].load_state_dict(own.state_dict())
             self.behaviour["parser"].load_state_dict(self.parser.state_dict())

@@ -3,13 +3,13 @@ r"""Sorting numbers as a latent bipartite matching (Mena et al. 2018; seed 002 �
 A sequence x ``[batch, d]`` of numbers in [0, 1] is to be matched with the sorted positions: z*[i, j] = 1 iff x_i is
 the j-th smallest (``latentstruct.data.sorting``).
 
-**Model.** The μ-network (the ``scorer``, :class:`RankScorer`) scores each number on its own,
-``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i of the scores ``[batch, d, d]`` is f(x_i): the score
-of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network (``sigma_net=linear``,
-:class:`LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole sequence is mapped to its noise scale σ
-``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002, Corollary 2, App. C.1); without one
-(``sigma_net`` null) σ is the estimator's own (``estimator.sigma``). The latent structure is :class:`Matching` (MAP =
-Hungarian).
+**Model.** The μ-network (the ``scorer``, :class:`~latentstruct.models.sorting.RankScorer`) scores each number on its
+own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i of the scores ``[batch, d, d]`` is f(x_i): the
+score of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network
+(``sigma_net=linear``, :class:`~latentstruct.models.sorting.LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole
+sequence is mapped to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002,
+Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``estimator.sigma``). The latent
+structure is :class:`Matching` (MAP = Hungarian).
 
 **Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:
 
@@ -53,12 +53,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.estimators.direct import Direct
 from latentstruct.ranges import AtLeast, Positive
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
 
-__all__ = ["Sorting", "SortingOutput", "RankScorer", "LinearSigmaNet", "sorting_loss", "kendall_tau", "BASELINES"]
+__all__ = ["Sorting", "SortingOutput", "sorting_loss", "kendall_tau", "BASELINES"]
 
 BASELINES = ("none", "gumbel_sinkhorn")
 
@@ -90,42 +89,14 @@ def kendall_tau(pred: torch.Tensor, gold: torch.Tensor, chunk: int = 256) -> tor
     return torch.cat(out)
 
 
-class RankScorer(nn.Sequential):
-    """The μ-network: ``[batch, d]`` → ``[batch, d, d]``, row i = f(x_i) = the scores of placing the number x_i at
-    each of the d sorted positions, with f = Linear(1 → hidden) → ReLU → Linear(hidden → d) applied to each number on
-    its own (Mena et al. 2018).
-
-    Args:
-        hidden: units of the μ-network's hidden layer (seed 002 App. C.1, Mena et al. 2018: 32).
-    """
-
-    FROM_DATA = ("num_items",)  # given by the task, from the data
-
-    def __init__(self, num_items: int, hidden: Annotated[int, AtLeast(1)] = 32):
-        super().__init__(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_items))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.unsqueeze(-1))
-
-
-class LinearSigmaNet(nn.Sequential):
-    """A σ-network on a whole input vector: ``[batch, in_features]`` → σ = softplus(w·x + b) ``[batch, 1]`` > 0
-    (seed 002 App. C.1's for sorting: one σ per sequence)."""
-
-    FROM_DATA = ("in_features",)  # given by the task, from the data
-
-    def __init__(self, in_features: int):
-        super().__init__(nn.Linear(in_features, 1), nn.Softplus())
-
-
 class Sorting(Task):
     """Learn to sort d numbers through a latent matching (module docstring: model, loss, baseline, metrics).
 
-    Built from ``scorer`` (the μ-network, :class:`RankScorer`), ``structure`` (a :class:`Matching`), ``estimator``
-    (how gradients cross the Hungarian argmax: ``direct`` in seed 002, or any estimator that needs only ``map`` /
-    ``sparsemap`` of a matching; null with ``baseline=gumbel_sinkhorn``) and ``sigma_net`` (a σ-network for a learned
-    σ, with ``direct``; null for the estimator's own σ). Batches hold ``x`` ``[batch, d]`` and the ranks ``y``
-    ``[batch, d]`` (z* = one_hot(y)).
+    Built from ``scorer`` (the μ-network, :class:`~latentstruct.models.sorting.RankScorer`), ``structure`` (a
+    :class:`Matching`), ``estimator`` (how gradients cross the Hungarian argmax: ``direct`` in seed 002, or any
+    estimator that needs only ``map`` / ``sparsemap`` of a matching; null with ``baseline=gumbel_sinkhorn``) and
+    ``sigma_net`` (a σ-network for a learned σ, with ``direct``; null for the estimator's own σ). Batches hold ``x``
+    ``[batch, d]`` and the ranks ``y`` ``[batch, d]`` (z* = one_hot(y)).
     """
 
     PARTS = ("scorer", "structure", "estimator", "sigma_net")
@@ -178,8 +149,9 @@ class Sorting(Task):
         if (estimator is None) != (baseline == "gumbel_sinkhorn"):
             raise ValueError("task.baseline=gumbel_sinkhorn trains without an estimator (estimator=null); every "
                              f"other method through one (got baseline={baseline!r}, estimator={estimator})")
-        if sigma is not None and not isinstance(estimator, Direct):
-            raise ValueError("a learned σ: sigma_net needs estimator=direct (and task.baseline=none)")
+        if sigma is not None and not getattr(estimator, "takes_sigma", False):
+            raise ValueError(f"a learned σ: sigma_net needs estimator=direct (an estimator that takes a noise scale) "
+                             f"and task.baseline=none, got {type(estimator).__name__}")
         if not tau > 0 or sinkhorn_iters < 1 or samples < 1:
             raise ValueError(f"need tau > 0, sinkhorn_iters >= 1, samples >= 1; got {tau}, {sinkhorn_iters}, {samples}")
         self.structure, self.estimator, self.mu, self.sigma = structure, estimator, mu, sigma

@@ -15,23 +15,24 @@ For a batch, with z the estimator's code (a sample of q(z|x)) and h the Gaussian
 The first two terms train the decoder and the Gaussian heads through the code (its reparameterised h); the third is
 the exact categorical KL (its gradient through softmax(φ)).
 
-**Direct optimisation** (``estimator=direct``, seed 003's method). :class:`~latentstruct.estimators.Direct` with σ = 1
-forwards ẑ = onehot argmax(φ + γ), γ Gumbel, and gives φ the direct gradient of E_γ[θ(x, z^{φ+γ})]: ``downstream(μ)
-= −<μ, θ>`` holds θ(x, k) for every k (``theta=likelihood``: log p(x | z=k, h_k), the decoder's log-likelihood term
-as in the seed; ``theta=elbo`` subtracts each component's Gaussian KL, the whole part of the ELBO that depends on z),
-the loss of each component extended linearly, so its loss-perturbed argmax is argmax(φ + γ + |ε| θ). In the labelled
-phase the loss-perturbed code is the label's one-hot (the estimator's ``target``: the seed's semi-supervised term
-E_γ[ℓ(z, z^{φ+γ})], the authors' "towards the label" update) and |ε| = ``labelled_epsilon`` (0.05).
+**direct optimisation** (``estimator=direct``, seed 003's method), σ = 1, forwards ẑ = onehot argmax(φ + γ), γ Gumbel,
+and gives φ the direct gradient of E_γ[θ(x, z^{φ+γ})]: ``downstream(μ) = −<μ, θ>`` holds θ(x, k) for every k
+(``theta=likelihood``: log p(x | z=k, h_k), the decoder's log-likelihood term as in the seed; ``theta=elbo`` subtracts
+each component's Gaussian KL, the whole part of the ELBO that depends on z), the loss of each component extended
+linearly, so its loss-perturbed argmax is argmax(φ + γ + |ε| θ). In the labelled phase the loss-perturbed code is the
+label's one-hot (the estimator's ``target``: the seed's semi-supervised term E_γ[ℓ(z, z^{φ+γ})], the authors' "towards
+the label" update) and |ε| = ``labelled_epsilon`` (0.05).
 
 **Gumbel-softmax** (``estimator=gumbel_softmax``, the baseline with the same model): z̃ = softmax((φ + γ)/τ) is fed
 to the decoder through :meth:`~latentstruct.models.vae.GMVAE.embed`, and the labelled phase adds the cross-entropy
 above (``estimator=st_gumbel``: the straight-through variant, one-hot forward).
 
-**Temperatures.** Before each step the task sets the estimator's temperature — Direct's ε (negative: "towards
-best"), a Gumbel estimator's τ — as a scheduler sets an optimizer's learning rate: in the labelled phase |ε| =
-``labelled_epsilon`` and τ = the configured τ; in the unsupervised phase the configured |ε| or τ annealed,
-max(start · exp(−``anneal_rate`` · t), ``anneal_floor``), t the steps taken in that phase (the authors' GSM shares
-direct's schedule). Other estimators (``marginals``, ``sfe``, ``spigot``...) have no temperature and also train.
+**Temperatures.** Before each step the task sets the estimator's ``temperature`` — direct's |ε| (ε negative: "towards
+best"), a relaxation's τ — as a scheduler sets an optimizer's learning rate: in the labelled phase an estimator that
+takes a ``target`` (direct) gets |ε| = ``labelled_epsilon``, the others their configured τ; in the unsupervised phase
+the configured |ε| or τ annealed, max(start · exp(−``anneal_rate`` · t), ``anneal_floor``), t the steps taken in that
+phase (the authors' GSM shares direct's schedule). Other estimators (``marginals``, ``sfe``, ``spigot``...) have no
+temperature and also train.
 
 **Evaluation** (every estimator, noise-free where it matters): ``acc`` = 100 × the fraction of images whose mode
 argmax_k φ(x, k) is their label; ``bound`` = the mean negative ELBO in nats, exact in z (all K components
@@ -57,9 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.estimators.base import Tempered
-from latentstruct.estimators.direct import Direct
-from latentstruct.estimators.exact import Exact, expected_loss
+from latentstruct.estimators.exact import expected_loss
 from latentstruct.models.vae import GMVAE, DiscreteVAE, gaussian_kl, kl_uniform, negative_elbo
 from latentstruct.ranges import AtLeast, NonNegative, Positive
 from latentstruct.structures.binary_vector import BinaryVector
@@ -83,27 +82,20 @@ def annealed(start: float, rate: float, floor: float, step: int) -> float:
 
 
 def anneal_start(estimator: nn.Module) -> float | None:
-    """The configured |ε| (direct) or τ (Gumbel estimators) that starts the schedule; None without a temperature."""
-    if isinstance(estimator, Direct):
-        return -estimator.epsilon
-    return estimator.tau if isinstance(estimator, Tempered) else None
+    """The configured temperature that starts the schedule (the estimator's ``temperature``: direct's |ε|, a
+    relaxation's τ); None without one. Refuses a temperature that is not positive (direct with ε ≥ 0: the VAE's
+    direct step goes towards the best code)."""
+    start = estimator.temperature
+    if start is not None and not start > 0:
+        raise ValueError(f"the VAE anneals a positive temperature, got {start} (the VAE's direct step goes towards "
+                         f"the best code: estimator.epsilon must be negative, seed 003: -1)")
+    return start
 
 
 def set_temperature(estimator: nn.Module, value: float | None) -> None:
-    """Set the estimator's temperature for this step, as a scheduler sets an optimizer's learning rate: direct's ε
-    = −value (towards best), a Gumbel estimator's τ = value."""
-    if value is None:
-        return
-    if isinstance(estimator, Direct):
-        estimator.epsilon = -value
-    elif isinstance(estimator, Tempered):
-        estimator.tau = value
-
-
-def _check_towards_best(estimator: nn.Module) -> None:
-    if isinstance(estimator, Direct) and not estimator.epsilon < 0:
-        raise ValueError(f"the VAE's direct step goes towards the best code: estimator.epsilon must be negative "
-                         f"(seed 003: -1), got {estimator.epsilon}")
+    """Set the estimator's temperature for this step, as a scheduler sets an optimizer's learning rate."""
+    if value is not None:
+        estimator.temperature = value
 
 
 class SemiSupervisedVAE(Task):
@@ -168,7 +160,6 @@ class SemiSupervisedVAE(Task):
             raise ValueError(f"theta must be likelihood or elbo, got {theta!r}")
         if not (labelled_epsilon > 0 and anneal_floor > 0 and anneal_rate >= 0):
             raise ValueError("need labelled_epsilon, anneal_floor > 0 and anneal_rate >= 0")
-        _check_towards_best(estimator)
         self.vae, self.estimator, self.structure = vae, estimator, Categorical()
         self.theta, self.labelled_epsilon = theta, float(labelled_epsilon)
         self.anneal_rate, self.anneal_floor = float(anneal_rate), float(anneal_floor)
@@ -181,12 +172,12 @@ class SemiSupervisedVAE(Task):
         self._phase_step = step
 
     def temperature(self, labelled: bool) -> float | None:
-        """|ε| (direct) or τ (Gumbel estimators; None for the others) for the next step: fixed in the labelled
+        """The estimator's temperature (None without one) for the next step: fixed in the labelled
         phase, annealed after it (module docstring)."""
         if self.anneal_start is None:
             return None
         if labelled:
-            return self.labelled_epsilon if isinstance(self.estimator, Direct) else self.anneal_start
+            return self.labelled_epsilon if self.estimator.takes_target else self.anneal_start
         return annealed(self.anneal_start, self.anneal_rate, self.anneal_floor, self._phase_step)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> VAEOutput:
@@ -203,13 +194,13 @@ class SemiSupervisedVAE(Task):
                     theta = theta - kl_gauss
             return -(code * theta).sum(-1)
 
-        direct = isinstance(self.estimator, Direct)
+        to_target = self.estimator.takes_target  # the labelled step goes to the label itself
         set_temperature(self.estimator, self.temperature(labelled=y is not None))
-        target = {"target": F.one_hot(y, phi.shape[-1]).to(phi.dtype)} if direct and y is not None else {}
+        target = {"target": F.one_hot(y, phi.shape[-1]).to(phi.dtype)} if to_target and y is not None else {}
         z = self.estimator(phi, self.structure, None, downstream, **target)
         rec = vae.log_likelihood(x, vae.decode(vae.embed(z, h)))
         loss = (-rec + (z * kl_gauss).sum(-1) + self.kl_discrete * kl_uniform(phi)).mean()
-        if y is not None and not direct:
+        if y is not None and not to_target:
             loss = loss + self.label_weight * F.nll_loss(torch.log(z.clamp_min(1e-20)), y)
         return VAEOutput(loss, z)
 
@@ -243,14 +234,14 @@ class UnsupervisedVAE(Task):
     φ_i(x, z_i)). The KL to the uniform prior is exact (its gradient through softmax(φ)); what the estimator decides
     is how the expected reconstruction term reaches φ:
 
-    * **direct** (:class:`~latentstruct.estimators.Direct`, σ = 1, ε < 0 annealed): ẑ = argmax(φ + γ), γ Gumbel on
+    * **direct** (σ = 1, ε < 0 annealed; an estimator that ``wants_loss_vector``): ẑ = argmax(φ + γ), γ Gumbel on
       the parts (a sample of q), and the loss-perturbed ẑ_ε = argmax(φ + γ + |ε| θ) with θ the log-likelihood of
       the candidate codes, handed to the estimator as a linear ``downstream(μ) = <μ, c>`` (c = −θ). On the
       categorical latent c_k = −log p(x | k) for every k (the slides' difference of two argmaxes, exact). On the
       binary vector c_{i,v} = −log p(x | ẑ with z_i = v), the others held at their sampled values: the slides'
       coordinate-wise approximation z_i^{εθ+φ+γ} ≈ argmax_{z_i} εθ(ẑ_1, …, z_i, …, ẑ_n) + φ_i(x, z_i) + γ_i(z_i),
       n + 1 decoder passes per image. The decoder trains on ẑ.
-    * **exact** (:class:`~latentstruct.estimators.Exact`): the unbiased gradient by enumerating every code: the loss
+    * **exact** (an estimator that ``enumerates``): the unbiased gradient by enumerating every code: the loss
       is E_q exactly, Σ_v q(v|x) (−log p(x | v)) (:func:`~latentstruct.estimators.exact.expected_loss`), so both the
       encoder and the decoder get the exact gradient of the ELBO.
     * **sfe** (score function, e.g. ``baseline=moving_average``): z ~ q, the encoder gets (L − b) ∇ log q(z|x),
@@ -258,7 +249,7 @@ class UnsupervisedVAE(Task):
     * **gumbel_softmax** (z̃ = softmax((φ + γ)/τ), τ annealed; on the binary vector the binary Concrete) and
       **st_gumbel** (one-hot forward, the relaxation's backward): the decoder reads the relaxed weights.
 
-    The estimator's temperature (direct's |ε|, a Gumbel estimator's τ) starts at its configured value and is
+    The estimator's temperature (direct's |ε|, a relaxation's τ) starts at its configured value and is
     annealed every step, max(start · exp(−``anneal_rate`` · t), ``anneal_floor``), t the steps taken, as in
     :class:`SemiSupervisedVAE`.
 
@@ -315,7 +306,6 @@ class UnsupervisedVAE(Task):
         super().__init__()
         if not (anneal_floor > 0 and anneal_rate >= 0 and max_enumerate >= 1 and bound_samples >= 1):
             raise ValueError("need anneal_floor > 0, anneal_rate >= 0, max_enumerate >= 1 and bound_samples >= 1")
-        _check_towards_best(estimator)
         self.vae, self.structure, self.estimator = vae, structure, estimator
         self.anneal_rate, self.anneal_floor = float(anneal_rate), float(anneal_floor)
         self.max_enumerate, self.bound_samples = int(max_enumerate), int(bound_samples)
@@ -326,7 +316,7 @@ class UnsupervisedVAE(Task):
         self._step = step
 
     def temperature(self) -> float | None:
-        """|ε| (direct) or τ (Gumbel estimators; None for the others) for the next step."""
+        """The estimator's temperature (None without one) for the next step."""
         if self.anneal_start is None:
             return None
         return annealed(self.anneal_start, self.anneal_rate, self.anneal_floor, self._step)
@@ -343,12 +333,12 @@ class UnsupervisedVAE(Task):
         x, vae = batch["x"], self.vae
         phi = vae.scores(x)
         kl = vae.kl_prior(phi)
-        if isinstance(self.estimator, Exact):  # E_q −log p(x|z) by enumeration: exact for encoder and decoder
+        if self.estimator.enumerates:  # E_q −log p(x|z) by enumeration: exact for encoder and decoder
             vertices = self.vertices(phi)
             rec = -expected_loss(phi, vertices, -vae.vertex_log_likelihood(x, vertices))
             return VAEOutput((-rec + kl).mean(), torch.softmax(phi.detach(), -1))
         set_temperature(self.estimator, self.temperature())
-        if isinstance(self.estimator, Direct):
+        if self.estimator.wants_loss_vector:
             downstream = self._direct_downstream(x)
         else:
             def downstream(code):  # the example's reconstruction loss at a code (sfe's reward)

@@ -17,11 +17,12 @@ import latentstruct.optim
 import latentstruct.train as train_module
 from latentstruct.data.sorting import sorting_numbers
 from latentstruct.estimators import Direct, Spigot
+from latentstruct.models.sorting import LinearSigmaNet, RankScorer
 from latentstruct.structures import Matching
 from latentstruct.structures.base import gumbel_like
 from latentstruct.structures.matching import sinkhorn
 from latentstruct.tasks import LatentClassifier, Sorting
-from latentstruct.tasks.sorting import LinearSigmaNet, RankScorer, kendall_tau, sorting_loss
+from latentstruct.tasks.sorting import kendall_tau, sorting_loss
 from latentstruct.train import build_model, train
 from tests.helpers import compose as _compose
 from tests.helpers import methods, train_run
@@ -170,8 +171,8 @@ def test_protocol_hyper_parameters():
     assert (learned.optim._target_, learned.optim.lr) == ("torch.optim.Adam", 0.1)
     assert (learned.optim_groups.sigma._target_, learned.optim_groups.sigma.lr) == ("torch.optim.SGD", 1e-6)
     assert (learned.estimator.epsilon, learned.estimator.samples) == (-12.0, 5)
-    assert learned.sigma_net._target_ == "latentstruct.tasks.sorting.LinearSigmaNet"
-    assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.tasks.sorting.RankScorer", 32)
+    assert learned.sigma_net._target_ == "latentstruct.models.sorting.LinearSigmaNet"
+    assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.models.sorting.RankScorer", 32)
     assert (learned.trainer.select.value, learned.trainer.max_epochs, learned.dataset.num_items) == ("best", 2000, 10)
     assert _compose("+experiment=sorting_direct_sigma0").estimator.sigma == 0.0
     assert _compose("+experiment=sorting_direct_sigma1").estimator.sigma == 1.0
