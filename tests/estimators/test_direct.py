@@ -29,17 +29,8 @@ import pytest
 import torch
 
 from latentstruct.estimators.direct import EULER_GAMMA, Direct
-from latentstruct.structures import (
-    BinaryTree,
-    Categorical,
-    Matching,
-    NonProjectiveDepTree,
-    ProjectiveDepTree,
-    SequenceTagging,
-    Structure,
-    TopK,
-    gumbel_like,
-)
+from latentstruct.structures import Categorical, Matching, Structure, TopK, gumbel_like
+from tests.structures.reference import STRUCTURES
 
 DT = torch.float64
 N_DRAWS = 200_000
@@ -291,20 +282,20 @@ def test_evaluation_returns_the_noise_free_map(eval_latent):
 # ------------------------------------------------------------------------------------------- every structure
 
 
-STRUCTURES = {
-    "categorical": (Categorical(), (4, 6), None),
-    "projective": (ProjectiveDepTree(), (3, 5, 5), [4, 2, 3]),
-    "nonprojective": (NonProjectiveDepTree(multiroot=False), (3, 5, 5), [4, 2, 3]),
-    "sequence": (SequenceTagging(3), (3, 4, 3, 3), [4, 2, 3]),
-    "binary_tree": (BinaryTree(), (3, 5, 5), [5, 2, 3]),
-    "matching": (Matching(), (3, 4, 4), [4, 2, 3]),
-    "topk": (TopK(2), (3, 5), [5, 2, 3]),
+SHAPES = {  # scores [B, *parts] and lengths, for structures of tests/structures/reference.py
+    "categorical": ((4, 6), None),
+    "projective_multiroot": ((3, 5, 5), [4, 2, 3]),
+    "nonprojective_single_root": ((3, 5, 5), [4, 2, 3]),
+    "sequence": ((3, 4, 3, 3), [4, 2, 3]),
+    "binary_tree": ((3, 5, 5), [5, 2, 3]),
+    "matching": ((3, 4, 4), [4, 2, 3]),
+    "topk": ((3, 5), [5, 2, 3]),
 }
 
 
-@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("name", SHAPES)
 def test_runs_on_every_structure(name):
-    structure, shape, lengths = STRUCTURES[name]
+    structure, (shape, lengths) = STRUCTURES[name], SHAPES[name]
     lengths = None if lengths is None else torch.tensor(lengths)
     torch.manual_seed(0)
     s = torch.randn(*shape, dtype=DT, requires_grad=True)

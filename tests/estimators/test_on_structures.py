@@ -24,28 +24,20 @@ from latentstruct.estimators import (
     SteS,
     StGumbel,
 )
-from latentstruct.structures import (
-    BinaryTree,
-    BinaryVector,
-    Categorical,
-    Matching,
-    NonProjectiveDepTree,
-    ProjectiveDepTree,
-    SequenceTagging,
-    TopK,
-)
+from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree, TopK
+from tests.structures.reference import STRUCTURES
 
-STRUCTURES = {
-    "categorical": (Categorical(), (4, 6)),
-    "projective": (ProjectiveDepTree(), (3, 5, 5)),
-    "projective_single_root": (ProjectiveDepTree(multiroot=False), (3, 5, 5)),
-    "nonprojective": (NonProjectiveDepTree(), (3, 5, 5)),
-    "nonprojective_single_root": (NonProjectiveDepTree(multiroot=False), (3, 5, 5)),
-    "sequence": (SequenceTagging(3), (3, 4, 3, 3)),
-    "binary_tree": (BinaryTree(), (3, 5, 5)),
-    "matching": (Matching(), (3, 4, 4)),
-    "topk": (TopK(2), (3, 5)),
-    "binary_vector": (BinaryVector(), (3, 4, 2)),
+SHAPES = {  # scores [B, *parts] for every structure of tests/structures/reference.py
+    "categorical": (4, 6),
+    "projective_multiroot": (3, 5, 5),
+    "projective_single_root": (3, 5, 5),
+    "nonprojective_multiroot": (3, 5, 5),
+    "nonprojective_single_root": (3, 5, 5),
+    "sequence": (3, 4, 3, 3),
+    "binary_tree": (3, 5, 5),
+    "matching": (3, 4, 4),
+    "topk": (3, 5),
+    "binary_vector": (3, 4, 2),
 }
 ESTIMATORS = [
     SteI(0.5, steps=2),
@@ -80,10 +72,10 @@ def _id(est):
                                      getattr(est, "samples", "")))
 
 
-@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("name", SHAPES)
 @pytest.mark.parametrize("est", ESTIMATORS, ids=_id)
 def test_estimator_runs_on_structure(name, est):
-    structure, shape = STRUCTURES[name]
+    structure, shape = STRUCTURES[name], SHAPES[name]
     torch.manual_seed(0)
     s = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     c = torch.randn(*shape, dtype=torch.float64)
@@ -109,12 +101,12 @@ def test_estimator_runs_on_structure(name, est):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", STRUCTURES)
+@pytest.mark.parametrize("name", SHAPES)
 @pytest.mark.parametrize("est", ESTIMATORS, ids=_id)
 def test_estimator_runs_on_cuda_as_on_the_cpu(name, est):
     """On CUDA every estimator keeps its tensors (and its buffers, moved as a model's are) on the device; one that
     draws nothing gives the CPU's latent and gradient."""
-    structure, shape = STRUCTURES[name]
+    structure, shape = STRUCTURES[name], SHAPES[name]
     if _unsupported(structure, est) is not None:
         return
     s = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
@@ -161,12 +153,12 @@ def test_sfe_on_trees_uses_exact_samples():
         assert z.shape == s.shape and set(z.unique().tolist()) <= {0.0, 1.0}
 
 
-@pytest.mark.parametrize("name", [n for n in STRUCTURES if n != "categorical"])
+@pytest.mark.parametrize("name", [n for n in SHAPES if n != "categorical"])
 @pytest.mark.parametrize("est", [Imle(samples=3), Perturbed(samples=3), Sfe(baseline="rloo", samples=3)], ids=_id)
 def test_several_draws_keep_each_examples_length(name, est):
     """The draws are the batch repeated along its first dimension, lengths included: every draw of example b is a
     vertex of b's length, so the mean of the draws has as many parts as MAP(s_b) (all vertices of a length do)."""
-    structure, shape = STRUCTURES[name]
+    structure, shape = STRUCTURES[name], SHAPES[name]
     longest = shape[1] - 1 if "projective" in name else shape[1]
     lengths = torch.tensor([longest, longest - 1, longest - 2])
     torch.manual_seed(2)

@@ -15,29 +15,23 @@ import pytest
 import torch
 
 from latentstruct.structures.binary_tree import BinaryTree
+from tests.structures.reference import (
+    brute_log_partition,
+    brute_marginals,
+    brute_max,
+    enumerated,
+    gibbs,
+    scores_maker,
+    spans,
+    thirty_words,
+    tol,
+)
 
 SIZES = list(range(1, 7))
 DTYPES = [torch.float32, torch.float64]
 
 
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
-
-
-def _scores(batch, n, dtype=torch.float64, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n, n, generator=g, dtype=torch.float64)).to(dtype)
-
-
-@functools.cache
-def _vertices(n):
-    return BinaryTree().enumerate(n).to(torch.float64)
-
-
-def _vertex_scores(scores):
-    """Vertices [V, n, n] and <s, v> for every example and vertex, [B, V]."""
-    vertices = _vertices(scores.shape[-1]).to(scores)
-    return vertices, torch.where(vertices.bool(), scores.unsqueeze(1), 0.0).flatten(2).sum(-1)  # −inf · 0 never met
+_scores = scores_maker(spans)
 
 
 @functools.cache
@@ -107,12 +101,12 @@ def test_enumerate_is_every_bracketing_once(n):
 @pytest.mark.parametrize("n", SIZES)
 def test_marginals_are_zero_off_the_parts_and_count_n_minus_one_constituents(n, dtype):
     struct = BinaryTree()
-    scores = _scores(6, n, dtype, seed=n + 100)
+    scores = _scores(6, n, dtype=dtype, seed=n + 100)
     mu = struct.marginals(scores)
     assert torch.all(mu.tril() == 0)
-    torch.testing.assert_close(mu.sum((1, 2)), torch.full_like(mu[:, 0, 0], n - 1), **_tol(dtype))
+    torch.testing.assert_close(mu.sum((1, 2)), torch.full_like(mu[:, 0, 0], n - 1), **tol(dtype))
     if n >= 2:
-        torch.testing.assert_close(mu[:, 0, n - 1], torch.ones_like(mu[:, 0, 0]), **_tol(dtype))
+        torch.testing.assert_close(mu[:, 0, n - 1], torch.ones_like(mu[:, 0, 0]), **tol(dtype))
 
 
 def test_map_breaks_ties_towards_the_first_split():
@@ -143,16 +137,16 @@ def test_forbidden_constituents_get_zero_marginals_not_nan():
     scores[:, 1, 2] = float("-inf")
     scores[:, 2, 4] = float("-inf")
     scores.requires_grad_(True)
-    vertices, vs = _vertex_scores(scores.detach())
-    expected = torch.einsum("bv,vij->bij", torch.softmax(vs, -1), vertices)
+    vertices = enumerated(struct, 5)
     mu = struct.marginals(scores)
-    torch.testing.assert_close(mu.detach(), expected)
+    torch.testing.assert_close(mu.detach(), brute_marginals(scores.detach(), vertices))
     assert torch.all(mu[:, 0, 2] == 0)
-    torch.testing.assert_close(struct.log_partition(scores).detach(), torch.logsumexp(vs, -1))
+    torch.testing.assert_close(struct.log_partition(scores).detach(), brute_log_partition(scores.detach(), vertices))
     (grad,) = torch.autograd.grad((mu * torch.randn_like(mu)).sum(), scores)
     assert torch.isfinite(grad).all()
     z = struct.map(scores)
-    torch.testing.assert_close(torch.where(z.bool(), scores.detach(), 0.0).flatten(1).sum(-1), vs.max(-1).values)
+    ours = torch.where(z.bool(), scores.detach(), 0.0).flatten(1).sum(-1)
+    torch.testing.assert_close(ours, brute_max(scores.detach(), vertices))
     sample = struct.exact_sample(scores.detach().repeat(125, 1, 1), generator=torch.Generator().manual_seed(0))
     assert torch.all(sample[:, 0, 1] == 0) and torch.all(sample[:, 1, 2] == 0) and torch.all(sample[:, 2, 4] == 0)
 
@@ -211,7 +205,7 @@ def test_marginals_backward_is_the_hessian_vector_product(dtype):
     # the marginals are constant (padding, diagonal, lower triangle).
     struct = BinaryTree()
     n, lengths = 9, torch.tensor([9, 6, 1, 2, 8])
-    scores = _scores(len(lengths), n, dtype, seed=13)
+    scores = _scores(len(lengths), n, dtype=dtype, seed=13)
     scores[1, 0, 2] = scores[1, 3, 5] = scores[4, 0, 7] = float("-inf")
     g = torch.randn(scores.shape, generator=torch.Generator().manual_seed(14), dtype=torch.float64).to(dtype)
     part = torch.ones(n, n, dtype=torch.bool).triu(1) & (torch.arange(n) < lengths.view(-1, 1, 1))
@@ -226,7 +220,7 @@ def test_marginals_backward_is_the_hessian_vector_product(dtype):
     (mu,) = torch.autograd.grad(struct.log_partition(x, lengths).sum(), x, create_graph=True)
     (expected,) = torch.autograd.grad((mu * torch.where(part, g, 0.0)).sum(), x)
     assert torch.isfinite(ours).all()
-    torch.testing.assert_close(ours, expected, **_tol(dtype))
+    torch.testing.assert_close(ours, expected, **tol(dtype))
     for b, length in enumerate(lengths.tolist()):
         assert torch.all(ours[b, length:, :] == 0) and torch.all(ours[b, :, length:] == 0)
     assert torch.all(ours.tril() == 0)
@@ -257,8 +251,8 @@ def _total_variation(sampler, n, length, draws):
     z = sampler(scores.expand(draws, -1, -1), lengths, generator=torch.Generator().manual_seed(0))
     assert z.shape == (draws, n, n) and z.dtype == scores.dtype
     assert torch.all(z[:, length:, :] == 0) and torch.all(z[:, :, length:] == 0)
-    vertices, vs = _vertex_scores(scores[:, :length, :length])
-    exact = torch.softmax(vs[0], -1)
+    vertices = enumerated(BinaryTree(), length)
+    exact = gibbs(scores[:, :length, :length], vertices)[0]
     return 0.5 * (_frequencies(z[:, :length, :length], vertices) - exact).abs().sum()
 
 
@@ -314,13 +308,7 @@ def test_bad_shapes_are_refused():
 
 def test_batch_of_sentences_of_thirty_words():
     struct = BinaryTree()
-    lengths = torch.randint(1, 31, (32,), generator=torch.Generator().manual_seed(0))
-    lengths[0] = 30
-    scores = _scores(32, 30, torch.float32, seed=1).requires_grad_(True)
-    z = struct.map(scores, lengths)
-    mu = struct.marginals(scores, lengths)
-    (mu * torch.randn_like(mu)).sum().backward()
-    assert torch.isfinite(scores.grad).all()
+    lengths, scores, z, mu = thirty_words(struct, _scores)
     # n - 1 constituents, including the full span; the MAP tree scores no more than the log-partition.
     assert torch.equal(z.sum((1, 2)), (lengths - 1).float())
     torch.testing.assert_close(mu.detach().sum((1, 2)), (lengths - 1).float(), atol=1e-3, rtol=1e-5)

@@ -4,6 +4,7 @@ Every method is compared with a ground truth built from ``enumerate(K)`` (the K 
 with an independent solve of the projection QP; sampling is checked statistically with fixed generators.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from scipy.optimize import minimize
 from scipy.stats import chisquare
 
 from latentstruct.structures import Categorical, Structure, gumbel_like
+from tests.structures.reference import enumerated, scores_maker, tol, vertex_scores
 
 CAT = Categorical()
 DTYPES = [torch.float32, torch.float64]
@@ -20,19 +22,8 @@ SIZES = list(range(1, 7))
 EULER_GAMMA = 0.5772156649015329
 
 
-def _tol(dtype):
-    return {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
-
-
-def _scores(batch, k, dtype=torch.float64, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, k, generator=g, dtype=torch.float64)).to(dtype)
-
-
-def _vertex_scores(scores):
-    """Vertices [V, K] in the scores' dtype and <s, v> for every example and vertex, [B, V]."""
-    vertices = CAT.enumerate(scores.shape[-1]).to(scores)
-    return vertices, scores @ vertices.T
+_tol = functools.partial(tol, double=(1e-12, 1e-10), single=(1e-6, 1e-5))
+_scores = scores_maker(lambda k: (k,))
 
 
 def _project_simplex(v):
@@ -77,8 +68,9 @@ def test_enumerate_is_the_one_hot_vertices(k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", SIZES)
 def test_map_is_the_best_enumerated_vertex(k, dtype):
-    scores = _scores(7, k, dtype, seed=k).requires_grad_(True)
-    vertices, vs = _vertex_scores(scores.detach())
+    scores = _scores(7, k, dtype=dtype, seed=k).requires_grad_(True)
+    vertices = enumerated(CAT, k).to(scores)
+    vs = vertex_scores(scores.detach(), vertices)
     z = CAT.map(scores)
     assert z.shape == scores.shape and z.dtype == dtype
     assert not z.requires_grad and z.grad_fn is None
@@ -106,8 +98,8 @@ def test_map_under_ties_is_still_a_vertex(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", SIZES)
 def test_log_partition_is_logsumexp_over_vertices(k, dtype):
-    scores = _scores(6, k, dtype, seed=10 + k)
-    _, vs = _vertex_scores(scores)
+    scores = _scores(6, k, dtype=dtype, seed=10 + k)
+    vs = vertex_scores(scores, enumerated(CAT, k))
     log_z = CAT.log_partition(scores)
     assert log_z.shape == (6,) and log_z.dtype == dtype
     expected = torch.log(torch.exp(vs.double()).sum(-1)).to(dtype)
@@ -117,8 +109,9 @@ def test_log_partition_is_logsumexp_over_vertices(k, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", SIZES)
 def test_marginals_are_the_gibbs_mean_and_the_gradient_of_log_partition(k, dtype):
-    scores = _scores(6, k, dtype, seed=20 + k)
-    vertices, vs = _vertex_scores(scores)
+    scores = _scores(6, k, dtype=dtype, seed=20 + k)
+    vertices = enumerated(CAT, k).to(scores)
+    vs = vertex_scores(scores, vertices)
     p = torch.exp(vs.double() - torch.logsumexp(vs.double(), -1, keepdim=True))  # p(z) for every vertex
     expected = (p @ vertices.double()).to(dtype)
     mu = CAT.marginals(scores)
@@ -154,8 +147,9 @@ def test_marginals_are_stable_for_large_scores():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", SIZES)
 def test_log_prob_is_a_distribution_over_vertices(k, dtype):
-    scores = _scores(4, k, dtype, seed=40 + k)
-    vertices, vs = _vertex_scores(scores)
+    scores = _scores(4, k, dtype=dtype, seed=40 + k)
+    vertices = enumerated(CAT, k).to(scores)
+    vs = vertex_scores(scores, vertices)
     log_p = torch.stack([CAT.log_prob(v.expand_as(scores), scores) for v in vertices], dim=-1)  # [B, V]
     assert log_p.shape == (4, k)
     torch.testing.assert_close(log_p.exp().sum(-1), torch.ones(4, dtype=dtype), **_tol(dtype))
@@ -175,7 +169,7 @@ def _kink_distance(scores):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k", SIZES)
 def test_sparsemap_is_the_projection_onto_the_simplex(k, dtype):
-    scores = _scores(8, k, dtype, seed=50 + k, scale=0.7)
+    scores = _scores(8, k, dtype=dtype, seed=50 + k, scale=0.7)
     mu = CAT.sparsemap(scores)
     assert mu.shape == scores.shape and mu.dtype == dtype
     tol = _tol(dtype)
@@ -322,7 +316,7 @@ class _LogSumExpOnly(Structure):
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_default_marginals_are_the_gradient_of_log_partition(k, dtype):
     structure = _LogSumExpOnly()
-    scores = _scores(4, k, dtype, seed=80 + k)
+    scores = _scores(4, k, dtype=dtype, seed=80 + k)
     mu = structure.marginals(scores)
     torch.testing.assert_close(mu, torch.softmax(scores, -1), **_tol(dtype))
     torch.testing.assert_close(mu, CAT.marginals(scores), **_tol(dtype))
@@ -334,7 +328,7 @@ def test_default_marginals_are_the_gradient_of_log_partition(k, dtype):
     s = scores.clone().requires_grad_(True)
     mu = structure.marginals(s)
     assert mu.requires_grad
-    w = _scores(4, k, dtype, seed=90 + k)
+    w = _scores(4, k, dtype=dtype, seed=90 + k)
     (g_default,) = torch.autograd.grad((mu * w).sum(), s)
     s2 = scores.clone().requires_grad_(True)
     (g_cat,) = torch.autograd.grad((CAT.marginals(s2) * w).sum(), s2)

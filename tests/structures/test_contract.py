@@ -10,93 +10,38 @@ in each structure's own test file; ``enumerate`` is checked there against an ind
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import pytest
 import torch
 
-from latentstruct.structures import (
-    BinaryTree,
-    BinaryVector,
-    Categorical,
-    Matching,
-    NonProjectiveDepTree,
-    ProjectiveDepTree,
-    SequenceTagging,
-    Structure,
-    TopK,
-    gumbel_like,
-)
+from latentstruct.structures import Structure, gumbel_like
 from latentstruct.structures.parts import parts_to_dense
-from tests.structures.reference import distance_to_hull, gibbs, qp_over_vertices, total_variation, vertex_scores
+from tests.structures.reference import (
+    CASES,
+    brute_log_partition,
+    brute_marginals,
+    brute_max,
+    distance_to_hull,
+    enumerated,
+    gibbs,
+    qp_over_vertices,
+    random_scores,
+    total_variation,
+    vertex_scores,
+)
 
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    structure: Structure
-    part_shape: Callable[[int], tuple[int, ...]]  # n → the parts' shape
-    sizes: tuple[int, ...]  # sizes small enough to enumerate
-    crop: Callable[[torch.Tensor, int], torch.Tensor] | None = None  # parts of a length-L example; None: no lengths
-    min_length: int = 1
-    has_marginals: bool = True  # False where they are #P-hard (Matching)
-    sample_size: int = 3  # a size with few vertices, for the statistical tests
-
-
-def _square(x, length, offset=0):
-    return x[..., : length + offset, : length + offset]
-
-
-def _prefix(x, length):
-    return x[:, :length]
-
-
-CASES = [
-    Case("categorical", Categorical(), lambda n: (n,), (1, 2, 5), sample_size=4),
-    *(
-        Case(
-            f"projective_{tag}",
-            ProjectiveDepTree(root),
-            lambda n: (n + 1, n + 1),
-            (1, 2, 3, 4, 5),
-            crop=functools.partial(_square, offset=1),
-        )
-        for root, tag in ((True, "multiroot"), (False, "single_root"))
-    ),
-    *(
-        Case(
-            f"nonprojective_{tag}",
-            NonProjectiveDepTree(root),
-            lambda n: (n + 1, n + 1),
-            (1, 2, 3, 4, 5),
-            crop=functools.partial(_square, offset=1),
-        )
-        for root, tag in ((True, "multiroot"), (False, "single_root"))
-    ),
-    Case("sequence", SequenceTagging(3), lambda n: (n, 3, 3), (1, 2, 3), crop=_prefix, sample_size=2),
-    Case("binary_tree", BinaryTree(), lambda n: (n, n), (1, 2, 3, 4, 5, 6), crop=_square, sample_size=4),
-    Case("matching", Matching(), lambda n: (n, n), (1, 2, 3, 4, 5), crop=_square, has_marginals=False),
-    Case("topk", TopK(2), lambda n: (n,), (2, 3, 5), crop=_prefix, min_length=2, sample_size=5),
-    Case("binary_vector", BinaryVector(), lambda n: (n, 2), (1, 2, 4), crop=_prefix, sample_size=3),
-]
 SIZED = [pytest.param(c, n, id=f"{c.name}-n{n}") for c in CASES for n in c.sizes]
 BY_CASE = [pytest.param(c, id=c.name) for c in CASES]
 
 
 def _scores(case, n, batch=4, seed=0, scale=1.5, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, *case.part_shape(n), generator=g, dtype=torch.float64)).to(dtype)
+    return random_scores((batch, *case.part_shape(n)), dtype, seed, scale)
 
 
-@functools.cache
 def _vertices(name, n):
     case = next(c for c in CASES if c.name == name)
-    vertices = case.structure.enumerate(n).to(torch.float64)
-    assert vertices.shape[1:] == case.part_shape(n)
-    assert torch.unique(vertices.flatten(1), dim=0).shape[0] == vertices.shape[0], "enumerate repeats a vertex"
-    return vertices
+    out = enumerated(case.structure, n)
+    assert out.shape[1:] == case.part_shape(n)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------- MAP
@@ -109,7 +54,7 @@ def test_map_is_a_best_vertex(case, n, dtype):
     z = case.structure.map(scores)
     assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
     vertices = _vertices(case.name, n)
-    best = vertex_scores(scores.detach().double(), vertices).max(-1).values
+    best = brute_max(scores.detach().double(), vertices)
     torch.testing.assert_close((z.double() * scores.detach().double()).flatten(1).sum(-1), best, atol=1e-5, rtol=1e-5)
     assert (z.double().flatten(1)[:, None, :] == vertices.flatten(1)[None]).all(-1).any(-1).all(), "MAP not a vertex"
 
@@ -143,10 +88,10 @@ def test_log_partition_and_marginals_equal_enumeration(case, n, dtype):
     tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-9, "rtol": 1e-9}
     log_z = case.structure.log_partition(scores)
     assert log_z.shape == (scores.shape[0],) and log_z.dtype == dtype
-    torch.testing.assert_close(log_z.double(), torch.logsumexp(vertex_scores(scores.double(), vertices), -1), **tol)
+    torch.testing.assert_close(log_z.double(), brute_log_partition(scores.double(), vertices), **tol)
     mu = case.structure.marginals(scores)
     assert mu.shape == scores.shape and mu.dtype == dtype
-    expected = (gibbs(scores.double(), vertices) @ vertices.flatten(1)).view_as(mu)
+    expected = brute_marginals(scores.double(), vertices)
     torch.testing.assert_close(mu.double(), expected, **tol)
 
 

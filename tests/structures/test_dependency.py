@@ -1,102 +1,51 @@
 """latentstruct.structures.ProjectiveDepTree: what test_contract.py does not check (DESIGN.md §4, §9).
 
-``enumerate(n)`` against an independent brute force written here (a different characterisation of projectivity: every
+``enumerate(n)`` against an independent brute force (reference.py: a different characterisation of projectivity: every
 word between a head and its modifier descends from the head) and the known counts; the contract compares MAP, the
 log-partition and the marginals with it. Here: Eisner's tie-breaking against a scalar reference, non-parts and
-forbidden arcs, junk in the padding, gradients with lengths, the exact backward, longer sentences, float32.
+forbidden arcs, junk in the padding, gradients with lengths, the exact backward, longer sentences, float32. The checks
+that are the same for NonProjectiveDepTree (junk off the parts and in the padding, samples are trees) run here over
+both structures; the brute forces (``projective_trees``, ``spanning_trees``) live in tests/structures/reference.py.
 """
 
-import functools
-import itertools
 import math
 
 import pytest
 import torch
 
-from latentstruct.structures import ProjectiveDepTree
+from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
+from tests.structures.reference import (
+    arcs,
+    assert_valid_tree,
+    brute_log_partition,
+    brute_marginals,
+    enumerated,
+    gibbs,
+    heads,
+    projective_trees,
+    scores_maker,
+    thirty_words,
+    tol,
+)
 
 SIZES = list(range(1, 6))
 ROOTS = [True, False]
 DTYPES = [torch.float32, torch.float64]
-
-
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
-
-
-def _scores(batch, n, dtype=torch.float64, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)).to(dtype)
-
-
-@functools.cache
-def _vertices(multiroot, n):
-    return ProjectiveDepTree(multiroot).enumerate(n).to(torch.float64)
-
-
-def _vertex_scores(scores, multiroot):
-    """Vertices [V, n+1, n+1] and <s, v> for every example and vertex, [B, V]."""
-    vertices = _vertices(multiroot, scores.shape[-1] - 1).to(scores)
-    return vertices, torch.einsum("bhm,vhm->bv", scores, vertices)
-
-
-def _independent_trees(n, multiroot):
-    """Projective trees as head tuples, by a brute force that shares no code with the module under test."""
-    trees = set()
-    for heads in itertools.product(range(n + 1), repeat=n):
-        head = dict(zip(range(1, n + 1), heads, strict=True))
-        if any(head[m] == m for m in head):
-            continue
-
-        def ancestors(m, head=head):
-            seen = []
-            while m != 0 and m not in seen and len(seen) <= n:
-                seen.append(m)
-                m = head[m]
-            return seen if m == 0 else None
-
-        chains = {m: ancestors(m) for m in head}
-        if any(c is None for c in chains.values()):
-            continue  # a cycle: not a tree
-        # Projective: every word strictly between h and m is a descendant of h (h is on its ancestor chain or is 0).
-        if not all(
-            head[m] == 0 or head[m] in chains[k] for m in head for k in range(min(head[m], m) + 1, max(head[m], m))
-        ):
-            continue
-        if not multiroot and sum(h == 0 for h in heads) != 1:
-            continue
-        trees.add(heads)
-    return trees
-
-
-def _heads(z):
-    """Head tuple of a 0/1 tree [n+1, n+1] (each column 1..n has exactly one 1)."""
-    assert torch.all(z.sum(0)[1:] == 1)
-    return tuple(int(z[:, m].argmax()) for m in range(1, z.shape[-1]))
-
-
-def _assert_valid_tree(z, multiroot, length=None):
-    """z [n+1, n+1] is a projective tree over its first ``length`` words and 0 elsewhere."""
-    n = z.shape[-1] - 1
-    length = n if length is None else length
-    assert set(z.unique().tolist()) <= {0.0, 1.0}
-    assert torch.all(z[:, length + 1 :] == 0) and torch.all(z[length + 1 :, :] == 0)
-    block = z[: length + 1, : length + 1]
-    assert _heads(block) in _independent_trees(length, multiroot)
+_scores = scores_maker(arcs)
 
 
 # --------------------------------------------------------------------------------------------------------- enumerate
 
 
 def test_number_of_projective_trees_matches_the_known_counts():
-    counts = [len(_independent_trees(n, True)) for n in SIZES]
+    counts = [len(projective_trees(n, True)) for n in SIZES]
     assert counts == [1, 3, 12, 55, 273]
     assert counts == [math.comb(3 * n, n) // (2 * n + 1) for n in SIZES]
     assert [len(ProjectiveDepTree(True).enumerate(n)) for n in SIZES] == counts
     # Single root: the root's one child j splits the words into two multi-rooted halves, hence
     # Σ_j T(j-1) T(n-j) with T the multiroot counts (T(0) = 1).
     t = [1, *counts]
-    single = [len(_independent_trees(n, False)) for n in SIZES]
+    single = [len(projective_trees(n, False)) for n in SIZES]
     assert single == [sum(t[j - 1] * t[n - j] for j in range(1, n + 1)) for n in SIZES] == [1, 2, 7, 30, 143]
 
 
@@ -105,9 +54,9 @@ def test_number_of_projective_trees_matches_the_known_counts():
 def test_enumerate_is_every_projective_tree_once(n, multiroot):
     vertices = ProjectiveDepTree(multiroot).enumerate(n)
     assert vertices.shape[1:] == (n + 1, n + 1)
-    heads = [_heads(v) for v in vertices]
-    assert len(set(heads)) == len(heads)
-    assert set(heads) == _independent_trees(n, multiroot)
+    found = [heads(v) for v in vertices]
+    assert len(set(found)) == len(found)
+    assert set(found) == projective_trees(n, multiroot)
     assert torch.all(vertices[:, :, 0] == 0)
     assert torch.all(vertices.diagonal(dim1=1, dim2=2) == 0)
 
@@ -171,7 +120,7 @@ def test_map_breaks_ties_like_a_scalar_reference(multiroot, dtype):
     z = struct.map(scores, lengths)
     for b, length in enumerate(lengths.tolist()):
         want = _eisner_reference(scores[b].tolist(), length, multiroot)
-        assert _heads(z[b, : length + 1, : length + 1]) == want
+        assert heads(z[b, : length + 1, : length + 1]) == want
         assert torch.all(z[b, length + 1 :] == 0) and torch.all(z[b, :, length + 1 :] == 0)
 
 
@@ -187,7 +136,7 @@ def test_map_equals_a_scalar_reference_on_random_scores(multiroot):
     lengths[0] = n
     z = struct.map(scores, lengths)
     for b, length in enumerate(lengths.tolist()):
-        assert _heads(z[b, : length + 1, : length + 1]) == _eisner_reference(scores[b].tolist(), length, multiroot)
+        assert heads(z[b, : length + 1, : length + 1]) == _eisner_reference(scores[b].tolist(), length, multiroot)
         assert torch.equal(struct.map(scores[b : b + 1], lengths[b : b + 1]), z[b : b + 1])
 
 
@@ -196,25 +145,13 @@ def test_map_equals_a_scalar_reference_on_random_scores(multiroot):
 @pytest.mark.parametrize("n", SIZES)
 def test_marginals_are_zero_off_the_parts_and_give_each_word_one_head(n, multiroot, dtype):
     struct = ProjectiveDepTree(multiroot)
-    scores = _scores(6, n, dtype, seed=n + 100)
+    scores = _scores(6, n, dtype=dtype, seed=n + 100)
     mu = struct.marginals(scores)
     assert torch.all(mu[:, :, 0] == 0) and torch.all(mu.diagonal(dim1=1, dim2=2) == 0)
     # Every word has one head in expectation; the single root has one child.
-    torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **_tol(dtype))
+    torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **tol(dtype))
     if not multiroot:
-        torch.testing.assert_close(mu[:, 0].sum(-1), torch.ones_like(mu[:, 0, 0]), **_tol(dtype))
-
-
-@pytest.mark.parametrize("multiroot", ROOTS)
-def test_column_zero_and_diagonal_are_ignored(multiroot):
-    struct = ProjectiveDepTree(multiroot)
-    scores = _scores(3, 4, seed=7)
-    junk = scores.clone()
-    junk[:, :, 0] = float("nan")
-    junk.diagonal(dim1=1, dim2=2).fill_(float("inf"))
-    torch.testing.assert_close(struct.log_partition(junk), struct.log_partition(scores))
-    torch.testing.assert_close(struct.marginals(junk), struct.marginals(scores))
-    assert torch.equal(struct.map(junk), struct.map(scores))
+        torch.testing.assert_close(mu[:, 0].sum(-1), torch.ones_like(mu[:, 0, 0]), **tol(dtype))
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -227,37 +164,15 @@ def test_forbidden_arcs_get_no_mass(multiroot):
     forbid[:, 1, 2] = forbid[:, 4, 3] = True
     forbid[0, 0, 2] = True
     constrained = scores.masked_fill(forbid, float("-inf"))
-    vertices, vs = _vertex_scores(scores, multiroot)
-    vs = vs.masked_fill(torch.einsum("bhm,vhm->bv", forbid.double(), vertices) > 0, float("-inf"))
-    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
-    torch.testing.assert_close(struct.marginals(constrained), expected)
-    torch.testing.assert_close(struct.log_partition(constrained), torch.logsumexp(vs, -1))
+    vertices = enumerated(struct, 4)  # a tree on a forbidden arc scores −inf: it gets no mass
+    torch.testing.assert_close(struct.marginals(constrained), brute_marginals(constrained, vertices))
+    torch.testing.assert_close(struct.log_partition(constrained), brute_log_partition(constrained, vertices))
     assert torch.all(struct.map(constrained)[forbid] == 0)
     x = scores.clone().requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: struct.marginals(x.masked_fill(forbid, float("-inf"))), (x,))
 
 
 # ------------------------------------------------------------------------------------------------------------ lengths
-
-
-@pytest.mark.parametrize("multiroot", ROOTS)
-def test_lengths_equal_the_cropped_problems(multiroot):
-    struct = ProjectiveDepTree(multiroot)
-    n, lengths = 5, torch.tensor([5, 3, 1, 4, 2])
-    scores = _scores(len(lengths), n, seed=3)
-    for b, length in enumerate(lengths.tolist()):  # padding may hold anything, even the −inf of a masked scorer
-        scores[b, length + 1 :, :] = float("-inf")
-        scores[b, :, length + 1 :] = float("nan")
-    z = struct.map(scores, lengths)
-    log_z = struct.log_partition(scores, lengths)
-    mu = struct.marginals(scores, lengths)
-    for b, length in enumerate(lengths.tolist()):
-        block = scores[b : b + 1, : length + 1, : length + 1]
-        for got, want in ((z[b], struct.map(block)[0]), (mu[b], struct.marginals(block)[0])):
-            torch.testing.assert_close(got[: length + 1, : length + 1], want)
-            assert torch.all(got[length + 1 :, :] == 0) and torch.all(got[:, length + 1 :] == 0)
-        torch.testing.assert_close(log_z[b], struct.log_partition(block)[0])
-        _assert_valid_tree(z[b], multiroot, length)
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -288,17 +203,17 @@ def test_marginals_backward_is_the_covariance_times_g(multiroot, dtype):
     differences), with padding in the batch."""
     struct = ProjectiveDepTree(multiroot)
     n, lengths = 4, torch.tensor([4, 3, 4])
-    scores = _scores(3, n, dtype, seed=21).requires_grad_(True)
-    g = _scores(3, n, dtype, seed=22, scale=1.0)
+    scores = _scores(3, n, dtype=dtype, seed=21).requires_grad_(True)
+    g = _scores(3, n, dtype=dtype, seed=22, scale=1.0)
     (struct.marginals(scores, lengths) * g).sum().backward()
     for b, length in enumerate(lengths.tolist()):
         crop = (slice(None), slice(0, length + 1), slice(0, length + 1))
-        vertices, vs = _vertex_scores(scores.detach()[b : b + 1][crop].double(), multiroot)
-        p, gb = torch.softmax(vs[0], -1), g[b][crop[1:]].double()
-        mu = torch.einsum("v,vhm->hm", p, vertices)
+        block, vertices = scores.detach()[b : b + 1][crop].double(), enumerated(struct, length)
+        p, gb = gibbs(block, vertices)[0], g[b][crop[1:]].double()
+        mu = brute_marginals(block, vertices)[0]
         inner = torch.einsum("vhm,hm->v", vertices, gb)
         expected = torch.einsum("v,vhm->hm", p * inner, vertices) - mu * (mu * gb).sum()
-        torch.testing.assert_close(scores.grad[b][crop[1:]].double(), expected, **_tol(dtype))
+        torch.testing.assert_close(scores.grad[b][crop[1:]].double(), expected, **tol(dtype))
         assert torch.all(scores.grad[b, length + 1 :] == 0) and torch.all(scores.grad[b, :, length + 1 :] == 0)
 
 
@@ -310,20 +225,73 @@ def test_marginals_are_differentiable_once():
         torch.autograd.grad((mu * torch.randn_like(mu)).sum(), scores, create_graph=True)
 
 
-# ----------------------------------------------------------------------------------------------------------- sample
+# ------------------------------------------------------------------ both dependency structures: the same checks
+
+
+TREES = [pytest.param(ProjectiveDepTree, id="projective"), pytest.param(NonProjectiveDepTree, id="nonprojective")]
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
-def test_perturb_and_map_samples_are_trees(multiroot):
-    struct = ProjectiveDepTree(multiroot)
-    lengths = torch.tensor([4] * 32 + [2] * 32)
-    scores = _scores(64, 4, seed=2, scale=0.5)
+@pytest.mark.parametrize("cls", TREES)
+def test_column_zero_and_diagonal_are_ignored(cls, multiroot):
+    struct = cls(multiroot)
+    scores = _scores(3, 4, seed=7)
+    junk = scores.clone()
+    junk[:, :, 0] = float("nan")
+    junk.diagonal(dim1=1, dim2=2).fill_(float("inf"))
+    torch.testing.assert_close(struct.log_partition(junk), struct.log_partition(scores))
+    torch.testing.assert_close(struct.marginals(junk), struct.marginals(scores))
+    assert torch.equal(struct.map(junk), struct.map(scores))
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize(
+    ("cls", "scale", "inf_root_padding"),
+    [
+        pytest.param(ProjectiveDepTree, 2.0, False, id="projective"),
+        pytest.param(NonProjectiveDepTree, 2.0, True, id="nonprojective-2.0"),
+        pytest.param(NonProjectiveDepTree, 1000.0, True, id="nonprojective-1000.0"),
+    ],
+)
+def test_lengths_equal_the_cropped_problems(cls, scale, inf_root_padding, multiroot):
+    struct = cls(multiroot)
+    n, lengths = 5, torch.tensor([5, 3, 1, 4, 2])
+    scores = _scores(len(lengths), n, seed=3, scale=scale)
+    for b, length in enumerate(lengths.tolist()):  # padding may hold anything, even the −inf of a masked scorer
+        scores[b, length + 1 :, :] = float("-inf")
+        scores[b, :, length + 1 :] = float("nan")
+        if inf_root_padding:
+            scores[b, 0, length + 1 :] = float("inf")
+    z = struct.map(scores, lengths)
+    log_z = struct.log_partition(scores, lengths)
+    mu = struct.marginals(scores, lengths)
+    for b, length in enumerate(lengths.tolist()):
+        block = scores[b : b + 1, : length + 1, : length + 1]
+        for got, want in ((z[b], struct.map(block)[0]), (mu[b], struct.marginals(block)[0])):
+            torch.testing.assert_close(got[: length + 1, : length + 1], want)
+            assert torch.all(got[length + 1 :, :] == 0) and torch.all(got[:, length + 1 :] == 0)
+        torch.testing.assert_close(log_z[b], struct.log_partition(block)[0])
+        assert_valid_tree(z[b], multiroot, length, projective=cls is ProjectiveDepTree)
+
+
+@pytest.mark.parametrize("multiroot", ROOTS)
+@pytest.mark.parametrize(
+    ("cls", "half", "nan_padding"),
+    [pytest.param(ProjectiveDepTree, 32, False, id="projective"), pytest.param(NonProjectiveDepTree, 16, True,
+                                                                                  id="nonprojective")],
+)
+def test_perturb_and_map_samples_are_trees(cls, half, nan_padding, multiroot):
+    struct = cls(multiroot)
+    lengths = torch.tensor([4] * half + [2] * half)
+    scores = _scores(2 * half, 4, seed=2, scale=0.5)
+    if nan_padding:
+        scores[half:, 3:] = float("nan")
     g = torch.Generator().manual_seed(0)
     for _ in range(3):
         z = struct.sample(scores, lengths, generator=g)
         assert z.shape == scores.shape
         for zb, length in zip(z, lengths.tolist(), strict=True):
-            _assert_valid_tree(zb, multiroot, length)
+            assert_valid_tree(zb, multiroot, length, projective=cls is ProjectiveDepTree)
 
 
 # ---------------------------------------------------------------------------------------------------- larger inputs
@@ -332,13 +300,7 @@ def test_perturb_and_map_samples_are_trees(multiroot):
 @pytest.mark.parametrize("multiroot", ROOTS)
 def test_batch_of_sentences_of_thirty_words(multiroot):
     struct = ProjectiveDepTree(multiroot)
-    lengths = torch.randint(1, 31, (32,), generator=torch.Generator().manual_seed(0))
-    lengths[0] = 30
-    scores = _scores(32, 30, torch.float32, seed=1).requires_grad_(True)
-    z = struct.map(scores, lengths)
-    mu = struct.marginals(scores, lengths)
-    (mu * torch.randn_like(mu)).sum().backward()
-    assert torch.isfinite(scores.grad).all()
+    lengths, scores, z, mu = thirty_words(struct, _scores)
     # Every word has one head; the MAP tree scores no more than the log-partition.
     words = torch.arange(31) <= lengths.view(-1, 1)
     words[:, 0] = False

@@ -19,23 +19,14 @@ from scipy.optimize import minimize
 from latentstruct.structures.base import Structure, gumbel_like
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn, sinkhorn
 from latentstruct.structures.sparsemap import sparsemap_active_set
+from tests.structures.reference import enumerated, scores_maker, spans, tol
 
 DTYPES = [torch.float32, torch.float64]
 MATCHING = Matching()
 
 
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-10}
-
-
-def _scores(batch, n, dtype=torch.float64, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n, n, generator=g, dtype=torch.float64)).to(dtype)
-
-
-@functools.cache
-def _vertices(n):
-    return MATCHING.enumerate(n).to(torch.float64)
+_tol = functools.partial(tol, double=1e-10)
+_scores = scores_maker(spans, scale=1.0)
 
 
 def _assert_permutation(z, length=None):
@@ -120,7 +111,7 @@ def test_exact_inference_is_not_implemented(method):
 
 def test_map_of_a_permuted_diagonal():
     perm = torch.tensor([2, 0, 3, 1])
-    scores = torch.eye(4)[perm][None] * 5.0 + 0.1 * _scores(1, 4, torch.float32, seed=1)
+    scores = torch.eye(4)[perm][None] * 5.0 + 0.1 * _scores(1, 4, dtype=torch.float32, seed=1)
     assert torch.equal(MATCHING.map(scores)[0], torch.eye(4)[perm])
 
 
@@ -139,7 +130,7 @@ def test_perturb_and_map_samples_are_permutations():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sinkhorn_matches_probability_space_iterations(dtype):
-    scores = _scores(4, 5, dtype, seed=3)
+    scores = _scores(4, 5, dtype=dtype, seed=3)
     for tau, n_iter in ((1.0, 0), (1.0, 1), (0.5, 7), (2.0, 20)):
         torch.testing.assert_close(sinkhorn(scores, tau, n_iter), _naive_sinkhorn(scores, tau, n_iter), **_tol(dtype))
     torch.testing.assert_close(MATCHING.sinkhorn(scores, 0.5, 7), sinkhorn(scores, 0.5, 7))
@@ -147,13 +138,13 @@ def test_sinkhorn_matches_probability_space_iterations(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sinkhorn_is_doubly_stochastic_at_convergence(dtype):
-    p = sinkhorn(_scores(8, 6, dtype, seed=4), tau=1.0, n_iter=300)
+    p = sinkhorn(_scores(8, 6, dtype=dtype, seed=4), tau=1.0, n_iter=300)
     assert torch.all(p >= 0)
     ones = torch.ones(8, 6, dtype=dtype)
     torch.testing.assert_close(p.sum(1), ones, atol=1e-6, rtol=0)
     torch.testing.assert_close(p.sum(2), ones, atol=1e-6, rtol=0)
     # After any round the columns sum to one.
-    torch.testing.assert_close(sinkhorn(_scores(8, 6, dtype, seed=4), 1.0, 1).sum(1), ones, atol=1e-6, rtol=0)
+    torch.testing.assert_close(sinkhorn(_scores(8, 6, dtype=dtype, seed=4), 1.0, 1).sum(1), ones, atol=1e-6, rtol=0)
 
 
 def test_sinkhorn_small_tau_approaches_map():
@@ -180,7 +171,7 @@ def test_sinkhorn_small_tau_approaches_map():
 
 def test_sinkhorn_is_stable_for_large_scores():
     # exp(1e4) overflows in any dtype: a probability-space implementation returns NaN, log space does not.
-    scores = _scores(4, 5, torch.float32, seed=6, scale=1e4).requires_grad_(True)
+    scores = _scores(4, 5, dtype=torch.float32, seed=6, scale=1e4).requires_grad_(True)
     assert not torch.isfinite(_naive_sinkhorn(scores.detach(), 1.0, 1)).all()
     p = sinkhorn(scores, tau=1.0, n_iter=50)
     assert torch.isfinite(p).all() and torch.all(p >= 0)
@@ -228,7 +219,7 @@ def test_sparsemap_in_birkhoff_polytope_and_optimal(n, scale):
     torch.testing.assert_close(mu.sum(1), ones, atol=1e-10, rtol=0)
     torch.testing.assert_close(mu.sum(2), ones, atol=1e-10, rtol=0)
     # First-order optimality of the projection: <s - μ, v - μ> ≤ tol for every permutation matrix v.
-    gaps = torch.einsum("bij,vbij->bv", scores - mu, _vertices(n)[:, None] - mu[None])
+    gaps = torch.einsum("bij,vbij->bv", scores - mu, enumerated(MATCHING, n)[:, None] - mu[None])
     assert gaps.max() <= 1e-6 * max(1.0, scores.abs().max().item() * n)
     sol = sparsemap_active_set(MATCHING, scores, tol=1e-12)
     torch.testing.assert_close(mu, sol.mu, atol=1e-6, rtol=0)
@@ -250,7 +241,7 @@ def test_sparsemap_gradcheck():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sparsemap_dtype(dtype):
-    scores = _scores(4, 5, dtype, seed=31).requires_grad_(True)
+    scores = _scores(4, 5, dtype=dtype, seed=31).requires_grad_(True)
     mu = MATCHING.sparsemap(scores)
     assert mu.dtype == dtype
     (grad,) = torch.autograd.grad(mu, scores, torch.randn_like(mu))
@@ -300,7 +291,7 @@ def test_lengths_equal_the_cropped_problems():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cuda_matches_cpu(dtype):
     lengths = torch.tensor([5, 3, 1])
-    scores = _scores(3, 5, dtype, seed=50)
+    scores = _scores(3, 5, dtype=dtype, seed=50)
     methods = (
         MATCHING.map,
         MATCHING.sparsemap,

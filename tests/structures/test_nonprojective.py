@@ -1,14 +1,14 @@
 """latentstruct.structures.NonProjectiveDepTree: what test_contract.py does not check (DESIGN.md §4, §9).
 
-``enumerate(n)`` against an independent brute force written here (a head assignment is a tree iff a breadth-first
+``enumerate(n)`` against an independent brute force (reference.py: a head assignment is a tree iff a breadth-first
 search from the root along its arcs reaches every word) and Cayley's counts; the contract compares MAP, the
 log-partition and the marginals with it on moderate scores (the slogdet path). Here: the same comparisons on scores
 scaled by 30-1000 (where the determinant cancels and the log-space elimination takes over), ties and nested cycles,
-the batched Chu-Liu-Edmonds against the recursive reference, junk and ±inf in the scores, gradients with lengths.
+the batched Chu-Liu-Edmonds against the recursive reference, junk and ±inf in the scores, gradients with lengths. Junk
+off the parts and in the padding, and samples being trees, are checked in test_dependency.py over both structures.
 """
 
 import functools
-import itertools
 
 import pytest
 import torch
@@ -25,80 +25,36 @@ from latentstruct.structures.nonprojective import (
     _TorchOps,
 )
 from latentstruct.structures.sparsemap import sparsemap_active_set
-from tests.structures.reference import recursive_chu_liu_edmonds
+from tests.structures.reference import (
+    arcs,
+    assert_valid_tree,
+    brute_log_partition,
+    brute_marginals,
+    brute_max,
+    enumerated,
+    heads,
+    recursive_chu_liu_edmonds,
+    scores_maker,
+    spanning_trees,
+    thirty_words,
+    tol,
+)
 
 SIZES = list(range(1, 6))
 ROOTS = [True, False]
 DTYPES = [torch.float32, torch.float64]
+_scores = scores_maker(arcs)
 
 
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
-
-
-def _scores(batch, n, dtype=torch.float64, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n + 1, n + 1, generator=g, dtype=torch.float64)).to(dtype)
-
-
-@functools.cache
-def _vertices(multiroot, n):
-    return NonProjectiveDepTree(multiroot).enumerate(n).to(torch.float64)
-
-
-def _vertex_scores(scores, multiroot):
-    """Vertices [V, n+1, n+1] and <s, v> for every example and vertex, [B, V] (float64)."""
-    scores = scores.to(torch.float64)
-    vertices = _vertices(multiroot, scores.shape[-1] - 1)
-    return vertices, torch.einsum("bhm,vhm->bv", scores, vertices)
-
-
-def _reaches_every_word(heads):
-    """heads[m - 1] = head of word m; True iff a BFS from 0 along the arcs h → m visits every word."""
-    n = len(heads)
-    children = {h: [m for m in range(1, n + 1) if heads[m - 1] == h] for h in range(n + 1)}
-    seen, frontier = {0}, [0]
-    while frontier:
-        frontier = [c for h in frontier for c in children[h] if c not in seen]
-        seen.update(frontier)
-    return len(seen) == n + 1
-
-
-@functools.cache
-def _independent_trees(n, multiroot):
-    """All trees as head tuples, by a brute force that shares no code with the module under test."""
-    return {
-        heads
-        for heads in itertools.product(range(n + 1), repeat=n)
-        if _reaches_every_word(heads) and (multiroot or heads.count(0) == 1)
-    }
-
-
-def _heads(z):
-    """Head tuple of a 0/1 tree [n+1, n+1] (each column 1..n has exactly one 1)."""
-    assert torch.all(z.sum(0)[1:] == 1)
-    return tuple(int(z[:, m].argmax()) for m in range(1, z.shape[-1]))
-
-
-def _assert_valid_tree(z, multiroot, length=None):
-    """z [n+1, n+1] is a tree over its first ``length`` words (rooted at 0) and 0 elsewhere."""
-    n = z.shape[-1] - 1
-    length = n if length is None else length
-    assert set(z.unique().tolist()) <= {0.0, 1.0}
-    assert torch.all(z[:, length + 1 :] == 0) and torch.all(z[length + 1 :, :] == 0)
-    assert torch.all(z[:, 0] == 0) and torch.all(z.diagonal() == 0)
-    heads = _heads(z[: length + 1, : length + 1])
-    assert _reaches_every_word(heads)
-    if not multiroot:
-        assert heads.count(0) == 1
+_assert_valid_tree = functools.partial(assert_valid_tree, projective=False)
 
 
 # --------------------------------------------------------------------------------------------------------- enumerate
 
 
 def test_number_of_trees_matches_cayley():
-    multi = [len(_independent_trees(n, True)) for n in SIZES]
-    single = [len(_independent_trees(n, False)) for n in SIZES]
+    multi = [len(spanning_trees(n, True)) for n in SIZES]
+    single = [len(spanning_trees(n, False)) for n in SIZES]
     assert multi == [(n + 1) ** (n - 1) for n in SIZES] == [1, 3, 16, 125, 1296]
     assert single == [n ** (n - 1) for n in SIZES] == [1, 2, 9, 64, 625]
     assert [len(NonProjectiveDepTree(True).enumerate(n)) for n in SIZES] == multi
@@ -110,14 +66,14 @@ def test_number_of_trees_matches_cayley():
 def test_enumerate_is_every_tree_once(n, multiroot):
     vertices = NonProjectiveDepTree(multiroot).enumerate(n)
     assert vertices.shape[1:] == (n + 1, n + 1)
-    heads = [_heads(v) for v in vertices]
-    assert len(set(heads)) == len(heads)
-    assert set(heads) == _independent_trees(n, multiroot)
+    found = [heads(v) for v in vertices]
+    assert len(set(found)) == len(found)
+    assert set(found) == spanning_trees(n, multiroot)
     assert torch.all(vertices[:, :, 0] == 0)
     assert torch.all(vertices.diagonal(dim1=1, dim2=2) == 0)
     # Strictly more than the projective trees from n = 3 on (the first crossing arcs need three words).
     projective = len(ProjectiveDepTree(multiroot).enumerate(n))
-    assert (len(heads) > projective) == (n >= 3)
+    assert (len(found) > projective) == (n >= 3)
 
 
 # ------------------------------------------------------------------------------------ map, log-partition, marginals
@@ -131,10 +87,9 @@ def test_map_with_ties_and_nested_cycles(multiroot):
     scores = torch.randint(-3, 4, (300, 6, 6), generator=g).double()
     scores[:100, 0] -= 5  # root arcs poor: the greedy heads form cycles
     z = struct.map(scores)
-    _, vs = _vertex_scores(scores, multiroot)
-    torch.testing.assert_close(struct.score(z, scores), vs.max(-1).values)
+    torch.testing.assert_close(struct.score(z, scores), brute_max(scores, enumerated(struct, 5)))
     for zb in z:
-        assert _heads(zb) in _independent_trees(5, multiroot)
+        assert heads(zb) in spanning_trees(5, multiroot)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -142,27 +97,15 @@ def test_map_with_ties_and_nested_cycles(multiroot):
 @pytest.mark.parametrize("n", SIZES)
 def test_marginals_are_the_gradient_of_the_log_partition(n, multiroot, dtype):
     struct = NonProjectiveDepTree(multiroot)
-    scores = _scores(6, n, dtype, seed=n + 100)
+    scores = _scores(6, n, dtype=dtype, seed=n + 100)
     mu = struct.marginals(scores)
     assert torch.all(mu[:, :, 0] == 0) and torch.all(mu.diagonal(dim1=1, dim2=2) == 0)
     # The closed form is the gradient of the log-partition (the base class's definition).
-    torch.testing.assert_close(mu, super(NonProjectiveDepTree, struct).marginals(scores), **_tol(dtype))
+    torch.testing.assert_close(mu, super(NonProjectiveDepTree, struct).marginals(scores), **tol(dtype))
     # Every word has one head in expectation; the single root has one child.
-    torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **_tol(dtype))
+    torch.testing.assert_close(mu.sum(1)[:, 1:], torch.ones_like(mu[:, 0, 1:]), **tol(dtype))
     if not multiroot:
-        torch.testing.assert_close(mu[:, 0].sum(-1), torch.ones_like(mu[:, 0, 0]), **_tol(dtype))
-
-
-@pytest.mark.parametrize("multiroot", ROOTS)
-def test_column_zero_and_diagonal_are_ignored(multiroot):
-    struct = NonProjectiveDepTree(multiroot)
-    scores = _scores(3, 4, seed=7)
-    junk = scores.clone()
-    junk[:, :, 0] = float("nan")
-    junk.diagonal(dim1=1, dim2=2).fill_(float("inf"))
-    torch.testing.assert_close(struct.log_partition(junk), struct.log_partition(scores))
-    torch.testing.assert_close(struct.marginals(junk), struct.marginals(scores))
-    assert torch.equal(struct.map(junk), struct.map(scores))
+        torch.testing.assert_close(mu[:, 0].sum(-1), torch.ones_like(mu[:, 0, 0]), **tol(dtype))
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -196,9 +139,9 @@ def test_large_offsets_do_not_overflow(multiroot, dtype):
     gain = ((1000.0 + offsets[:, 0]) * words).sum(-1)
     log_z = struct.log_partition(shifted.to(dtype), lengths)
     assert torch.isfinite(log_z).all()
-    torch.testing.assert_close(log_z.double(), struct.log_partition(scores, lengths) + gain, **_tol(dtype))
+    torch.testing.assert_close(log_z.double(), struct.log_partition(scores, lengths) + gain, **tol(dtype))
     mu = struct.marginals(shifted.to(dtype), lengths)
-    torch.testing.assert_close(mu.double(), struct.marginals(scores, lengths), **_tol(dtype))
+    torch.testing.assert_close(mu.double(), struct.marginals(scores, lengths), **tol(dtype))
     assert torch.equal(struct.map(shifted, lengths), struct.map(scores, lengths))
 
 
@@ -210,20 +153,22 @@ def test_large_score_gaps_are_exact(multiroot, dtype, scale):
     # then be recomputed by elimination (checked: some are), and still match the enumeration.
     struct = NonProjectiveDepTree(multiroot)
     n = 5
-    scores = _scores(40, n, dtype, seed=int(scale) + multiroot, scale=scale)
+    scores = _scores(40, n, dtype=dtype, seed=int(scale) + multiroot, scale=scale)
     s, lengths, part = _prepare(scores, None)
     assert _inexact(_laplacian(s, part, lengths, multiroot)[0]).any()
-    vertices, vs = _vertex_scores(scores, multiroot)
+    vertices, double = enumerated(struct, n), scores.double()
     log_z = struct.log_partition(scores)
     assert torch.isfinite(log_z).all()
     torch.testing.assert_close(
-        log_z.double(), torch.logsumexp(vs, -1), atol=0, rtol=1e-6 if dtype == torch.float32 else 1e-12
+        log_z.double(), brute_log_partition(double, vertices), atol=0, rtol=1e-6 if dtype == torch.float32 else 1e-12
     )
-    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
     torch.testing.assert_close(
-        struct.marginals(scores).double(), expected, atol=1e-6 if dtype == torch.float32 else 1e-9, rtol=0
+        struct.marginals(scores).double(),
+        brute_marginals(double, vertices),
+        atol=1e-6 if dtype == torch.float32 else 1e-9,
+        rtol=0,
     )
-    torch.testing.assert_close(struct.score(struct.map(scores).double(), scores.double()), vs.max(-1).values)
+    torch.testing.assert_close(struct.score(struct.map(scores).double(), double), brute_max(double, vertices))
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -236,10 +181,9 @@ def test_poor_root_arcs_are_exact(multiroot):
     s, lengths, part = _prepare(scores, None)
     inexact = _inexact(_laplacian(s, part, lengths, multiroot)[0])
     assert inexact.all() if multiroot else not inexact.any()
-    vertices, vs = _vertex_scores(scores, multiroot)
-    torch.testing.assert_close(struct.log_partition(scores), torch.logsumexp(vs, -1), atol=0, rtol=1e-12)
-    expected = torch.einsum("bv,vhm->bhm", torch.softmax(vs, -1), vertices)
-    torch.testing.assert_close(struct.marginals(scores), expected, atol=1e-9, rtol=0)
+    vertices = enumerated(struct, 5)
+    torch.testing.assert_close(struct.log_partition(scores), brute_log_partition(scores, vertices), atol=0, rtol=1e-12)
+    torch.testing.assert_close(struct.marginals(scores), brute_marginals(scores, vertices), atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
@@ -257,28 +201,6 @@ def test_both_log_partition_paths_agree_on_moderate_scores(multiroot):
 
 
 # ------------------------------------------------------------------------------------------------------------ lengths
-
-
-@pytest.mark.parametrize("scale", [2.0, 1000.0])
-@pytest.mark.parametrize("multiroot", ROOTS)
-def test_lengths_equal_the_cropped_problems(multiroot, scale):
-    struct = NonProjectiveDepTree(multiroot)
-    n, lengths = 5, torch.tensor([5, 3, 1, 4, 2])
-    scores = _scores(len(lengths), n, seed=3, scale=scale)
-    for b, length in enumerate(lengths.tolist()):  # padding may hold anything, even the −inf of a masked scorer
-        scores[b, length + 1 :, :] = float("-inf")
-        scores[b, :, length + 1 :] = float("nan")
-        scores[b, 0, length + 1 :] = float("inf")
-    z = struct.map(scores, lengths)
-    log_z = struct.log_partition(scores, lengths)
-    mu = struct.marginals(scores, lengths)
-    for b, length in enumerate(lengths.tolist()):
-        block = scores[b : b + 1, : length + 1, : length + 1]
-        for got, want in ((z[b], struct.map(block)[0]), (mu[b], struct.marginals(block)[0])):
-            torch.testing.assert_close(got[: length + 1, : length + 1], want)
-            assert torch.all(got[length + 1 :, :] == 0) and torch.all(got[:, length + 1 :] == 0)
-        torch.testing.assert_close(log_z[b], struct.log_partition(block)[0])
-        _assert_valid_tree(z[b], multiroot, length)
 
 
 @pytest.mark.parametrize("scale", [2.0, 1000.0])
@@ -377,7 +299,7 @@ def test_map_ties_prefer_the_smallest_head(multiroot):
     z = NonProjectiveDepTree(multiroot).map(torch.zeros(3, n + 1, n + 1), torch.tensor([6, 3, 1]))
     for zb, length in zip(z, [6, 3, 1], strict=True):
         expected = [0] * length if multiroot else [0] + [1] * (length - 1)
-        assert _heads(zb[: length + 1, : length + 1]) == tuple(expected)
+        assert heads(zb[: length + 1, : length + 1]) == tuple(expected)
         _assert_valid_tree(zb, multiroot, length)
 
 
@@ -416,20 +338,6 @@ def test_marginals_gradcheck_with_lengths_and_by_elimination(multiroot):
 
 
 @pytest.mark.parametrize("multiroot", ROOTS)
-def test_perturb_and_map_samples_are_trees(multiroot):
-    struct = NonProjectiveDepTree(multiroot)
-    lengths = torch.tensor([4] * 16 + [2] * 16)
-    scores = _scores(32, 4, seed=2, scale=0.5)
-    scores[16:, 3:] = float("nan")
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        z = struct.sample(scores, lengths, generator=g)
-        assert z.shape == scores.shape
-        for zb, length in zip(z, lengths.tolist(), strict=True):
-            _assert_valid_tree(zb, multiroot, length)
-
-
-@pytest.mark.parametrize("multiroot", ROOTS)
 def test_sparsemap_is_in_the_polytope(multiroot):
     struct = NonProjectiveDepTree(multiroot)
     lengths = torch.tensor([4, 3, 1])
@@ -447,7 +355,7 @@ def test_sparsemap_is_in_the_polytope(multiroot):
             if weight > 0:
                 _assert_valid_tree(vertex, multiroot, length)
     # Optimality against every tree: <s - μ, v - μ> ≤ 0 for all vertices v (here for the full-length example).
-    vertices = _vertices(multiroot, 4)
+    vertices = enumerated(struct, 4)
     resid = (scores.detach()[0] - mu.detach()[0]).flatten()
     assert torch.all((vertices.flatten(1) - mu.detach()[0].flatten()) @ resid <= 1e-5)
 
@@ -458,13 +366,7 @@ def test_sparsemap_is_in_the_polytope(multiroot):
 @pytest.mark.parametrize("multiroot", ROOTS)
 def test_batch_of_sentences_of_thirty_words(multiroot):
     struct = NonProjectiveDepTree(multiroot)
-    lengths = torch.randint(1, 31, (32,), generator=torch.Generator().manual_seed(0))
-    lengths[0] = 30
-    scores = _scores(32, 30, torch.float32, seed=1).requires_grad_(True)
-    z = struct.map(scores, lengths)
-    mu = struct.marginals(scores, lengths)
-    (mu * torch.randn_like(mu)).sum().backward()
-    assert torch.isfinite(scores.grad).all()
+    lengths, scores, z, mu = thirty_words(struct, _scores)
     words = torch.arange(31) <= lengths.view(-1, 1)
     words[:, 0] = False
     assert torch.equal(z.sum(1), words.float())
@@ -496,7 +398,7 @@ def test_cuda_matches_cpu(multiroot, scale):
     struct = NonProjectiveDepTree(multiroot)
     lengths = torch.tensor([5, 3, 1])
     for dtype in DTYPES:
-        scores = _scores(3, 5, dtype, seed=4, scale=scale)
+        scores = _scores(3, 5, dtype=dtype, seed=4, scale=scale)
         for method in (struct.map, struct.log_partition, struct.marginals):
             on_gpu = method(scores.cuda(), lengths.cuda())
             assert on_gpu.is_cuda and on_gpu.dtype == dtype

@@ -6,37 +6,28 @@ exact sampler (forward filtering, backward sampling) are compared with it for ev
 lengths; torch-struct's LinearChainCRF is a second reference when it is importable.
 """
 
-import functools
 import itertools
 
 import pytest
 import torch
 
 from latentstruct.structures.sequence import SequenceTagging
+from tests.structures.reference import (
+    brute_log_partition,
+    brute_marginals,
+    brute_max,
+    enumerated,
+    gibbs,
+    scores_maker,
+    tol,
+)
 
 SIZES = list(range(1, 5))
 TAGS = [2, 3]
 DTYPES = [torch.float32, torch.float64]
 
 
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-8, "rtol": 1e-8}
-
-
-def _scores(batch, n, num, dtype=torch.float64, seed=0, scale=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n, num, num, generator=g, dtype=torch.float64)).to(dtype)
-
-
-@functools.cache
-def _vertices(num, n):
-    return SequenceTagging(num).enumerate(n).to(torch.float64)
-
-
-def _vertex_scores(scores):
-    """Vertices [V, n, T, T] and <s, v> for every example and vertex, [B, V]."""
-    vertices = _vertices(scores.shape[-1], scores.shape[1]).to(scores)
-    return vertices, torch.where(vertices.bool(), scores.unsqueeze(1), 0.0).flatten(2).sum(-1)  # −inf · 0 never met
+_scores = scores_maker(lambda n, num: (n, num, num))
 
 
 def _independent_vertex(tags, num):
@@ -86,11 +77,11 @@ def test_enumerate_is_every_tag_sequence_once(n, num):
 @pytest.mark.parametrize("n", SIZES)
 def test_map_is_the_best_enumerated_sequence(n, num, dtype):
     struct = SequenceTagging(num)
-    scores = _scores(6, n, num, dtype, seed=10 * n + num).requires_grad_(True)
+    scores = _scores(6, n, num, dtype=dtype, seed=10 * n + num).requires_grad_(True)
     z = struct.map(scores)
     assert z.shape == scores.shape and z.dtype == dtype and not z.requires_grad
-    vertices, vs = _vertex_scores(scores.detach())
-    torch.testing.assert_close(struct.score(z, scores.detach()), vs.max(-1).values, **_tol(dtype))
+    vertices = enumerated(struct, n).to(scores)
+    torch.testing.assert_close(struct.score(z, scores.detach()), brute_max(scores.detach(), vertices), **tol(dtype))
     for zb in z:
         assert (vertices == zb).flatten(1).all(-1).any(), "MAP is not a vertex"
         _assert_valid(zb, num)
@@ -101,11 +92,10 @@ def test_map_is_the_best_enumerated_sequence(n, num, dtype):
 @pytest.mark.parametrize("n", SIZES)
 def test_log_partition_is_logsumexp_over_sequences(n, num, dtype):
     struct = SequenceTagging(num)
-    scores = _scores(6, n, num, dtype, seed=n + num)
-    _, vs = _vertex_scores(scores)
+    scores = _scores(6, n, num, dtype=dtype, seed=n + num)
     log_z = struct.log_partition(scores)
     assert log_z.shape == (6,) and log_z.dtype == dtype
-    torch.testing.assert_close(log_z, torch.logsumexp(vs, -1), **_tol(dtype))
+    torch.testing.assert_close(log_z, brute_log_partition(scores, enumerated(struct, n)), **tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -113,14 +103,12 @@ def test_log_partition_is_logsumexp_over_sequences(n, num, dtype):
 @pytest.mark.parametrize("n", SIZES)
 def test_marginals_are_the_expected_sequence(n, num, dtype):
     struct = SequenceTagging(num)
-    scores = _scores(6, n, num, dtype, seed=n + 100 * num)
-    vertices, vs = _vertex_scores(scores)
-    expected = torch.einsum("bv,vist->bist", torch.softmax(vs, -1), vertices)
+    scores = _scores(6, n, num, dtype=dtype, seed=n + 100 * num)
     mu = struct.marginals(scores)
-    torch.testing.assert_close(mu, expected, **_tol(dtype))
+    torch.testing.assert_close(mu, brute_marginals(scores, enumerated(struct, n)), **tol(dtype))
     assert torch.all(mu[:, 0, 1:] == 0)
     # Every position has one (previous, current) tag pair in expectation.
-    torch.testing.assert_close(mu.sum((-2, -1)), torch.ones_like(mu[..., 0, 0]), **_tol(dtype))
+    torch.testing.assert_close(mu.sum((-2, -1)), torch.ones_like(mu[..., 0, 0]), **tol(dtype))
 
 
 def test_non_parts_of_position_zero_are_ignored():
@@ -148,15 +136,16 @@ def test_forbidden_transitions_get_zero_marginals_not_nan():
         if forbid_all:
             scores[:, 1:, :, 2] = float("-inf")
         scores.requires_grad_(True)
-        vertices, vs = _vertex_scores(scores.detach())
-        expected = torch.einsum("bv,vist->bist", torch.softmax(vs, -1), vertices)
+        vertices = enumerated(struct, 4)
         mu = struct.marginals(scores)
-        torch.testing.assert_close(mu.detach(), expected)
-        torch.testing.assert_close(struct.log_partition(scores).detach(), torch.logsumexp(vs, -1))
+        torch.testing.assert_close(mu.detach(), brute_marginals(scores.detach(), vertices))
+        log_z = struct.log_partition(scores).detach()
+        torch.testing.assert_close(log_z, brute_log_partition(scores.detach(), vertices))
         (grad,) = torch.autograd.grad((mu * torch.randn_like(mu)).sum(), scores)
         assert torch.isfinite(grad).all()
         z = struct.map(scores)
-        torch.testing.assert_close(torch.where(z.bool(), scores.detach(), 0.0).flatten(1).sum(-1), vs.max(-1).values)
+        ours = torch.where(z.bool(), scores.detach(), 0.0).flatten(1).sum(-1)
+        torch.testing.assert_close(ours, brute_max(scores.detach(), vertices))
         sample = struct.exact_sample(scores.detach().repeat(125, 1, 1, 1), generator=torch.Generator().manual_seed(0))
         assert torch.all(sample[:, 0, 0, 2] == 0) and torch.all(sample[:, 1:, 0, 2] == 0)
         assert torch.all(sample[:, 1:, 1, 1] == 0)
@@ -230,8 +219,8 @@ def _total_variation(sampler, n, num, length, draws):
     z = sampler(scores.expand(draws, -1, -1, -1), lengths, generator=torch.Generator().manual_seed(0))
     assert z.shape == (draws, n, num, num) and z.dtype == scores.dtype
     assert torch.all(z[:, length:] == 0)
-    vertices, vs = _vertex_scores(scores[:, :length])
-    exact = torch.softmax(vs[0], -1)
+    vertices = enumerated(SequenceTagging(num), length)
+    exact = gibbs(scores[:, :length], vertices)[0]
     return 0.5 * (_frequencies(z[:, :length], vertices) - exact).abs().sum()
 
 
@@ -350,7 +339,7 @@ def test_batch_of_sequences_of_thirty_positions():
     struct = SequenceTagging(5)
     lengths = torch.randint(1, 31, (32,), generator=torch.Generator().manual_seed(0))
     lengths[0] = 30
-    scores = _scores(32, 30, 5, torch.float32, seed=1).requires_grad_(True)
+    scores = _scores(32, 30, 5, dtype=torch.float32, seed=1).requires_grad_(True)
     z = struct.map(scores, lengths)
     mu = struct.marginals(scores, lengths)
     (mu * torch.randn_like(mu)).sum().backward()

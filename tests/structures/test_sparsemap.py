@@ -20,7 +20,7 @@ from latentstruct.structures.sparsemap import (
     sparsemap,
     sparsemap_active_set,
 )
-from tests.structures.reference import capped_simplex_projection, qp_over_vertices
+from tests.structures.reference import capped_simplex_projection, qp_over_vertices, random_scores
 
 CAT = Categorical()
 # The default tol = 1e-6 bounds the duality gap, and ½||μ - μ*||² ≤ gap: comparisons at 1e-9 need a tighter one.
@@ -73,11 +73,6 @@ def _random_vertex_list(d, v, seed):
     return verts[torch.randperm(verts.shape[0], generator=g)[:v]]
 
 
-def _scores(shape, scale=1.0, seed=0, dtype=torch.float64):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
-
-
 def _vjp(fn, s, g):
     s = s.detach().clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(fn(s), s, g)
@@ -90,10 +85,10 @@ def _vjp(fn, s, g):
 @pytest.mark.parametrize("k", [2, 5, 17, 40])
 @pytest.mark.parametrize("scale", [0.01, 0.3, 1.0, 10.0, 1000.0])
 def test_categorical_matches_sparsemax(k, scale):
-    s = _scores((8, k), scale, seed=k)
+    s = random_scores((8, k), scale=scale, seed=k)
     mu = sparsemap(CAT, s)
     torch.testing.assert_close(mu, sparsemax(s, dim=-1), atol=1e-6, rtol=0)
-    g = _scores((8, k), seed=k + 1)
+    g = random_scores((8, k), seed=k + 1)
     torch.testing.assert_close(
         _vjp(lambda x: sparsemap(CAT, x), s, g), _vjp(lambda x: sparsemax(x, dim=-1), s, g), atol=1e-9, rtol=0
     )
@@ -116,7 +111,7 @@ def test_categorical_full_jacobian():
 
 
 def test_categorical_float32():
-    s = _scores((8, 30), 1.0, dtype=torch.float32)
+    s = random_scores((8, 30), scale=1.0, dtype=torch.float32)
     mu = sparsemap(CAT, s.requires_grad_())
     assert mu.dtype == torch.float32
     torch.testing.assert_close(mu, sparsemax(s.detach(), dim=-1), atol=1e-6, rtol=0)
@@ -135,7 +130,7 @@ def test_categorical_keeps_closed_form():
 @pytest.mark.parametrize("scale", [0.05, 1.0, 20.0])
 def test_topk_matches_capped_simplex(n, k, scale):
     topk = TopKToy(k)
-    s = _scores((8, n), scale, seed=n * k)
+    s = random_scores((8, n), scale=scale, seed=n * k)
     mu = sparsemap(topk, s, tol=TIGHT)
     torch.testing.assert_close(mu, capped_simplex_projection(s, k), atol=1e-9, rtol=0)
     # J = I - 11ᵀ/|F| on the free coordinates F = {0 < μ < 1}, zero elsewhere.
@@ -147,25 +142,25 @@ def test_topk_matches_capped_simplex(n, k, scale):
 
 
 def test_topk_gradcheck():
-    s = _scores((3, 7), 1.0, seed=3).requires_grad_()
+    s = random_scores((3, 7), scale=1.0, seed=3).requires_grad_()
     assert torch.autograd.gradcheck(lambda x: sparsemap(TopKToy(3), x), (s,))
 
 
 def test_topk_padding():
     topk = TopKToy(2)
-    s = _scores((3, 8), 1.0, seed=5)
+    s = random_scores((3, 8), scale=1.0, seed=5)
     lengths = torch.tensor([8, 5, 3])
     mu = sparsemap(topk, s.clone().requires_grad_(), lengths, tol=TIGHT)
     for b, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(mu[b, :n], capped_simplex_projection(s[b : b + 1, :n], 2)[0], atol=1e-9, rtol=0)
         assert (mu[b, n:] == 0).all()
-    grad = _vjp(lambda x: sparsemap(topk, x, lengths), s, _scores((3, 8), seed=6))
+    grad = _vjp(lambda x: sparsemap(topk, x, lengths), s, random_scores((3, 8), seed=6))
     for b, n in enumerate(lengths.tolist()):
         assert (grad[b, n:] == 0).all()
 
 
 def test_base_class_uses_generic_solver():
-    s = _scores((4, 6), 1.0, seed=7)
+    s = random_scores((4, 6), scale=1.0, seed=7)
     torch.testing.assert_close(TopKToy(2).sparsemap(s), capped_simplex_projection(s, 2), atol=1e-6, rtol=0)
 
 
@@ -173,10 +168,10 @@ def test_base_class_uses_generic_solver():
 
 
 def test_hypercube_is_clipping():
-    s = _scores((6, 5), 1.0, seed=11)
+    s = random_scores((6, 5), scale=1.0, seed=11)
     mu = sparsemap(Hypercube(), s)
     torch.testing.assert_close(mu, s.clamp(0, 1), atol=1e-9, rtol=0)
-    g = _scores((6, 5), seed=12)
+    g = random_scores((6, 5), seed=12)
     torch.testing.assert_close(
         _vjp(lambda x: sparsemap(Hypercube(), x), s, g), g * ((s > 0) & (s < 1)), atol=1e-9, rtol=0
     )
@@ -189,7 +184,7 @@ def test_hypercube_is_clipping():
 def test_optimality_and_direct_qp(seed):
     verts = _random_vertex_list(d=6, v=12, seed=seed)
     struct = VertexList(verts)
-    s = _scores((5, 6), [0.3, 1.0, 3.0][seed % 3], seed=seed)
+    s = random_scores((5, 6), scale=[0.3, 1.0, 3.0][seed % 3], seed=seed)
     tol = 1e-9
     sol = sparsemap_active_set(struct, s, tol=tol)
     # μ ∈ conv(Z): a convex combination of returned vertices, each of them a vertex of the structure.
@@ -208,13 +203,13 @@ def test_optimality_and_direct_qp(seed):
 
 def test_gradcheck_vertex_list():
     struct = VertexList(_random_vertex_list(d=5, v=10, seed=21))
-    s = _scores((4, 5), 0.7, seed=22).requires_grad_()
+    s = random_scores((4, 5), scale=0.7, seed=22).requires_grad_()
     assert torch.autograd.gradcheck(lambda x: sparsemap(struct, x), (s,))
 
 
 def test_jacobian_is_symmetric_projector():
     struct = VertexList(_random_vertex_list(d=6, v=14, seed=31))
-    s = _scores((1, 6), 0.5, seed=32)
+    s = random_scores((1, 6), scale=0.5, seed=32)
     jac = torch.autograd.functional.jacobian(lambda x: sparsemap(struct, x[None])[0], s[0])
     torch.testing.assert_close(jac, jac.T, atol=1e-10, rtol=0)
     torch.testing.assert_close(jac @ jac, jac, atol=1e-10, rtol=0)
@@ -249,7 +244,7 @@ def test_backward_with_affinely_dependent_active_set():
 
 
 def test_non_convergence_raises():
-    s = _scores((3, 10), 0.01, seed=41)  # μ interior: needs all 10 vertices, so at least 10 iterations
+    s = random_scores((3, 10), scale=0.01, seed=41)  # μ interior: needs all 10 vertices, so at least 10 iterations
     with pytest.raises(SparseMAPConvergenceError, match=r"did not converge for 3 of 3 examples"):
         sparsemap(CAT, s, max_iter=1)
     with pytest.raises(RuntimeError, match="largest remaining gap"):
@@ -259,7 +254,7 @@ def test_non_convergence_raises():
 
 def test_default_iteration_cap_grows_with_the_number_of_parts():
     """A support of ~300 vertices needs ~300 iterations: a fixed cap of 100 would fail; the default scales with d."""
-    s = _scores((2, 300), 1e-3, seed=42)
+    s = random_scores((2, 300), scale=1e-3, seed=42)
     sol = sparsemap_active_set(CAT, s, tol=TIGHT)
     assert sol.iterations > 100 and (sol.weights > 0).sum(-1).min() > 100
     torch.testing.assert_close(sol.mu, sparsemax(s, dim=-1), atol=1e-9, rtol=0)
@@ -268,8 +263,8 @@ def test_default_iteration_cap_grows_with_the_number_of_parts():
 def test_batch_equals_one_by_one():
     # Rows converge after 1 (a vertex), a few, and all-K iterations: finished rows must leave the batch untouched.
     k = 12
-    s = torch.cat([_scores((1, k), sc, seed=i) for i, sc in enumerate([100.0, 1.0, 0.01, 0.3, 5.0])])
-    g = _scores(s.shape, seed=50)
+    s = torch.cat([random_scores((1, k), scale=sc, seed=i) for i, sc in enumerate([100.0, 1.0, 0.01, 0.3, 5.0])])
+    g = random_scores(s.shape, seed=50)
     iters = [sparsemap_active_set(CAT, s[b : b + 1]).iterations for b in range(s.shape[0])]
     assert len(set(iters)) >= 3
     mu = sparsemap(CAT, s)
@@ -280,7 +275,7 @@ def test_batch_equals_one_by_one():
             grad[b : b + 1], _vjp(lambda x: sparsemap(CAT, x), s[b : b + 1], g[b : b + 1]), atol=1e-12, rtol=0
         )
     struct = VertexList(_random_vertex_list(d=6, v=14, seed=51))
-    s = torch.cat([_scores((1, 6), sc, seed=60 + i) for i, sc in enumerate([0.1, 1.0, 10.0, 0.5])])
+    s = torch.cat([random_scores((1, 6), scale=sc, seed=60 + i) for i, sc in enumerate([0.1, 1.0, 10.0, 0.5])])
     mu = sparsemap(struct, s)
     for b in range(s.shape[0]):
         torch.testing.assert_close(mu[b : b + 1], sparsemap(struct, s[b : b + 1]), atol=1e-12, rtol=0)
@@ -293,8 +288,8 @@ def test_non_finite_scores_rejected():
 
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
-    s = _scores((8, 20), 0.5, seed=70, dtype=torch.float32)
-    g = _scores((8, 20), seed=71, dtype=torch.float32)
+    s = random_scores((8, 20), scale=0.5, seed=70, dtype=torch.float32)
+    g = random_scores((8, 20), seed=71, dtype=torch.float32)
     mu = sparsemap(CAT, s.cuda())
     assert mu.device.type == "cuda"
     torch.testing.assert_close(mu.cpu(), sparsemap(CAT, s), atol=1e-6, rtol=0)
@@ -386,7 +381,7 @@ def test_refreshing_the_inverse_changes_nothing(monkeypatch):
     import latentstruct.structures.sparsemap as module
 
     struct = VertexList(_random_vertex_list(d=8, v=40, seed=81))
-    s = _scores((6, 8), 0.5, seed=82)
+    s = random_scores((6, 8), scale=0.5, seed=82)
     updated = sparsemap_active_set(struct, s, tol=TIGHT)
     monkeypatch.setattr(module, "_REFRESH_TOL", -1.0)  # every residual counts as too large
     monkeypatch.setattr(module, "_CHECK_EVERY", 1)

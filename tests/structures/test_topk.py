@@ -6,6 +6,7 @@ the enumerated vertices; the closed-form SparseMAP with the generic active-set s
 bisection reference and the analytic Jacobian.
 """
 
+import functools
 import itertools
 import math
 
@@ -15,32 +16,29 @@ import torch
 from latentstruct.structures.base import Structure
 from latentstruct.structures.sparsemap import sparsemap
 from latentstruct.structures.topk import TopK
-from tests.structures.reference import capped_simplex_projection
+from tests.structures.reference import (
+    brute_log_partition,
+    brute_marginals,
+    brute_max,
+    capped_simplex_projection,
+    enumerated,
+    gibbs,
+    scores_maker,
+    tol,
+)
 
 DTYPES = [torch.float32, torch.float64]
 CASES = [(1, 1), (3, 1), (4, 2), (5, 3), (6, 2), (7, 4), (7, 7)]  # (n, k)
 TIGHT = 1e-12  # the generic solver's duality-gap tolerance for comparisons at 1e-9
 
 
-def _tol(dtype):
-    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-10, "rtol": 1e-10}
-
-
-def _scores(batch, n, dtype=torch.float64, seed=0, scale=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(batch, n, generator=g, dtype=torch.float64)).to(dtype)
+_tol = functools.partial(tol, double=1e-10)
+_scores = scores_maker(lambda n: (n,), scale=1.0)
 
 
 def _brute_force(n, k):
     """All 0/1 vectors of length n with k ones, as a set of tuples (no code shared with ``enumerate``)."""
     return {bits for bits in itertools.product((0, 1), repeat=n) if sum(bits) == k}
-
-
-def _gibbs(scores, k):
-    """Vertices [V, n], vertex scores [B, V] and the Gibbs probabilities [B, V] by enumeration."""
-    vertices = TopK(k).enumerate(scores.shape[-1]).to(scores)
-    vs = scores @ vertices.T
-    return vertices, vs, torch.softmax(vs, dim=-1)
 
 
 def _jacobian(fn, s):
@@ -96,12 +94,12 @@ def test_shape_and_length_errors():
 @pytest.mark.parametrize("n,k", CASES)
 def test_map_is_a_best_vertex(n, k, dtype):
     topk = TopK(k)
-    scores = _scores(16, n, dtype, seed=n * 10 + k, scale=2.0).requires_grad_(True)
+    scores = _scores(16, n, dtype=dtype, seed=n * 10 + k, scale=2.0).requires_grad_(True)
     z = topk.map(scores)
     assert z.dtype == dtype and not z.requires_grad
     assert torch.all((z == 0) | (z == 1)) and torch.all(z.sum(-1) == k)
-    _, vs, _ = _gibbs(scores.detach(), k)
-    torch.testing.assert_close(Structure.score(z, scores.detach()), vs.max(-1).values, **_tol(dtype))
+    best = brute_max(scores.detach(), enumerated(topk, n))
+    torch.testing.assert_close(Structure.score(z, scores.detach()), best, **_tol(dtype))
 
 
 def test_map_with_infinite_candidates():
@@ -118,20 +116,20 @@ def test_map_with_infinite_candidates():
 @pytest.mark.parametrize("n,k", CASES)
 def test_log_partition_and_marginals_match_enumeration(n, k, dtype):
     topk = TopK(k)
-    scores = _scores(8, n, dtype, seed=n + 100 * k, scale=2.0)
-    vertices, vs, p = _gibbs(scores, k)
-    torch.testing.assert_close(topk.log_partition(scores), torch.logsumexp(vs, -1), **_tol(dtype))
+    scores = _scores(8, n, dtype=dtype, seed=n + 100 * k, scale=2.0)
+    vertices = enumerated(topk, n)
+    torch.testing.assert_close(topk.log_partition(scores), brute_log_partition(scores, vertices), **_tol(dtype))
     mu = topk.marginals(scores)
-    torch.testing.assert_close(mu, p @ vertices, **_tol(dtype))
+    torch.testing.assert_close(mu, brute_marginals(scores, vertices), **_tol(dtype))
     assert mu.dtype == dtype
 
 
 def test_log_partition_is_stable_for_large_scores():
     topk = TopK(3)
     scores = _scores(4, 9, seed=3, scale=1000.0)
-    _, vs, p = _gibbs(scores, 3)
-    torch.testing.assert_close(topk.log_partition(scores), torch.logsumexp(vs, -1))
-    torch.testing.assert_close(topk.marginals(scores), p @ TopK(3).enumerate(9).double())
+    vertices = enumerated(topk, 9)
+    torch.testing.assert_close(topk.log_partition(scores), brute_log_partition(scores, vertices))
+    torch.testing.assert_close(topk.marginals(scores), brute_marginals(scores, vertices))
     assert torch.isfinite(topk.log_partition(scores.float())).all()
 
 
@@ -146,7 +144,7 @@ def test_marginals_gradcheck():
 def test_large_batch():
     topk = TopK(10)
     lengths = torch.randint(10, 201, (32,), generator=torch.Generator().manual_seed(0))
-    scores = _scores(32, 200, torch.float32, seed=1).requires_grad_(True)
+    scores = _scores(32, 200, dtype=torch.float32, seed=1).requires_grad_(True)
     mu = topk.marginals(scores, lengths)
     (mu * torch.randn_like(mu)).sum().backward()
     assert torch.isfinite(scores.grad).all()
@@ -167,7 +165,8 @@ def _gibbs_tv(sampler, scores, k, lengths=None, seed=0, samples=20000):
     lens = None if lengths is None else torch.full((samples,), length)
     z = sampler(batch, lens, torch.Generator().manual_seed(seed))
     assert torch.all(z[:, length:] == 0)
-    vertices, _, p = _gibbs(scores[:, :length].double(), k)
+    vertices = enumerated(TopK(k), length)
+    p = gibbs(scores[:, :length].double(), vertices)
     return 0.5 * (_frequencies(z[:, :length].double(), vertices) - p[0]).abs().sum().item()
 
 
@@ -252,7 +251,7 @@ def test_sparsemap_degenerate_scores(row):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sparsemap_dtype(dtype):
     topk = TopK(3)
-    s = _scores(16, 10, dtype, seed=9).requires_grad_(True)
+    s = _scores(16, 10, dtype=dtype, seed=9).requires_grad_(True)
     mu = topk.sparsemap(s)
     assert mu.dtype == dtype and mu.requires_grad
     torch.testing.assert_close(mu.double(), capped_simplex_projection(s.detach().double(), 3), **_tol(dtype))
@@ -341,7 +340,7 @@ def test_lengths_equal_to_k():
 def test_cuda_matches_cpu(dtype):
     topk = TopK(3)
     lengths = torch.tensor([8, 5, 3, 6])
-    scores = _scores(4, 8, dtype, seed=13)
+    scores = _scores(4, 8, dtype=dtype, seed=13)
     for method in (topk.map, topk.log_partition, topk.marginals, topk.sparsemap):
         on_gpu = method(scores.cuda(), lengths.cuda())
         assert on_gpu.is_cuda and on_gpu.dtype == dtype
@@ -350,5 +349,6 @@ def test_cuda_matches_cpu(dtype):
     assert z.is_cuda and torch.all(z.sum(-1) == 3)
     big = scores[:1].cuda().expand(20000, 8)
     z = topk.exact_sample(big, None, torch.Generator(device="cuda").manual_seed(1)).cpu().double()
-    vertices, _, p = _gibbs(scores[:1].double(), 3)
+    vertices = enumerated(topk, 8)
+    p = gibbs(scores[:1].double(), vertices)
     assert 0.5 * (_frequencies(z, vertices) - p[0]).abs().sum().item() < 0.05
