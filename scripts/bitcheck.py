@@ -8,7 +8,7 @@ A refactoring that must not change a number (issue #36) is checked by running th
 
 Each run is ``+experiment=<name>`` with a few steps and ``trainer.threads=1`` (data from ``$LATENTSTRUCT_DATA``), all
 in one process (the same process layout before and after). ``compare`` reads ``metrics.json`` (``metrics``,
-``best_step``, ``steps``) and ``history.csv``, every value but the timings (``wall_seconds``, ``infer_seconds``), and
+``best_step``, ``steps``) and ``history.csv``, every value but the timings (``wall_seconds``, ``infer_seconds``, ``time/*``), and
 exits 1 on any difference or a run missing from either side. The baseline is made from the base commit's tree
 (``git archive <commit> | tar -x -C <dir>``, this script copied in, run from there).
 """
@@ -94,8 +94,9 @@ def _record(folder: Path) -> dict | None:
 
 
 def _untimed(values: dict) -> dict:
-    """``values`` without the timings (``wall_seconds``, ``*/infer_seconds``): the clock is not a result."""
-    return {k: v for k, v in values.items() if not k.endswith("_seconds")}
+    """``values`` without the timings (``wall_seconds``, ``*/infer_seconds``, ``time/*``: the implicit term's share
+    of a step): the clock is not a result."""
+    return {k: v for k, v in values.items() if not (k.endswith("_seconds") or k.startswith("time/"))}
 
 
 def compare(a: Path, b: Path, only: list[str] | None) -> int:
