@@ -42,7 +42,7 @@ def _batch(data, rows):
 
 def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     data_dir = write_cora(tmp_path / "data", n=30)
-    metrics = {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "token_acc", "infer_seconds")}
+    metrics = {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "token_acc", "author_share", "infer_seconds")}
     assert sorted(EXPERIMENTS) == ["cd", "crf", "dvn", "ge", "rspen"]
     for experiment in EXPERIMENTS:
         out = tmp_path / experiment
@@ -58,6 +58,25 @@ def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     preset = _compose("+experiment=citation_cd", "+preset=citation_cpu")
     assert (preset.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
                                                                                                             [4, 3])
+
+
+def test_evaluation_reports_token_accuracy_and_the_share_of_tokens_tagged_author(tmp_path, monkeypatch):
+    model, data = _model(tmp_path, "cd")
+    split = {k: v[:2] for k, v in data.splits["valid"].items()}
+    lengths = split["lengths"]
+    pred = split["y"].clone()
+    pred[0, 0] = (pred[0, 0] + 1) % 13  # one wrong tag
+    pred[1, : lengths[1]] = 0  # the second citation all author (tag 0)
+    pred[:, lengths.max():] = 0  # padding: never counted
+    monkeypatch.setattr(model, "predict_tags", lambda data, batch_size=None: (pred, 0.0))
+    mask = torch.arange(split["y"].shape[1]) < lengths.view(-1, 1)
+    n = int(lengths.sum())
+    right = int(((pred == split["y"]) & mask).sum())
+    author = int(((pred == 0) & mask).sum())
+    assert right < n and author >= int(lengths[1])
+    metrics = model.evaluate(split)
+    assert metrics["acc"] == metrics["token_acc"] == pytest.approx(100 * right / n)
+    assert metrics["author_share"] == pytest.approx(100 * author / n)
 
 
 def test_unlabelled_citations_have_no_gold_and_do_not_move_the_supervised_losses(tmp_path):
