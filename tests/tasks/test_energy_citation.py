@@ -57,6 +57,8 @@ def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     sweep = _compose("+sweep=energy_citation", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"citation_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["dataset.labelled"] == "5,10,50"
+    assert _compose("+experiment=citation_cd").task.unlabelled_loss == "none"  # chosen on validation (issue #33)
+    assert _compose("+experiment=citation_rspen").task.unlabelled_loss == "best"
     preset = _compose("+experiment=citation_cd", "+preset=citation_cpu")
     assert (preset.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
                                                                                                             [4, 3])
@@ -93,7 +95,7 @@ def test_unlabelled_citations_have_no_gold_and_do_not_move_the_supervised_losses
 
 
 def test_the_reward_cd_of_an_unlabelled_row_ranks_the_samples_by_reward(tmp_path):
-    model, data = _model(tmp_path, "cd")
+    model, data = _model(tmp_path, "cd", "task.unlabelled_loss=best")  # the reading of the committed table
     lab = data.splits["train"]["labelled"]
     batch = model.trim(_batch(data, [int(lab.argmax()), int(lab.argmin())]))
     probs, _ = model.inference(model.infnet, batch)
@@ -162,7 +164,8 @@ def test_unlabelled_loss_chooses_what_cd_does_with_an_unlabelled_row(tmp_path, r
     torch.testing.assert_close(loss[0], labelled)  # the labelled row: the seed's CD against the gold, every reading
     unlab = model.energy(batch, samples)[:, 1]
     best = int(rewards[:, 1].argmax())
-    expected = {"best": cd_loss(unlab[best:best + 1], unlab.unsqueeze(1), (rewards[best, 1] - rewards[:, 1]).unsqueeze(1)),
+    gap = (rewards[best, 1] - rewards[:, 1]).unsqueeze(1)
+    expected = {"best": cd_loss(unlab[best:best + 1], unlab.unsqueeze(1), gap),
                 "pairs": reward_pair_loss(unlab.unsqueeze(1), rewards[:, 1:2]),
                 "none": torch.zeros(1)}[reading]
     torch.testing.assert_close(loss[1:], expected.reshape(1))
