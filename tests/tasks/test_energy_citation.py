@@ -4,13 +4,15 @@ on generated Cora files."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 import torch
 
 from latentstruct.data.cora import cora_dataset
 from latentstruct.models.energy import cd_loss, hamming_loss
-from latentstruct.tasks.energy_citation import CitationEnergy
+from latentstruct.tasks.energy_citation import CitationEnergy, reward_pair_loss
 from latentstruct.train import build_model, train
 from tests.data.test_cora import write_cora
 from tests.helpers import compose as _compose
@@ -42,7 +44,7 @@ def _batch(data, rows):
 
 def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     data_dir = write_cora(tmp_path / "data", n=30)
-    metrics = {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "token_acc", "infer_seconds")}
+    metrics = {f"{s}/{m}" for s in ("valid", "test") for m in ("acc", "token_acc", "author_share", "infer_seconds")}
     assert sorted(EXPERIMENTS) == ["cd", "crf", "dvn", "ge", "rspen"]
     for experiment in EXPERIMENTS:
         out = tmp_path / experiment
@@ -55,9 +57,30 @@ def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     sweep = _compose("+sweep=energy_citation", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"citation_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["dataset.labelled"] == "5,10,50"
+    assert _compose("+experiment=citation_cd").task.unlabelled_loss == "none"  # chosen on validation (issue #33)
+    assert _compose("+experiment=citation_rspen").task.unlabelled_loss == "best"
     preset = _compose("+experiment=citation_cd", "+preset=citation_cpu")
     assert (preset.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
                                                                                                             [4, 3])
+
+
+def test_evaluation_reports_token_accuracy_and_the_share_of_tokens_tagged_author(tmp_path, monkeypatch):
+    model, data = _model(tmp_path, "cd")
+    split = {k: v[:2] for k, v in data.splits["valid"].items()}
+    lengths = split["lengths"]
+    pred = split["y"].clone()
+    pred[0, 0] = (pred[0, 0] + 1) % 13  # one wrong tag
+    pred[1, : lengths[1]] = 0  # the second citation all author (tag 0)
+    pred[:, lengths.max():] = 0  # padding: never counted
+    monkeypatch.setattr(model, "predict_tags", lambda data, batch_size=None: (pred, 0.0))
+    mask = torch.arange(split["y"].shape[1]) < lengths.view(-1, 1)
+    n = int(lengths.sum())
+    right = int(((pred == split["y"]) & mask).sum())
+    author = int(((pred == 0) & mask).sum())
+    assert right < n and author >= int(lengths[1])
+    metrics = model.evaluate(split)
+    assert metrics["acc"] == metrics["token_acc"] == pytest.approx(100 * right / n)
+    assert metrics["author_share"] == pytest.approx(100 * author / n)
 
 
 def test_unlabelled_citations_have_no_gold_and_do_not_move_the_supervised_losses(tmp_path):
@@ -72,7 +95,7 @@ def test_unlabelled_citations_have_no_gold_and_do_not_move_the_supervised_losses
 
 
 def test_the_reward_cd_of_an_unlabelled_row_ranks_the_samples_by_reward(tmp_path):
-    model, data = _model(tmp_path, "cd")
+    model, data = _model(tmp_path, "cd", "task.unlabelled_loss=best")  # the reading of the committed table
     lab = data.splits["train"]["labelled"]
     batch = model.trim(_batch(data, [int(lab.argmax()), int(lab.argmin())]))
     probs, _ = model.inference(model.infnet, batch)
@@ -87,6 +110,74 @@ def test_the_reward_cd_of_an_unlabelled_row_ranks_the_samples_by_reward(tmp_path
     unlab = model.energy(batch, samples)[:, 1]
     expected_unlab = cd_loss(unlab[best:best + 1], unlab.unsqueeze(1), (rewards[best, 1] - rewards[:, 1]).unsqueeze(1))
     torch.testing.assert_close(loss, torch.stack([expected_lab, expected_unlab]))
+
+
+def test_the_reward_pair_loss_against_a_hand_computation():
+    energies = torch.tensor([[1.0], [2.0], [0.5]])  # [K=3, B=1]
+    rewards = torch.tensor([[3.0], [1.0], [1.0]])  # sample 0 beats 1 and 2; 1 and 2 tie: no pair
+    sp = lambda z: math.log1p(math.exp(z))  # noqa: E731
+    expected = (sp(2 + 1.0 - 2.0) + sp(2 + 1.0 - 0.5)) / 2
+    assert float(reward_pair_loss(energies, rewards)[0]) == pytest.approx(expected, rel=1e-6)
+    assert float(reward_pair_loss(energies, torch.ones(3, 1))[0]) == 0  # every reward ties: no pair, no loss
+    with pytest.raises(ValueError, match="both be"):
+        reward_pair_loss(energies, rewards[:2])
+
+
+def _row_gradient(reading, energies, rewards):
+    """d(unlabelled row's loss)/d(sample energies) ``[K]`` under a reading, one row."""
+    e = energies.clone().requires_grad_(True)
+    if reading == "best":
+        best = int(rewards.argmax())
+        loss = cd_loss(e[best:best + 1], e.unsqueeze(1), (rewards[best] - rewards).unsqueeze(1)).sum()
+    else:
+        loss = reward_pair_loss(e.unsqueeze(1), rewards.unsqueeze(1)).sum()
+    (grad,) = torch.autograd.grad(loss, e)
+    return grad
+
+
+def test_best_lowers_only_the_best_samples_energy_and_pairs_every_better_samples():
+    energies = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    rewards = torch.tensor([4.0, 3.0, 1.0, 0.0])  # sample 0 best, 3 worst
+    best, pairs = _row_gradient("best", energies, rewards), _row_gradient("pairs", energies, rewards)
+    # gradient descent lowers E where the gradient is positive
+    assert best[0] > 0 and (best[1:] < 0).all()  # best: only A's best sample is pulled down, every other pushed up
+    assert pairs[0] > 0 and pairs[3] < 0  # pairs: the best down, the worst up ...
+    assert pairs[1] > 0  # ... and the second best, which beats two samples and loses to one, is pulled down too
+    torch.testing.assert_close(best.sum(), torch.tensor(0.0), atol=1e-6, rtol=0)  # both: shifts of E change nothing
+    torch.testing.assert_close(pairs.sum(), torch.tensor(0.0), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("reading", ["best", "pairs", "none"])
+def test_unlabelled_loss_chooses_what_cd_does_with_an_unlabelled_row(tmp_path, reading):
+    model, data = _model(tmp_path, "cd", f"task.unlabelled_loss={reading}")
+    assert model.unlabelled_loss == reading
+    lab = data.splits["train"]["labelled"]
+    batch = model.trim(_batch(data, [int(lab.argmax()), int(lab.argmin())]))
+    probs, _ = model.inference(model.infnet, batch)
+    torch.manual_seed(1)
+    samples = model.negatives(probs, batch).detach()
+    loss = model.reward_cd(batch, samples)
+    rewards = model.rewards(samples, batch)  # [K, B]
+    gold = model.gold(batch)
+    energies = model.energy(batch, torch.cat([gold.unsqueeze(0), samples]))
+    labelled = cd_loss(energies[0, :1], energies[1:, :1], hamming_loss(samples[:, :1], gold[:1], batch["lengths"][:1]))
+    torch.testing.assert_close(loss[0], labelled)  # the labelled row: the seed's CD against the gold, every reading
+    unlab = model.energy(batch, samples)[:, 1]
+    best = int(rewards[:, 1].argmax())
+    gap = (rewards[best, 1] - rewards[:, 1]).unsqueeze(1)
+    expected = {"best": cd_loss(unlab[best:best + 1], unlab.unsqueeze(1), gap),
+                "pairs": reward_pair_loss(unlab.unsqueeze(1), rewards[:, 1:2]),
+                "none": torch.zeros(1)}[reading]
+    torch.testing.assert_close(loss[1:], expected.reshape(1))
+    phi = model.energy_parameters()
+    grads = torch.autograd.grad(loss[1], phi, allow_unused=True)
+    moved = any(g is not None and bool(g.abs().sum() > 0) for g in grads)
+    assert moved == (reading != "none")  # none: an unlabelled row gives E no gradient through L_CD
+
+
+def test_an_unknown_unlabelled_loss_is_refused(tmp_path):
+    with pytest.raises(Exception, match="unlabelled_loss"):
+        _model(tmp_path, "cd", "task.unlabelled_loss=gold")
 
 
 def test_dvn_targets_token_accuracy_on_labelled_rows_and_the_rule_value_on_unlabelled_ones(tmp_path):
