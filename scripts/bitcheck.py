@@ -8,9 +8,9 @@ A refactoring that must not change a number (issue #36) is checked by running th
 
 Each run is ``+experiment=<name>`` with a few steps and ``trainer.threads=1`` (data from ``$LATENTSTRUCT_DATA``), all
 in one process (the same process layout before and after). ``compare`` reads ``metrics.json`` (``metrics``,
-``best_step``, ``steps``) and ``history.csv``, every value but the timings (``wall_seconds``, ``infer_seconds``, ``time/*``), and
-exits 1 on any difference or a run missing from either side. The baseline is made from the base commit's tree
-(``git archive <commit> | tar -x -C <dir>``, this script copied in, run from there).
+``best_step``, ``steps``) and ``history.csv``, every value but the timings (``wall_seconds``, ``infer_seconds``,
+``time/*``), and exits 1 on any difference or a run missing from either side. The baseline is made from the base
+commit's tree (``git archive <commit> | tar -x -C <dir>``, this script copied in, run from there).
 """
 
 from __future__ import annotations
