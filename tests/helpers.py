@@ -33,6 +33,25 @@ def train_run(folder: Path, *overrides: str, name: str = "run") -> dict:
     return train(compose("trainer.progress=false", f"paths.output_dir={folder / name}", *overrides))
 
 
+def final_model(run_dir: Path):
+    """The model of a run's checkpoint (its final state), rebuilt from the configuration the checkpoint holds and
+    its data, in eval mode; and the data."""
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from latentstruct.records import load_checkpoint, load_model_weights
+    from latentstruct.train import build_model
+
+    ckpt = load_checkpoint(Path(run_dir) / "checkpoint.pt", torch.device("cpu"))
+    cfg = OmegaConf.create(ckpt["config"])
+    cfg.paths.output_dir = str(run_dir)
+    data = instantiate(cfg.dataset)
+    model = build_model(cfg, data.dims, data.extras)
+    load_model_weights(model, ckpt["model"])
+    return model.eval(), data
+
+
 def methods(task: str) -> list[str]:
     """The methods of a task's experiments (``configs/experiment/<task>_<method>.yaml``), e.g. ``methods("sst")``."""
     return [name.removeprefix(f"{task}_") for name in latentstruct.config.experiments().get(task, [])]

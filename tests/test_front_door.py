@@ -21,9 +21,8 @@ from latentstruct.config import ConfigError, check_command_line, validate
 from latentstruct.data.files import DataMissing, data_missing
 from latentstruct.records import load_model_weights, model_weights
 from latentstruct.report import figures
-from latentstruct.report.trees import load_tree_model
 from latentstruct.train import train
-from tests.helpers import ROOT, compose
+from tests.helpers import ROOT, compose, final_model
 from tests.tasks.test_text import WORDS, write_glove, write_sst
 
 
@@ -190,7 +189,7 @@ def test_a_checkpoint_leaves_out_the_frozen_word_vectors_and_resumes_bit_exactly
     assert again["status"] == "completed" and again["steps"] == 4
     whole = _sst_run(tmp_path / "whole", "trainer.max_steps=4", "trainer.eval_every=2")
     assert again["metrics"] == whole["metrics"]  # resuming from the trimmed checkpoint changes nothing
-    model, _, _ = load_tree_model(tmp_path / "run")  # the tree drawings load it too
+    model, _ = final_model(tmp_path / "run")  # a model built from the run's configuration loads it
     frozen = [p for p in model.parameters() if getattr(p, "rebuilt_from_data", False)]
     assert len(frozen) == 1 and frozen[0].requires_grad is False
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from latentstruct.data.text import snli_dataset, sst_dataset
-from latentstruct.records import REPORT_FILE, load_checkpoint, load_model_weights
+from latentstruct.records import REPORT_FILE
 from latentstruct.report.drawing import depth, heads_from_arcs
 from latentstruct.report.trees import find_sentence, load_trees
 from latentstruct.report.trees import main as show_trees_main
@@ -21,7 +21,7 @@ from latentstruct.tasks import LatentTreeNLI, LatentTreeSST
 from latentstruct.tasks.text import tree_depths
 from latentstruct.train import build_model
 from tests.helpers import compose as _compose
-from tests.helpers import methods, train_run
+from tests.helpers import final_model, methods, train_run
 
 METHODS = ["baseline", "marginals", "sparsemap", "perturb_and_map", "ste_s", "ste_i", "spigot", "spigot_ce",
            "spigot_eg"]
@@ -289,20 +289,6 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
-def _final_model(run_dir: Path):
-    """The model of a run's checkpoint (its final state), rebuilt from the configuration it holds, and its data."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    ckpt = load_checkpoint(run_dir / "checkpoint.pt", torch.device("cpu"))
-    cfg = OmegaConf.create(ckpt["config"])
-    cfg.paths.output_dir = str(run_dir)
-    data = instantiate(cfg.dataset)
-    model = build_model(cfg, data.dims, data.extras)
-    load_model_weights(model, ckpt["model"])
-    return model.eval(), data
-
-
 def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path, capsys):
     """report.json holds every test sentence's MAP tree of the final model (the checkpoint's, parsed again here);
     report.trees finds a sentence among them (an <unk> matching any word) and draws it, without the model."""
@@ -310,7 +296,7 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
     train_run(tmp_path, *_local(tmp_path), "+experiment=sst_spigot_ce", "dataset.check_sizes=false",
               "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
     sentences = load_trees(tmp_path / "run")
-    model, data = _final_model(tmp_path / "run")
+    model, data = final_model(tmp_path / "run")
     test = data.splits["test"]
     assert len(sentences) == len({tuple(ids[:n].tolist()) for ids, n in zip(test["x"], test["lengths"], strict=True)})
     for b, entry in enumerate(sentences[:4]):
