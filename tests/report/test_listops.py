@@ -13,8 +13,8 @@ import torch
 from latentstruct.data.listops import listops_dataset, right_branching, tree_f1, tree_scores
 from latentstruct.report import figures, tables
 from latentstruct.report import listops as listops_report
+from tests.helpers import final_model
 from tests.tasks.test_listops import _run, short, write_listops  # noqa: F401  (short: the fixture used below)
-from tests.tasks.test_text import _final_model
 
 pytestmark = pytest.mark.usefixtures("short")  # generated expressions stay short: fast runs
 
@@ -73,7 +73,7 @@ def test_self_f1_is_written_for_runs_with_other_seeds_and_read_by_the_tables(tmp
 
     # by hand: both final models (their checkpoints) parse the test split, per-example F1, mean; and what each run
     # recorded (report.json, all the report reads) is its model's trees
-    (a, data), (b, _) = (_final_model(root / f"gumbel_{s}") for s in seeds)
+    (a, data), (b, _) = (final_model(root / f"gumbel_{s}") for s in seeds)
     test = {**data.splits["test"], "index": torch.arange(len(data.splits["test"]["y"]))}
     batches = list(listops_report._batches(test))
     per = [tree_scores(a.trees(batch), b.trees(batch), batch["lengths"])["tree_f1"] for batch in batches]
