@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from latentstruct.records import CLAIM, claim
 from latentstruct.train import train
 from tests.helpers import ROOT
@@ -65,6 +67,7 @@ def test_train_skips_a_run_another_process_is_running(tmp_path, caplog):
     assert not (tmp_path / "run" / CLAIM).exists()
 
 
+@pytest.mark.slow
 def test_two_launchers_on_one_sweep_run_every_run_exactly_once(tmp_path):
     # Started together, both launchers reach run 1 at once: without claims both would train it.
     sweep = [sys.executable, "-m", "latentstruct.train", "-m", "trainer.seed=1,2,3,4", "trainer.max_steps=400",

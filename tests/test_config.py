@@ -76,6 +76,7 @@ def test_help_texts_read_args_sections_through_the_class_hierarchy():
     assert texts["eta"].startswith("pull-back step size") and texts["eval_latent"].startswith("decoder input")
 
 
+@pytest.mark.slow
 def test_option_lists_hold_no_internal_names():
     out = subprocess.run(
         [sys.executable, "-m", "latentstruct.train", "--help"],
@@ -113,6 +114,7 @@ def test_every_paper_row_names_an_experiment_by_its_flat_name():
     assert set(names) <= {e for family in config.experiments().values() for e in family}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(config.experiments()))
 def test_every_experiment_composes_and_validates(family):
     """Every experiment (the paper rows' among them) composes and validates: its keys, choices and ranges; each as

@@ -68,6 +68,7 @@ def test_example_runs(path, tmp_path):
     PROMISES[path.name](_run(path, tmp_path))
 
 
+@pytest.mark.slow
 def test_library_page_runs(tmp_path):
     """docs/library.md's indented code blocks that are Python (not the one-line call signature) run as one script:
     the structure's arc counts, SPIGOT-CE from one's own model, and a tiny run composed from Python."""

@@ -32,6 +32,7 @@ def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
                           env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
 
 
+@pytest.mark.slow
 def test_a_missing_data_file_is_one_line_naming_the_file_the_root_and_the_rule(tmp_path):
     """`python -m latentstruct.train +experiment=sst_spigot` without the data: a 40-line traceback ending in
     FileNotFoundError('missing train.txt[.gz] in data/sst; ...') without a word of LATENTSTRUCT_DATA."""
@@ -91,6 +92,7 @@ def test_a_mismatch_is_refused_at_composition_in_one_line(overrides, expected):
     assert check_command_line(["+experiment=planted_matching", "estimator=spigot"])  # what fits goes through
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_mismatch_with_status_2_before_any_run_directory(tmp_path):
     done = _train("+experiment=planted_matching", "estimator=marginals", f"hydra.run.dir={tmp_path / 'run'}",
                   cwd=tmp_path)

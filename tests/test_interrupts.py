@@ -324,6 +324,7 @@ def test_a_non_finite_gradient_fails_naming_the_parameter(tmp_path, monkeypatch)
     assert _record(tmp_path / "run")["reason"] == "non_finite"
 
 
+@pytest.mark.slow
 def test_cli_non_finite_single_run_says_one_line_and_exits_1(tmp_path):
     """A temperature so small that the relaxed scores overflow (inf - inf = NaN in the softmax)."""
     overrides = ["estimator=gumbel_softmax", "estimator.tau=1e-45"]

@@ -85,6 +85,7 @@ def test_a_sweep_is_refused_up_front_for_any_of_its_jobs():
     assert config.check_command_line(ok) == ok
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_before_hydra_and_reads_no_data(tmp_path):
     """``sst_spigot`` reads its data from paths.data_dir: an empty folder would fail the run, but the range check
     comes first, in one line, with exit status 2, and no run directory is made."""
@@ -97,6 +98,7 @@ def test_the_command_line_refuses_before_hydra_and_reads_no_data(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_every_fault_injection_case_is_refused_clearly():
     outcomes = values.run()
     assert len(outcomes) == len(values.CASES) >= 30

@@ -34,6 +34,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_cli_finds_the_same_directory_for_the_same_configuration_and_refuses_another(tmp_path):
     args = [*TINY, "trainer.max_steps=10", "estimator=ste_i"]
     first = _cli(*args, cwd=tmp_path)

@@ -41,6 +41,7 @@ def _options(group: str) -> list[str]:
 
 @pytest.mark.parametrize("group", ["dataset", "encoder", "scorer", "structure", "estimator", "decoder", "energy",
                                    "infnet", "cost_net", "composer", "optim"])
+@pytest.mark.slow
 def test_every_group_option_composes_and_instantiates(group, tmp_path):
     # The real image datasets are read from tiny generated files in their formats.
     write_mnist(tmp_path / "mnist", n_train=12, n_test=4)
@@ -193,6 +194,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_single_run_and_failed_record(tmp_path):
     ok = _cli(*TINY, "trainer.max_steps=20", f"hydra.run.dir={tmp_path / 'ok'}", cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
@@ -263,6 +265,7 @@ def test_the_planned_evaluations_are_those_the_loop_makes(tmp_path):
     assert list(pd.read_csv(tmp_path / "run" / "history.csv")["step"]) == planned == [4, 8, 10]
 
 
+@pytest.mark.slow
 def test_cli_run_logs_to_the_console_and_train_log_without_bar_frames(tmp_path):
     """Output that is not a terminal gets no bar, even with trainer.progress (the default), but log lines: the
     expected length, a progress line at most every trainer.log_seconds (0: every step), every evaluation and the
@@ -290,6 +293,7 @@ def test_cli_run_logs_to_the_console_and_train_log_without_bar_frames(tmp_path):
     assert messages[-2].startswith("test/acc")
 
 
+@pytest.mark.slow
 def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
     args = (*TINY, "trainer.max_steps=4", "estimator=ste_i,spigot", f"paths.multirun_dir={tmp_path}")
     result = _cli("-m", *args, "hydra.sweep.dir=" + str(tmp_path / "sweep"), cwd=ROOT)
@@ -301,6 +305,7 @@ def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
         assert f"{run}: training 4 steps" in log and "test/acc" in log and log.count("training") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("typo", ["trainer.max_step=10", "+trainer.max_step=10"])
 def test_cli_refuses_an_unknown_key_with_or_without_plus(tmp_path, typo):
     """Hydra's own answer to the first is "To append to your config use +trainer.max_step=10", and it accepted the

@@ -18,6 +18,7 @@ layers = sys.modules["bench_layers"] = importlib.util.module_from_spec(_spec)  #
 _spec.loader.exec_module(layers)
 
 
+@pytest.mark.slow
 def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
     configs = layers.configurations()
     assert len({c.key for c in configs}) == len(configs) == 11

@@ -61,6 +61,7 @@ def _importable(python: Path, modules: list[str], env: dict, cwd: Path) -> list[
     return proc.stdout.split()
 
 
+@pytest.mark.slow
 def test_latentstruct_installs_from_the_bundle_alone_and_trains_a_step(wheels, tmp_path):
     python = bundle.make_venv(tmp_path / "venv")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of this checkout on the path

@@ -176,6 +176,7 @@ def test_the_deadline_stops_a_command_that_would_not_end(tmp_path):
     assert code == 124
 
 
+@pytest.mark.slow
 def test_a_sweep_stopped_on_the_device_resumes_here_from_the_checkpoint_that_came_back(tmp_path, caplog):
     """A two-run sweep (basic launcher): one run completes, the other is stopped by the deadline runner; its records
     and checkpoint are packed, unpacked elsewhere, and the run resumes there from its step."""

@@ -279,6 +279,7 @@ def _toy_cfg(data_dir, out, experiment="cd", *overrides):
                     "trainer.batch_size=8", "trainer.progress=false", "trainer.threads=1", *TINY_TASK, *overrides)
 
 
+@pytest.mark.slow
 def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
     data_dir = write_conll(tmp_path / "data")
     metrics = {f"{s}/{m}" for s in ("valid", "test")
@@ -395,6 +396,7 @@ def test_pretrained_word_vectors_reach_every_embedding_table(tmp_path):
     assert train(cfg)["status"] == "completed"  # the implicit gradient runs with frozen vectors
 
 
+@pytest.mark.slow
 def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monkeypatch):
     data_dir = write_conll(tmp_path / "data")
     phases = ["trainer.phases.0.epochs=1", "trainer.phases.1.epochs=3"]

@@ -105,6 +105,7 @@ def test_pos_evaluation_is_the_token_accuracy(monkeypatch):
         _bilstm("f2")
 
 
+@pytest.mark.slow
 def test_every_experiment_runs_on_generated_twitter_pos(tmp_path):
     data_dir = write_twpos(tmp_path / "data", n=8)
     for experiment in EXPERIMENTS:
