@@ -46,14 +46,15 @@ random noise is not added"). Metrics over the split's sequences:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.ranges import AtLeast, Positive
+from latentstruct.estimators.base import Estimator
+from latentstruct.ranges import AtLeast, Part, Positive
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
 
@@ -99,17 +100,15 @@ class Sorting(Task):
     ``[batch, d]`` and the ranks ``y`` ``[batch, d]`` (z* = one_hot(y)).
     """
 
-    PARTS = ("scorer", "structure", "estimator", "sigma_net")
-
     @classmethod
     def build(
         cls,
         dims: dict[str, int],
         extras: dict,
-        scorer,
-        structure,
-        estimator,
-        sigma_net,
+        scorer: Annotated[Any, Part()],
+        structure: Annotated[Any, Part(Matching)],
+        estimator: Annotated[Any, Part(Estimator)],
+        sigma_net: Annotated[Any, Part()],
         baseline: Literal["none", "gumbel_sinkhorn"] = "none",
         tau: Annotated[float, Positive] = 1.0,
         sinkhorn_iters: Annotated[int, AtLeast(1)] = 10,
