@@ -218,7 +218,8 @@ def schema(target: str) -> type:
     roles = parts(obj)
     for name, p in settings(obj).items():
         if name in roles:  # a model part: a node of its own (an option of the group of its name), or null
-            text = texts.get(name) or f"a model part ({roles[name]}), chosen by {name}=<option>; null: none"
+            kinds = f" ({roles[name]})" if roles[name].kinds else ""
+            text = texts.get(name) or f"a model part{kinds}, chosen by {name}=<option>; null: none"
             fields.append((name, Any, field(default=None, metadata={"help": text, "part": True})))
             continue
         kind = _field_type(hints.get(name, Any))
@@ -611,10 +612,10 @@ def _unread_part(err: BaseException) -> str | None:
     seen: BaseException | None = err
     while seen is not None:
         key, owner = getattr(seen, "full_key", None), getattr(seen, "object_type", None)
-        if isinstance(seen, ConfigKeyError) and isinstance(key, str) and key.startswith("task.") and (
-                dataclasses.is_dataclass(owner)):
+        if isinstance(seen, ConfigKeyError) and isinstance(key, str) and key.count(".") == 1 and (
+                key.startswith("task.") and dataclasses.is_dataclass(owner)) and (
+                taken := [f.name for f in dataclasses.fields(owner) if f.metadata.get("part")]):
             name = key.split(".")[1]
-            taken = [f.name for f in dataclasses.fields(owner) if f.metadata.get("part")]
             task = owner.__name__.removesuffix("Conf")
             return (f"task {task} takes no {name} (its parts: {', '.join(taken) or 'none'}): remove the {name} "
                     f"override")

@@ -79,7 +79,7 @@ def test_load_runs_flattens(tmp_path):
     runs = tables.load_runs(tmp_path / "runs")
     assert len(runs) == 1
     r = runs.iloc[0]
-    assert r["dataset.num_clusters"] == 3 and r["estimator.eta"] == 1.0 and r["estimator._target_"] == "x.Y"
+    assert r["dataset.num_clusters"] == 3 and r["task.estimator.eta"] == 1.0 and r["task.estimator._target_"] == "x.Y"
     assert r["dataset.data_dir"] == "${paths.data_dir}"  # interpolations kept as text
     assert r["choices.experiment"] == "synthetic_spigot" and r["choices.hydra/launcher"] == "basic"
     assert r["metric.test/acc"] == 91.5 and r["metric.valid/v_measure"] == 80.0

@@ -361,8 +361,8 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
     # the per-dataset sizes of the experiments: the energy's F, A and F shaped alike
     for dataset, (hidden, global_hidden) in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
         cfg = _compose("+experiment=mlc_infnet", f"dataset={dataset}")
-        assert (list(cfg.energy.feature_hidden), cfg.energy.global_hidden) == (hidden, global_hidden)
-        assert list(cfg.infnet.hidden) == list(cfg.cost_net.hidden) == hidden and cfg.dataset.name == dataset
+        assert (list(cfg.task.energy.feature_hidden), cfg.task.energy.global_hidden) == (hidden, global_hidden)
+        assert list(cfg.task.infnet.hidden) == list(cfg.task.cost_net.hidden) == hidden and cfg.dataset.name == dataset
     sweep = _compose("+sweep=energy_mlc", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["trainer.seed"] == "301,302,303"

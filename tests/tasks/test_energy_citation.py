@@ -21,7 +21,8 @@ from tests.helpers import methods
 EXPERIMENTS = methods("citation")
 TINY_DATA = ["dataset.check_sizes=false", "dataset.n_test=6", "dataset.n_valid=4", "dataset.pool=6",
              "dataset.labelled=3"]
-TINY_TASK = ["encoder.hidden=4", "embedding.dim=6", "task.neumann_terms=2", "task.spen_steps=2", "task.num_samples=3"]
+TINY_TASK = ["task.encoder.hidden=4", "embedding.dim=6", "task.neumann_terms=2", "task.spen_steps=2",
+             "task.num_samples=3"]
 
 
 def _cfg(data_dir, out, experiment="cd", *overrides):

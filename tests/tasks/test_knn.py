@@ -150,7 +150,7 @@ def test_protocol_hyper_parameters():
             "cifar10": (ResNet18, CifarSigmaNet, 700)}
     for name, (encoder, sigma_net, batch) in nets.items():
         cfg = _compose("+experiment=knn_direct_learned", f"dataset={name}", "task.k=1")
-        assert (cfg.encoder._target_, cfg.sigma_net._target_) == (_name(encoder), _name(sigma_net))
+        assert (cfg.task.encoder._target_, cfg.task.sigma_net._target_) == (_name(encoder), _name(sigma_net))
         assert (cfg.trainer.batch_size, cfg.task.num_queries) == (batch, 100)
         assert cfg.trainer.max_epochs == 220 * (batch // 100)
         assert (cfg.optim._target_, cfg.optim.lr, cfg.optim_groups.sigma._target_) == ("torch.optim.Adam", 1e-3,

@@ -182,8 +182,8 @@ def _parser_grad(model: ListOps) -> float:
 def test_gradients_reach_the_parser_and_the_composer(data, experiment):
     # A large pull-back step: with η = 1 the SPIGOT projection of a point this close to ẑ may be ẑ itself (a zero
     # gradient, which is correct); the baseline-free variant keeps the REINFORCE advantage away from 0.
-    extra = ["estimator.eta=1000"] if experiment.startswith(("chart_spigot", "chart_ste")) else []
-    extra += ["estimator.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
+    extra = ["task.estimator.eta=1000"] if experiment.startswith(("chart_spigot", "chart_ste")) else []
+    extra += ["task.estimator.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
     model = _model(experiment, *extra).train()
     batch = {k: v[:8] for k, v in data.splits["train"].items()}
     model(batch).loss.backward()
@@ -197,8 +197,9 @@ def test_gradients_reach_the_parser_and_the_composer(data, experiment):
 
 def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
     """ρ = 1 when the behaviour policy is the current one: PPO's gradient is REINFORCE's on the same sample."""
-    common = ["estimator.baseline=none", "estimator.normalize_advantage=false", "estimator.entropy_weight=0.01"]
-    ppo = _model("ppo", *common, "estimator.refresh=1").train()
+    common = ["task.estimator.baseline=none", "task.estimator.normalize_advantage=false",
+              "task.estimator.entropy_weight=0.01"]
+    ppo = _model("ppo", *common, "task.estimator.refresh=1").train()
     reinforce = _model("reinforce", *common, "task.disjoint=true").train()
     missing, unexpected = reinforce.load_state_dict(ppo.state_dict(), strict=False)
     assert not missing and all(k.startswith(("behaviour.", "ppo_steps")) for k in unexpected)
@@ -218,7 +219,7 @@ def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
 def test_reinforce_takes_its_control_variate_from_the_estimator(data):
     """The merge parser's REINFORCE is estimator=sfe: the moving average of the losses lives in the estimator (its
     buffer is saved with the model), starts at the first batch's mean CE, and the advantage is CE − b."""
-    model = _model("reinforce", "estimator.decay=0.5").train()
+    model = _model("reinforce", "task.estimator.decay=0.5").train()
     assert "estimator.running_loss" in model.state_dict()
     batch = {k: v[:8] for k, v in data.splits["train"].items()}
     torch.manual_seed(3)
@@ -235,7 +236,7 @@ def test_reinforce_takes_its_control_variate_from_the_estimator(data):
 
 
 def test_ppo_behaviour_policy_lags_and_is_refreshed(data):
-    model = _model("ppo", "estimator.refresh=2").train()
+    model = _model("ppo", "task.estimator.refresh=2").train()
     groups = model.param_groups()
     assert set(groups) == {"default", "policy"}
     ids = [{id(p) for p in g} for g in groups.values()]
@@ -287,10 +288,10 @@ def test_dataset_and_task_configs_compose():
     assert cfg.task._target_ == "latentstruct.tasks.ListOps" and "method" not in cfg.task
     assert (cfg.task.word_dim, cfg.task.hidden) == (128, 128)
     # the task's own option is the Gumbel Tree-LSTM: the merge parser with st_gumbel at every merge
-    assert cfg.scorer._target_.endswith(".MergeParser") and cfg.estimator._target_.endswith(".StGumbel")
-    assert cfg.structure is None and cfg.composer is None
+    assert cfg.task.scorer._target_.endswith(".MergeParser") and cfg.task.estimator._target_.endswith(".StGumbel")
+    assert cfg.task.structure is None and cfg.task.composer is None
     with pytest.raises(ConfigError, match="baseline"):
-        validate(_compose("+experiment=listops_reinforce", "estimator.baseline=learned"))
+        validate(_compose("+experiment=listops_reinforce", "task.estimator.baseline=learned"))
     with pytest.raises(ConfigError, match="method"):
         validate(_compose("task=listops", "+task.method=lstm"))  # the parts choose the model, not a string
 
@@ -320,7 +321,7 @@ def test_experiments_carry_their_settings():
         if experiment.startswith("chart_"):
             estimator = experiment.removeprefix("chart_")
             assert chosen[:2] + chosen[3:] == ("SpanScorer", "BinaryTree", "ChartTreeLSTM")
-            assert chosen[2].lower() == estimator.replace("_", "") and cfg.composer.checkpoint
+            assert chosen[2].lower() == estimator.replace("_", "") and cfg.task.composer.checkpoint
         else:
             assert chosen == expected[experiment], experiment
         validate(cfg)

@@ -154,9 +154,9 @@ def test_parameter_counts_match_table4():
 def _sst_model(method: str = "spigot") -> LatentTreeSST:
     torch.manual_seed(0)
     dims = {"vocab_size": 30, "num_classes": 2, "embedding_dim": 0}
-    tree = [] if method == "baseline" else ["scorer.hidden=5"]
-    return build_model(_compose(f"+experiment=sst_{method}", "embedding.dim=8", "encoder.hidden=6", *tree,
-                                "decoder.hidden=7"), dims, {})
+    tree = [] if method == "baseline" else ["task.scorer.hidden=5"]
+    return build_model(_compose(f"+experiment=sst_{method}", "embedding.dim=8", "task.encoder.hidden=6", *tree,
+                                "task.decoder.hidden=7"), dims, {})
 
 
 @pytest.mark.parametrize("method", ["baseline", "marginals", "spigot"])
@@ -183,7 +183,7 @@ def test_sst_training_step_reaches_the_scorer_and_evaluation_uses_map():
 def test_nli_both_trees_get_a_gradient(method):
     torch.manual_seed(0)
     experiment = "snli_marginals" if method == "direct" else f"snli_{method}"
-    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "decoder.hidden=6", "scorer.hidden=5",
+    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "task.decoder.hidden=6", "task.scorer.hidden=5",
                    *(["estimator=direct"] if method == "direct" else []))
     model = build_model(cfg, {"vocab_size": 30, "num_classes": 3, "embedding_dim": 0}, {}).train()
     batch = {"premise": torch.randint(2, 30, (3, 6), dtype=torch.int32), "premise_lengths": torch.tensor([6, 2, 4]),
@@ -246,14 +246,14 @@ def test_experiments_carry_table4_settings(task):
             "torch.optim.AdamW", lr, batch, 40)
         assert cfg.trainer.select.value == "best"
         assert cfg.latent.value == ("none" if method == "baseline" else "predicted")
-        assert cfg.decoder._target_.endswith(decoders[method == "baseline"])
+        assert cfg.task.decoder._target_.endswith(decoders[method == "baseline"])
         if method == "baseline":  # no tree
-            assert cfg.scorer is None and cfg.structure is None and cfg.estimator is None
+            assert cfg.task.scorer is None and cfg.task.structure is None and cfg.task.estimator is None
             continue
-        assert cfg.structure._target_.endswith(structure) and cfg.structure.multiroot
-        assert cfg.structure.sparsemap_max_iter == 50 and cfg.scorer._target_.endswith("ArcScorer")
-        assert eta is None or cfg.estimator.eta == eta
-        assert cfg.estimator.eval_latent == eval_latent
+        assert cfg.task.structure._target_.endswith(structure) and cfg.task.structure.multiroot
+        assert cfg.task.structure.sparsemap_max_iter == 50 and cfg.task.scorer._target_.endswith("ArcScorer")
+        assert eta is None or cfg.task.estimator.eta == eta
+        assert cfg.task.estimator.eval_latent == eval_latent
     assert _compose(f"+experiment={task}_baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
 
 
@@ -274,7 +274,7 @@ def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     write_sst(tmp_path / "data" / "sst")
     record = train_run(tmp_path, *_local(tmp_path), f"+experiment=sst_{method}", "dataset.check_sizes=false",
                        "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8",
-                       "encoder.hidden=6")
+                       "task.encoder.hidden=6")
     assert record["status"] == "completed" and record["seconds_per_epoch"] > 0
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
 
@@ -285,7 +285,7 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
     record = train_run(tmp_path, *_local(tmp_path), f"+experiment=snli_{method}", "trainer.max_steps=2",
                        "trainer.eval_every=2", "trainer.batch_size=8", f"embedding.pretrained={glove.name}",
-                       "decoder.hidden=6", *([] if method == "baseline" else ["scorer.hidden=4"]))
+                       "task.decoder.hidden=6", *([] if method == "baseline" else ["task.scorer.hidden=4"]))
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
@@ -294,7 +294,7 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
     report.trees finds a sentence among them (an <unk> matching any word) and draws it, without the model."""
     write_sst(tmp_path / "data" / "sst")
     train_run(tmp_path, *_local(tmp_path), "+experiment=sst_spigot_ce", "dataset.check_sizes=false",
-              "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+              "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "task.encoder.hidden=6")
     sentences = load_trees(tmp_path / "run")
     model, data = final_model(tmp_path / "run")
     test = data.splits["test"]
@@ -322,7 +322,7 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
     train_run(tmp_path, *_local(tmp_path), "+experiment=sst_baseline", "dataset.check_sizes=false",
-              "trainer.max_steps=1", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+              "trainer.max_steps=1", "trainer.batch_size=8", "embedding.dim=8", "task.encoder.hidden=6")
     assert not (tmp_path / "run" / REPORT_FILE).exists()  # no latent tree: nothing to draw
     with pytest.raises(FileNotFoundError, match="latent-tree run"):
         load_trees(tmp_path / "run")
