@@ -137,7 +137,7 @@ from torch import nn
 
 from latentstruct.data.listops import spans_to_trees, tree_scores
 from latentstruct.estimators.base import Estimator
-from latentstruct.models.composition import ChartTreeLSTM, SequenceLSTM
+from latentstruct.models.composition import ChartTreeLSTM, SequenceLSTM, classifier_mlp
 from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
 from latentstruct.ranges import AtLeast, Part, Probability
 from latentstruct.structures import BinaryTree
@@ -157,11 +157,6 @@ class ListOpsOutput:
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-
-
-def _mlp(dim: int, hidden: int, num_classes: int, dropout: float) -> nn.Sequential:
-    return nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout),
-                         nn.Linear(hidden, num_classes))
 
 
 def _trim(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -268,9 +263,9 @@ class ListOps(Task):
         embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         if kind == "sequence":
             composer = composer(input_dim=word_dim, dim=hidden)
-            return cls(embedding, _mlp(hidden, mlp_hidden, num_classes, dropout), composer=composer, latent=latent,
-                       eval_max_cells=eval_max_cells)
-        classifier = _mlp(hidden, mlp_hidden, num_classes, dropout)
+            return cls(embedding, classifier_mlp(hidden, mlp_hidden, num_classes, dropout), composer=composer,
+                       latent=latent, eval_max_cells=eval_max_cells)
+        classifier = classifier_mlp(hidden, mlp_hidden, num_classes, dropout)
         parser_embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0) if disjoint else None
         parser = None
         if kind == "chart":

@@ -43,7 +43,7 @@ def test_every_estimator_tunes_its_own_setting_beside_the_learning_rate(spec):
         assert rows[name]["grid"] == ["optim.lr", *keys], name
         estimator = dict(matrix._pairs(rows[name]["overrides"]))["estimator"]
         for key in keys:  # a setting of that estimator, swept by a launch, with more than one value
-            assert key.removeprefix("estimator.") in compose(f"estimator={estimator}").estimator, (name, key)
+            assert key.removeprefix("task.estimator.") in compose(f"estimator={estimator}").task.estimator, (name, key)
             assert key in matrix.SWEPT
             values = (rows[name].get("grid_values") or {}).get(key, spec["grid"][key])
             assert len(values) > 1

@@ -297,7 +297,7 @@ def test_dataset_and_task_configs_compose():
 
 
 def _choice(cfg, group: str) -> str | None:
-    return None if cfg[group] is None else cfg[group]._target_.rsplit(".", 1)[1]
+    return None if cfg.task[group] is None else cfg.task[group]._target_.rsplit(".", 1)[1]
 
 
 def test_experiments_carry_their_settings():
@@ -317,6 +317,8 @@ def test_experiments_carry_their_settings():
         cfg = _compose(f"+experiment=listops_{experiment}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size) == ("torch.optim.Adam", 1e-3, 128)
         assert cfg.trainer.select.value == "best" and cfg.task._target_ == "latentstruct.tasks.ListOps"
+        model = "chart_parser" if experiment.startswith("chart_") else "merge_parser"
+        assert cfg.task.model == ("lstm" if experiment == "lstm" else model), experiment  # not read from null parts
         chosen = tuple(_choice(cfg, g) for g in parts)
         if experiment.startswith("chart_"):
             estimator = experiment.removeprefix("chart_")
@@ -326,9 +328,10 @@ def test_experiments_carry_their_settings():
             assert chosen == expected[experiment], experiment
         validate(cfg)
     ppo = _compose("+experiment=listops_ppo")
-    assert ppo.task.disjoint and (ppo.estimator.baseline, ppo.estimator.normalize_advantage) == ("self_critical", True)
-    assert (ppo.estimator.clip, ppo.estimator.refresh, ppo.estimator.entropy_weight) == (0.2, 15, 1e-4)
-    baselines = {e: _compose(f"+experiment=listops_{e}").estimator.baseline
+    est = ppo.task.estimator
+    assert ppo.task.disjoint and (est.baseline, est.normalize_advantage) == ("self_critical", True)
+    assert (est.clip, est.refresh, est.entropy_weight) == (0.2, 15, 1e-4)
+    baselines = {e: _compose(f"+experiment=listops_{e}").task.estimator.baseline
                  for e in ("reinforce", "reinforce_self_critical", "reinforce_none")}
     assert baselines == {"reinforce": "moving_average", "reinforce_self_critical": "self_critical",
                          "reinforce_none": "none"}
@@ -352,8 +355,12 @@ def test_sweeps_cover_every_experiment_and_three_seeds():
 
 
 def test_invalid_combinations_are_refused(data):
-    with pytest.raises(ValueError, match="binary_tree"):
+    with pytest.raises(ValueError, match="takes as structure BinaryTree, not latentstruct.structures.Categorical"):
         _model("chart_spigot", "structure=categorical")
+    with pytest.raises(ValueError, match="task.model=chart_parser takes composer=chart_tree_lstm, got None"):
+        _model("gumbel_tree", "task.model=chart_parser")  # the model is chosen by task.model, its parts must fit it
+    with pytest.raises(ValueError, match="task.model=merge_parser takes no composer"):
+        _model("chart_spigot", "task.model=merge_parser")
     with pytest.raises(ValueError, match="latent=none"):
         _model("gumbel_tree", "latent=none")
     with pytest.raises(ValueError, match="latent=none"):
@@ -375,11 +382,11 @@ def test_invalid_combinations_are_refused(data):
 @pytest.mark.parametrize("group, option", [("encoder", "identity"), ("decoder", "linear")])
 def test_a_part_group_listops_does_not_read_is_refused(group, option):
     """The ListOps models are built from scorer, structure, estimator and composer; an encoder or decoder override
-    is an error, not a silent no-op: at composition (the task's option has no such group), or, added with +, when
-    the task is built."""
+    is an error, not a silent no-op: at composition (the task's option has no such group; added with +, its schema
+    has no such part)."""
     with pytest.raises(ConfigCompositionException, match=group):
         _model("gumbel_tree", f"{group}={option}")
-    with pytest.raises(ValueError, match=f"does not read {group}"):
+    with pytest.raises(ConfigCompositionException, match=f"Key '{group}' not in 'ListOpsConf'"):
         _model("gumbel_tree", f"+{group}={option}")
 
 

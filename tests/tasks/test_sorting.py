@@ -174,10 +174,10 @@ def test_protocol_hyper_parameters():
     assert learned.sigma_net._target_ == "latentstruct.models.sorting.LinearSigmaNet"
     assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.models.sorting.RankScorer", 32)
     assert (learned.trainer.select.value, learned.trainer.max_epochs, learned.dataset.num_items) == ("best", 2000, 10)
-    assert _compose("+experiment=sorting_direct_sigma0").estimator.sigma == 0.0
-    assert _compose("+experiment=sorting_direct_sigma1").estimator.sigma == 1.0
+    assert _compose("+experiment=sorting_direct_sigma0").task.estimator.sigma == 0.0
+    assert _compose("+experiment=sorting_direct_sigma1").task.estimator.sigma == 1.0
     for experiment in ("direct_sigma0", "direct_sigma1", "gumbel_sinkhorn"):
-        assert _compose(f"+experiment=sorting_{experiment}").sigma_net is None  # σ is learned by one only
+        assert _compose(f"+experiment=sorting_{experiment}").task.sigma_net is None  # σ is learned by one only
     gs = _compose("+experiment=sorting_gumbel_sinkhorn")
     assert (gs.task.baseline, gs.task.tau, gs.task.sinkhorn_iters, gs.task.samples) == ("gumbel_sinkhorn", 1.0, 10, 5)
     assert gs.estimator is None  # trained by its reconstruction loss, evaluated by the Hungarian MAP

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from latentstruct.config import ConfigError, check_command_line
 from latentstruct.data.text import snli_dataset, sst_dataset
 from latentstruct.records import REPORT_FILE
 from latentstruct.report.drawing import depth, heads_from_arcs
@@ -196,10 +197,11 @@ def test_nli_both_trees_get_a_gradient(method):
 
 
 @pytest.mark.parametrize("overrides, error", [
-    # every part group of SST is read: a part of the wrong kind is refused, not ignored
+    # every part of SST is read: a part of the wrong kind is refused at validation (its Part in build), not ignored
     (["+experiment=sst_spigot", "decoder=linear", "scorer=linear"],
-     "takes as decoder SSTDecoder, not latentstruct.models.decoders.Linear"),
-    (["+experiment=sst_spigot", "scorer=linear"], "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+     "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+    (["+experiment=sst_spigot", "decoder=linear"],
+     "takes as decoder SSTDecoder or BaselineSST, not latentstruct.models.decoders.Linear"),
     (["+experiment=sst_spigot", "encoder=identity"], "takes as encoder BiLSTMEncoder, not"),
     (["task=sst", "structure=categorical"], "takes as structure ProjectiveDepTree or NonProjective"),  # (the
     # experiments' tree settings already refuse it at composition)
@@ -210,9 +212,6 @@ def test_nli_both_trees_get_a_gradient(method):
     (["+experiment=sst_baseline", "estimator=spigot"], "has no tree, but estimator=latentstruct.estimators"),
     (["+experiment=sst_spigot", "~scorer"], "latent=predicted goes through a tree and needs a scorer"),
     (["+experiment=sst_spigot", "latent=gold"], "SST has no gold latent trees"),
-    # SNLI reads no encoder
-    (["+experiment=snli_spigot", "+encoder=bilstm"],
-     "LatentTreeNLI is built from scorer, structure, estimator, decoder; it does not read encoder"),
     (["+experiment=snli_spigot", "decoder=sst"], "takes as decoder DecomposableAttention, not"),
     (["+experiment=snli_spigot", "scorer=linear"], "takes as scorer ArcScorer, not"),
     (["+experiment=snli_baseline", "scorer=arc"], "has no tree, but scorer="),
@@ -223,6 +222,13 @@ def test_a_part_that_does_not_fit_is_refused(overrides, error):
     dims = {"vocab_size": 30, "num_classes": 3 if "snli" in overrides[0] else 2, "embedding_dim": 0}
     with pytest.raises(ValueError, match=error):
         build_model(_compose(*overrides, "embedding.dim=8"), dims, {})
+
+
+def test_a_part_the_task_does_not_take_is_refused():
+    """SNLI reads no encoder: ``+encoder=bilstm`` is not a field of its task's schema."""
+    with pytest.raises(ConfigError, match=r"^task LatentTreeNLI takes no encoder \(its parts: scorer, structure, "
+                                          r"estimator, decoder\)"):
+        check_command_line(["+experiment=snli_spigot", "+encoder=bilstm"])
 
 
 # --- configs -------------------------------------------------------------------------------------------------------
@@ -254,7 +260,7 @@ def test_experiments_carry_table4_settings(task):
         assert cfg.task.structure.sparsemap_max_iter == 50 and cfg.task.scorer._target_.endswith("ArcScorer")
         assert eta is None or cfg.task.estimator.eta == eta
         assert cfg.task.estimator.eval_latent == eval_latent
-    assert _compose(f"+experiment={task}_baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
+    assert _compose(f"+experiment={task}_baseline").task.decoder.dropout == (0.0 if task == "sst" else 0.2)
 
 
 def test_sweeps_compose_the_table_and_the_grids():
