@@ -61,7 +61,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     assert _compose("+experiment=citation_cd").task.unlabelled_loss == "none"  # chosen on validation (issue #33)
     assert _compose("+experiment=citation_rspen").task.unlabelled_loss == "best"
     preset = _compose("+experiment=citation_cd", "+preset=citation_cpu")
-    assert (preset.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
+    assert (preset.task.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
                                                                                                             [4, 3])
 
 
