@@ -66,7 +66,7 @@ def test_an_interpolated_value_is_checked_resolved_and_a_list_item_by_item():
     cfg = _compose("+experiment=knn_direct_sigma1", "task.k=1", "tuned.samples.k1=0")
     with pytest.raises(config.ConfigError, match=r"^task.estimator.samples = 0 is out of range: must be >= 1$"):
         config.validate(cfg)
-    with pytest.raises(config.ConfigError, match=r"^energy.feature_hidden.1 = 0 is out of range"):
+    with pytest.raises(config.ConfigError, match=r"^task.energy.feature_hidden.1 = 0 is out of range"):
         config.validate(_compose("+experiment=mlc_cd", "task.energy.feature_hidden=[150,0]"))
 
 

@@ -62,12 +62,12 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
         tiny += ["dataset.check_sizes=false", "dataset.n_test=3", "dataset.n_valid=2", "dataset.pool=2",
                  "dataset.labelled=2"] if option == "cora" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
-        add = "+" if group in ("energy", "infnet", "cost_net") else ""  # not in the default task's defaults list
+        tiny += ["task=mlc_energy"] if group in ("energy", "infnet", "cost_net") else []  # the tasks that take them
         tiny += ["task=listops"] if group == "composer" else []  # the task whose option has a composer group
-        cfg = _compose(f"{add}{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
+        cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "energy", "infnet", "cost_net", "composer", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
-        node = cfg[group]
+        node = cfg[group] if group == "dataset" else cfg.task[group]  # a model part: a node under the task
         # Sizes a task fills in (e.g. num_tags) are required, not defaulted.
         missing = [k.rsplit(".", 1)[-1] for k in OmegaConf.missing_keys(node)]
         with pytest.raises(Exception, match="Missing mandatory value") if missing else contextlib.nullcontext():
