@@ -19,8 +19,8 @@ estimator. With a σ-network (``sigma_net``) each query image gets its own noise
 its own optimizer (``optim_groups.sigma``).
 
 **NeuralSort baselines** (Grover et al. 2019): the estimators ``estimator=neuralsort`` / ``neuralsort_stochastic``
-(``latentstruct/estimators/relaxed.py``), the same loss of the relaxed top-k at temperature ``estimator.tau``
-(stochastic: of relaxed Plackett-Luce samples, averaged over ``estimator.samples`` draws).
+(``latentstruct/estimators/relaxed.py``), the same loss of the relaxed top-k at temperature ``task.estimator.tau``
+(stochastic: of relaxed Plackett-Luce samples, averaged over ``task.estimator.samples`` draws).
 
 **Evaluation** (every method): the classic kNN classifier in the learned embedding space. The whole training split
 (what ``train.py`` hands over with :meth:`use_training_data`) is embedded and every image of the evaluated split gets

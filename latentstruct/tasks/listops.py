@@ -31,31 +31,31 @@ Models
   dependency trees.
   *Composition*: :class:`~latentstruct.models.composition.ChartTreeLSTM` reads any z — a tree, marginals, a
   SparseMAP mixture — on the word embeddings. Its cost is the chart's: O(B n³ dim) time and, with autograd,
-  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``composer.checkpoint=true`` recomputes each width in
-  the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach n = 130).
-  Evaluation is bucketed by length (below) because the test file reaches n = 939.
-  *Evaluation*: the decoder is fed what ``estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
+  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``task.composer.checkpoint=true`` recomputes each
+  width in the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach
+  n = 130). Evaluation is bucketed by length (below) because the test file reaches n = 939.
+  *Evaluation*: the decoder is fed what ``task.estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
   the relaxation for marginals / SparseMAP and MAP for the others); tree metrics always use the MAP tree.
 
 * the merge parser (``task.model=merge_parser scorer=merge_parser``, no structure, no composer: the parser composes
   as it merges; :class:`~latentstruct.models.tree_parsers.MergeParser`), its merges chosen through ``estimator``:
 
   - a pathwise §5 estimator at every merge (``mode="estimate"``): ``estimator=st_gumbel`` is the Gumbel Tree-LSTM
-    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``estimator.tau``); the parser's root state → MLP.
+    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``task.estimator.tau``); the parser's root state → MLP.
     Greedy (argmax) merges at evaluation.
   - ``estimator=sfe``: REINFORCE (Williams, 1992; RL-SPINN, Yogatama et al., 2017) — sampled merges, reward
     −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + the estimator's
-    ``policy_loss`` (control variate ``estimator.baseline``: ``none``,
-    ``moving_average`` of past batch-mean losses, decay ``estimator.decay``, or ``self_critical``, the loss of the
-    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``estimator.entropy_weight``). Experiments
+    ``policy_loss`` (control variate ``task.estimator.baseline``: ``none``,
+    ``moving_average`` of past batch-mean losses, decay ``task.estimator.decay``, or ``self_critical``, the loss of the
+    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``task.estimator.entropy_weight``). Experiments
     ``reinforce``, ``reinforce_none``, ``reinforce_self_critical``. Our parser is Choi et al.'s easy-first merger,
     not SPINN's shift-reduce transitions: the same family of trees (all binary bracketings) under a different policy
     factorisation.
   - ``estimator=ppo``: Havrylov et al. (2019), experiment ``ppo`` — the same sampled parser, trained with the
     clipped PPO surrogate (its ``behaviour_refresh``: a frozen behaviour copy of the parser samples; clip ε =
-    ``estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
-    (``estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and ``task.disjoint=true``
-    (below).
+    ``task.estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
+    (``task.estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and
+    ``task.disjoint=true`` (below).
 
   The sequential policy does not take the §5 interface as a whole (its scores at step t depend on the merges before
   it), so the estimators meet it in two ways: a pathwise estimator makes each merge (a categorical choice), and the
@@ -76,7 +76,7 @@ Havrylov et al. take, for every batch, one optimizer step of the composition fun
 K = 15 PPO steps of the parser on the same sampled parses, re-scored after each step. ``train.py`` gives a task one
 ``forward(...).loss`` and one optimizer step per batch, so we keep PPO's proximal structure but change where the K
 updates come from: the parses are sampled from a **behaviour policy**, a frozen copy of the parser (with its
-embeddings) refreshed every ``estimator.refresh`` training steps (15 by default), and each step takes one clipped
+embeddings) refreshed every ``task.estimator.refresh`` training steps (15 by default), and each step takes one clipped
 step on a fresh batch:
 
       ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),   a_b ~ π_old,
@@ -87,7 +87,7 @@ parse. The importance ratio corrects for sampling from π_old, and the clip boun
 refreshes can move the policy, which is PPO's purpose; what differs is that each of those steps sees new data
 (no reuse of one batch K times), and that the composer and the parser take their steps together, from one
 optimizer (``optim``, or ``optim_groups.policy`` for the parser's ``policy`` parameter group). With
-``estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
+``task.estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
 deviations from Havrylov et al.: Adam (they used Adadelta with learning rates 1 / 0.1 for the composer / parser,
 L2 1e-4 and gradient clipping at 0.5, none of which the training loop has); the parser's leaves are the cell's
 leaf transform, not an LSTM over the sequence; the entropy bonus is the sum of the per-merge entropies (they used a

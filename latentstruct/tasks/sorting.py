@@ -8,7 +8,7 @@ own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i o
 score of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network
 (``sigma_net=linear``, :class:`~latentstruct.models.sorting.LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole
 sequence is mapped to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002,
-Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``estimator.sigma``). The latent
+Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``task.estimator.sigma``). The latent
 structure is :class:`Matching` (MAP = Hungarian).
 
 **Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:

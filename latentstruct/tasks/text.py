@@ -1,14 +1,15 @@
 """Text classification through latent dependency trees (seed 001 §7.2): SST sentiment and SNLI inference.
 
 **SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → the ``encoder``,
-one :class:`~latentstruct.models.text.BiLSTMEncoder` (``encoder.hidden`` in total, over time) → h. With
+one :class:`~latentstruct.models.text.BiLSTMEncoder` (``task.encoder.hidden`` in total, over time) → h. With
 ``latent=predicted`` the same h feeds the ``scorer``, :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose
 scores go through the ``estimator`` and the ``structure`` (a projective dependency tree) to z; the ``decoder``
 reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j (:func:`~latentstruct.models.text.head_vectors`; the root
 symbol's vector is the scorer's learned ``root``) through an affine layer, a ReLU and attention pooling
 (:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the baseline: no scorer, structure or estimator,
 and the decoder Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
-``estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code did.
+``task.estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code
+did.
 
 **SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; no encoder. With
 ``latent=predicted`` one ``scorer`` (:class:`~latentstruct.models.text.ArcScorer`) on the word vectors scores each
