@@ -9,7 +9,7 @@ the evaluations, docs/reference.md "Run records"). The configurations:
 * SST (seed 001 Table 3; real data from ``$LATENTSTRUCT_DATA``, else ``data``, as ``paths.data_dir``;
   batch 32 as the experiments set it): ``sst_baseline`` (the BiLSTM step every SST row is compared with),
   ``sst_marginals``, and ``sst_sparsemap``, ``sst_spigot``, ``sst_spigot_ce`` each with the experiments' truncated
-  SparseMAP (``structure.sparsemap_max_iter=50``) and exact (``structure.sparsemap_max_iter=null``);
+  SparseMAP (``task.structure.sparsemap_max_iter=50``) and exact (``task.structure.sparsemap_max_iter=null``);
 * ListOps (issue #7) with ``+preset=listops_cpu`` (batch 64, sizes 64, training expressions of <= 20 leaves; at the
   full sizes, batch 128 up to 130 leaves, two chart × SPIGOT-CE steps did not finish in 400 s on 2 CPU cores):
   ``listops_lstm`` (the baseline), ``listops_chart_marginals`` and ``listops_chart_spigot_ce`` (BinaryTree's SparseMAP
@@ -106,7 +106,7 @@ def configurations() -> list[Config]:
                     "SST",
                     method,
                     cap,
-                    (f"+experiment=sst_{name}", f"structure.sparsemap_max_iter={value}"),
+                    (f"+experiment=sst_{name}", f"task.structure.sparsemap_max_iter={value}"),
                     cap == "exact",
                 )
             )
@@ -434,11 +434,11 @@ def protocol_notes(args) -> list[str]:
         "SST: real data from $LATENTSTRUCT_DATA, the experiments' batch 32 and lr, random trainable 300-d embeddings "
         "(the experiments' default: no GloVe file); `dataset.eval_subset="
         f"{args.eval_subset}` for the one evaluation at the end. SparseMAP cap 50 = the experiments' "
-        "`structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
+        "`task.structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
         "ListOps: `+preset=listops_cpu` (batch 64, word / hidden sizes 64, training expressions of ≤ 20 leaves), "
         "`dataset.n_train=10000` (the same generator and length filter, less generation time), "
-        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `composer.checkpoint=true` as the experiments "
-        "set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
+        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `task.composer.checkpoint=true` as the "
+        "experiments set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
         "Outside the timed steps: data loading, the evaluation, the checkpoint written after it (no option skips "
         "it), process start. Runs go to a temporary directory that is removed afterwards.",
         "A cell reads `timeout` or `failed` when no repeat of that configuration completed in that tree; "

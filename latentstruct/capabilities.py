@@ -82,11 +82,14 @@ def _target(node: Any) -> str | None:
 def check(cfg: Any) -> None:
     """Refuse, in one line (:class:`latentstruct.config.ConfigError`), an estimator that calls what the structure
     lacks, and a structure the data's scores cannot fill (the data declares ``structures``, or a ``structure`` key
-    that names the one it plants). Configurations without a structure node (a task that builds its own, a sequential
+    that names the one it plants); the structure and the estimator are the task's parts (``task.structure``,
+    ``task.estimator``). Configurations without a structure node (a task that builds its own, a sequential
     policy) are not checked."""
     from latentstruct.config import ConfigError, locate
 
-    s_target = _target(cfg.get("structure"))
+    task = cfg.get("task")
+    parts = task if hasattr(task, "get") else {}  # the model parts are nodes under the task
+    s_target = _target(parts.get("structure"))
     if s_target is None:
         return
     structure = get_class(s_target)
@@ -103,7 +106,7 @@ def check(cfg: Any) -> None:
                                   f"set both to the same structure (+experiment=planted_{s_name})")
             raise ConfigError(f"structure={s_name} does not fit dataset={d_name}, whose scores fill "
                               f"{' or '.join(serves)} only; a task on planted {s_name}s: +experiment=planted_{s_name}")
-    e_target = _target(cfg.get("estimator"))
+    e_target = _target(parts.get("estimator"))
     if e_target is None:
         return
     estimator = get_class(e_target)

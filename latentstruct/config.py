@@ -9,14 +9,18 @@
 The schema ``latentstruct.models.text.BiLSTMEncoder`` is a dataclass derived from that class's ``__init__``
 (:func:`schema`): one field per parameter, with the parameter's type and default, and its help text from the
 ``Args:`` section of the class's docstring. So a setting is declared once, in the signature, and an unknown key or a
-wrong type fails at composition, naming the key. A task's schema comes from its :meth:`~latentstruct.tasks.Task.build`
-(the model parts it is built from are config groups of their own, not fields). Parameters whose values come from the
+wrong type fails at composition, naming the key. A task's schema comes from its :meth:`~latentstruct.tasks.Task.build`:
+its settings, and its model parts (the parameters annotated ``Part``, :mod:`latentstruct.ranges`), each a field that
+holds a node of its own with a ``_target_`` (``task.estimator``, filled by the ``estimator`` group's options, whose
+package is ``task.estimator``), null where the task's option chooses none. Parameters whose values come from the
 data (sizes) are listed in the class attribute ``FROM_DATA`` and are not settings. Every schema that a file under
 ``configs/`` names is registered when this module is imported.
 
 :func:`validate`, the first thing ``train()`` does once it holds the run directory, refuses what composition lets
-through: a ``+key`` that no schema declares and a value outside a ``Literal``'s choices, naming the key and the
-closest valid names, and a number outside its setting's range — declared with the setting too,
+through: a ``+key`` that no schema declares (a part the task does not take among them: ``+decoder=linear`` on a task
+without a decoder), a part option that builds a class the task's ``Part`` does not take, a part node with settings
+but no option, a value outside a ``Literal``'s choices, naming the key and the closest valid names, and a number
+outside its setting's range — declared with the setting too,
 ``lr: Annotated[float, Positive]`` (:mod:`latentstruct.ranges`), and kept by the schema in the field's metadata.
 :func:`check_command_line` runs it on the command line of ``python -m latentstruct.train`` before Hydra does anything
 (an unknown key, ``+`` or not; an unknown experiment, listing them all).
@@ -50,7 +54,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
-from latentstruct.ranges import AtLeast, Constraint, NonNegative, Positive, constraint_of
+from latentstruct.ranges import AtLeast, Constraint, NonNegative, Part, Positive, constraint_of, part_of
 
 __all__ = ["register_configs", "run_name", "option_name", "schema", "settings", "help_texts", "validate", "ConfigError",
            "option_schemas", "experiments", "check_command_line", "CONFIG_DIR"]
@@ -85,19 +89,35 @@ def locate(target: str) -> Any:
         raise ConfigError(f"cannot import {target!r}: {err}") from err
 
 
+def _is_task(obj: Any) -> bool:
+    """Whether ``obj`` is a task class (:class:`~latentstruct.tasks.Task`: its node's schema is its ``build``)."""
+    from latentstruct.tasks.base import Task  # the tasks import torch: only when a task is met
+
+    return isinstance(obj, type) and issubclass(obj, Task)
+
+
 def _function(obj: Any) -> Any:
     """What a config node's values are passed to: a task's ``build``, a class's ``__init__``, or the function."""
     if isinstance(obj, type):
-        return obj.build if hasattr(obj, "PARTS") else obj.__init__
+        return obj.build if _is_task(obj) else obj.__init__
     return obj
 
 
 def _skipped(obj: Any) -> set[str]:
-    """Parameters that are not settings: sizes from the data (``FROM_DATA``), a task's data and parts."""
+    """Parameters that are not settings: sizes from the data (``FROM_DATA``), a task's data and the top-level
+    settings it shares (``latent``, ``embedding``)."""
     skip = set(getattr(obj, "FROM_DATA", ()))
-    if isinstance(obj, type) and hasattr(obj, "PARTS"):
-        skip |= {"dims", "extras", "latent", "embedding", *obj.PARTS}
+    if _is_task(obj):
+        skip |= {"dims", "extras", "latent", "embedding"}
     return skip
+
+
+def parts(obj: Any) -> dict[str, Part]:
+    """The model parts of what ``obj``'s node builds: ``{parameter: its Part}`` (a task's; none for the others)."""
+    if not _is_task(obj):
+        return {}
+    annotated = _hints(obj, extras=True)
+    return {name: found for name in settings(obj) if (found := part_of(annotated.get(name))) is not None}
 
 
 def settings(obj: Any) -> dict[str, inspect.Parameter]:
@@ -195,7 +215,13 @@ def schema(target: str) -> type:
     fields: list[tuple] = [("_target_", str, field(default=target))]
     if getattr(obj, "FROM_DATA", ()):
         fields.append(("_partial_", bool, field(default=True)))
+    roles = parts(obj)
     for name, p in settings(obj).items():
+        if name in roles:  # a model part: a node of its own (an option of the group of its name), or null
+            kinds = f" ({roles[name]})" if roles[name].kinds else ""
+            text = texts.get(name) or f"a model part{kinds}, chosen by {name}=<option>; null: none"
+            fields.append((name, Any, field(default=None, metadata={"help": text, "part": True})))
+            continue
         kind = _field_type(hints.get(name, Any))
         default = MISSING if p.default is inspect.Parameter.empty else p.default
         allowed = constraint_of(annotated.get(name))  # Annotated[float, Positive]: the range goes to the metadata
@@ -288,6 +314,9 @@ def validate(cfg: DictConfig, where: str = "") -> None:
                 raise ConfigError(f"{where}{name}={cfg[name]!r} is not one of {', '.join(map(repr, choices))} "
                                   f"({target})")
         ranges = _ranges(dataclasses.fields(schema(target)))
+        for name, role in parts(obj).items():
+            if name in cfg:
+                _check_part(cfg, name, role, f"{where}{name}", obj)
     else:
         typed = OmegaConf.get_type(cfg)
         if dataclasses.is_dataclass(typed):
@@ -300,6 +329,9 @@ def validate(cfg: DictConfig, where: str = "") -> None:
         if known is not None and key not in known:
             options = sorted(k for k in known if not k.startswith("_"))
             owner = where[:-1] or "the config"
+            if not where and isinstance(cfg.get("task"), DictConfig) and key in cfg.task:  # the former layout
+                raise ConfigError(f"unknown key '{key}': the model parts are nodes under the task, task.{key} "
+                                  f"(task.{key}.<setting>=...; {key}=<option> still chooses it)")
             raise ConfigError(f"unknown key '{where}{key}'{_close(str(key), options, where)} (the keys of {owner}: "
                               f"{', '.join(options)})")
         node = cfg._get_node(key)
@@ -310,6 +342,21 @@ def validate(cfg: DictConfig, where: str = "") -> None:
         elif isinstance(node, ListConfig):
             for i in range(len(node)):
                 validate(node._get_node(i), f"{where}{key}.{i}.")
+
+
+def _check_part(cfg: DictConfig, name: str, role: Part, key: str, task: type) -> None:
+    """Refuse a task's part node ``cfg[name]`` that holds settings but no option (``_target_``: its group set to
+    null under an experiment's settings), or whose option builds a class the task's :class:`Part` does not take."""
+    node = cfg._get_node(name)
+    if node is None or node._is_none() or node._is_missing() or node._is_interpolation():
+        return
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        held = ", ".join(map(str, node)) if isinstance(node, DictConfig) else repr(node._value())
+        raise ConfigError(f"{key} holds settings ({held}) but no option: choose one ({name}=<option>)")
+    target = node._get_node("_target_")._value()
+    if isinstance(target, str) and not target.startswith("${") and not role.fits(locate(target)):
+        raise ConfigError(f"{key}: task {task.__name__} takes as {name} {role}, not {target}: choose another "
+                          f"{name} option")
 
 
 # ------------------------------------------------------------------------------------------- run settings
@@ -413,23 +460,12 @@ class PathsConf:
 @dataclass
 class TrainConf:
     dataset: Any = MISSING
-    # the model parts (latentstruct.tasks.base.PART_GROUPS): the task's option selects those it is built from
-    encoder: Any = None
-    scorer: Any = None
-    structure: Any = None
-    estimator: Any = None
-    decoder: Any = None
-    sigma_net: Any = None
-    energy: Any = None
-    infnet: Any = None
-    cost_net: Any = None
-    composer: Any = None
     optim: Any = MISSING
     trainer: TrainerConf = field(default_factory=TrainerConf)
     logger: Any = MISSING
     paths: PathsConf = field(default_factory=PathsConf)
     embedding: EmbeddingConf = field(default_factory=EmbeddingConf)
-    task: Any = MISSING
+    task: Any = MISSING  # one nested node: the task's settings and its model parts (task.encoder, task.estimator...)
     optim_groups: dict[str, OptimConf] = _help(
         "optimizers for the task's named parameter groups (e.g. sigma), overriding `optim` for those parameters", {}
     )
@@ -439,7 +475,7 @@ class TrainConf:
 
 def run_name(overrides: str) -> str:
     """A run directory's name from its overrides as Hydra joins them (``hydra.job.override_dirname``: sorted,
-    without the settings that cannot change a result): ``+experiment=sst_spigot,estimator.eta=0.1``; ``default``
+    without the settings that cannot change a result): ``+experiment=sst_spigot,task.estimator.eta=0.1``; ``default``
     for none. A ``/`` in a value becomes ``%``; a name over 200 characters keeps its first 180 and a hash of all."""
     name = overrides.replace("/", "%") or "default"
     if len(name) > 200:
@@ -559,9 +595,32 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR) -> list[s
                     OmegaConf.update(cfg, key, parse(items[0]).value(), merge=False, force_add=True)
     except ConfigError:
         raise
-    except Exception:  # noqa: BLE001  (a job that does not compose: Hydra composes it again and reports it)
+    except Exception as err:  # noqa: BLE001  (a job that does not compose: Hydra composes it again and reports it)
+        unread = _unread_part(err)
+        if unread:
+            raise ConfigError(unread) from None
         return args
     return args
+
+
+def _unread_part(err: BaseException) -> str | None:
+    """What to say of a composition that failed on a part the task does not take (``+decoder=linear`` on a task
+    without a decoder: its option's package, ``task.decoder``, is not a field of the task's schema); None for any other
+    failure."""
+    from omegaconf.errors import ConfigKeyError
+
+    seen: BaseException | None = err
+    while seen is not None:
+        key, owner = getattr(seen, "full_key", None), getattr(seen, "object_type", None)
+        if isinstance(seen, ConfigKeyError) and isinstance(key, str) and key.count(".") == 1 and (
+                key.startswith("task.") and dataclasses.is_dataclass(owner)) and (
+                taken := [f.name for f in dataclasses.fields(owner) if f.metadata.get("part")]):
+            name = key.split(".")[1]
+            task = owner.__name__.removesuffix("Conf")
+            return (f"task {task} takes no {name} (its parts: {', '.join(taken) or 'none'}): remove the {name} "
+                    f"override")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 #: the most compositions that :func:`check_command_line` makes of a sweep's group values (0.2 s each)
@@ -585,7 +644,7 @@ def _cell(value: Any) -> str:
 
 
 def _rows(fields, values: dict, prefix: str = "") -> list[str]:
-    """A table row per setting: its full key (``prefix`` + name, e.g. ``estimator.eta``), value and help."""
+    """A table row per setting: its full key (``prefix`` + name, e.g. ``task.estimator.eta``), value and help."""
     rows = []
     for f in fields:
         if f.name.startswith("_") or f.name in ("defaults",):
@@ -640,7 +699,7 @@ def help_page(args: list[str], config_dir: Path = CONFIG_DIR) -> str:
     overrides = [a for a in args if a not in ("--help", "-h") and not a.startswith("-")]
     groups = sorted(p.name for p in config_dir.iterdir() if p.is_dir())
     lines = ["usage: python -m latentstruct.train [group=option ...] [key=value ...] [-m for a sweep]", "",
-             "Every setting below can be given as its full key (estimator.eta=0.1); docs/configs.md lists every "
+             "Every setting below can be given as its full key (task.estimator.eta=0.1); docs/configs.md lists every "
              "option of every group, and what each experiment sets. --hydra-help: Hydra's own flags.", "",
              "== Groups (group=option) ==", ""]
     lines += [f"{g}: {', '.join(sorted(p.stem for p in (config_dir / g).glob('*.yaml')))}" for g in groups]
@@ -728,10 +787,16 @@ def reference(config_dir: Path = CONFIG_DIR) -> str:
             if not names:
                 continue
             values = raw.get("task", {}) if group == "task" else raw
-            comment = " ".join(line[1:].strip() for line in path.read_text().splitlines()
+            if group == "task":  # its parts: the options its defaults choose (null: none)
+                values = {**values, **{k.lstrip("/"): v for entry in raw.get("defaults") or []
+                                       if isinstance(entry, dict) for k, v in entry.items()}}
+            text = path.read_text()
+            comment = " ".join(line[1:].strip() for line in text.splitlines()
                                if line.startswith("#") and "@package" not in line)
+            package = re.match(r"# @package (\S+)", text)  # a part's options: task.<group>
+            prefix = f"{package.group(1)}." if package and package.group(1) != "_global_" else f"{group}."
             out += [f"### `{group}={path.stem}` → `{names[0]}`", ""] + ([comment, ""] if comment else [])
-            rows = _rows(dataclasses.fields(schema(names[0])), values, f"{group.replace('/', '.')}.")
+            rows = _rows(dataclasses.fields(schema(names[0])), values, prefix.replace("/", "."))
             out += (["| setting | value | help |", "| --- | --- | --- |", *rows] if rows else ["(no settings)"]) + [""]
     return "\n".join(out).rstrip() + "\n"
 

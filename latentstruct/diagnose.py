@@ -101,7 +101,7 @@ def build_estimator(option: str, *overrides: str) -> torch.nn.Module:
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"estimator={option}", *overrides])
-    return instantiate(cfg.estimator)
+    return instantiate(cfg.task.estimator)
 
 
 def make_loss(name: str, part_shape: tuple[int, ...], generator: torch.Generator) -> Callable[[torch.Tensor],

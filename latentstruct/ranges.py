@@ -9,6 +9,13 @@ before any data is read; ``docs/configs.md`` shows it. None (an optional setting
 is checked item by item. The dataclass settings of ``latentstruct.config`` (``trainer``, ``optim``...) put a range in
 their field's metadata directly.
 
+A task's model parts are declared the same way, as parameters of its ``build`` annotated with :class:`Part`::
+
+    def build(cls, dims, extras, encoder: Annotated[Any, Part(BiLSTMEncoder)], ...): ...
+
+Such a parameter is a node under the task (``task.encoder``), chosen by the config group of its name
+(``encoder=bilstm``, ``configs/encoder/``), whose ``_target_`` must build one of the classes the ``Part`` names.
+
 This module imports nothing of latentstruct, so that any module may declare its ranges with it.
 """
 
@@ -16,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Constraint", "Range", "NonZero", "Above", "AtLeast", "Between", "Positive", "NonNegative", "Probability",
-           "constraint_of"]
+__all__ = ["Part", "part_of", "Constraint", "Range", "NonZero", "Above", "AtLeast", "Between", "Positive",
+           "NonNegative", "Probability", "constraint_of"]
 
 
 class Constraint:
@@ -102,4 +109,30 @@ def constraint_of(annotation: object) -> Constraint | None:
         found = constraint_of(arg)
         if found is not None:
             return found
+    return None
+
+
+class Part:
+    """The annotation of a task's model part (module docstring): a node under the task built by an option of the
+    config group of the parameter's name; ``kinds``, the classes its option may build (none: any)."""
+
+    def __init__(self, *kinds: type):
+        self.kinds = kinds
+
+    def fits(self, cls: object) -> bool:
+        """Whether an option that builds ``cls`` (a class, or a function) may fill this part."""
+        return not self.kinds or (isinstance(cls, type) and issubclass(cls, self.kinds))
+
+    def __str__(self) -> str:
+        return " or ".join(k.__name__ for k in self.kinds) or "any"
+
+    def __repr__(self) -> str:
+        return f"Part({', '.join(k.__name__ for k in self.kinds)})"
+
+
+def part_of(annotation: object) -> Part | None:
+    """The :class:`Part` an annotation carries (``Annotated[Any, Part(...)]``); None for a setting."""
+    for extra in getattr(annotation, "__metadata__", ()):
+        if isinstance(extra, Part):
+            return extra
     return None

@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint", "differences",
            "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
-           "describe_claim", "flatten",
+           "describe_claim", "flatten", "LEGACY_PARTS", "nested",
            "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
            "load_checkpoint", "model_weights", "load_model_weights", "environment"]
 
@@ -56,6 +56,32 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
         name = f"{prefix}{key}"
         flat.update(flatten(value, f"{name}.") if isinstance(value, dict) else {name: value})
     return flat
+
+
+#: the model parts that records made before the task was one nested node (commit 8eb003f and earlier) hold at the top
+#: level of their configuration (``estimator.eta``, and ``decoder: null`` for a part the task did not take); they are
+#: under the task now (``task.estimator.eta``), and :func:`nested` reads an old record's keys so
+LEGACY_PARTS = ("encoder", "scorer", "structure", "estimator", "decoder", "sigma_net", "energy", "infnet", "cost_net",
+                "composer")
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """The flat keys of a run's configuration or identity (:func:`flatten`) in the current layout: a record written
+    before the task was one nested node has its model parts at the top level, ``estimator.eta`` → ``task.estimator.eta``
+    and ``encoder._target_`` → ``task.encoder._target_``; its null part slots (``decoder: null``, a part the task did
+    not take) are dropped, as the current layout has none. A record of the current layout is returned as it is. Where
+    records are read (:func:`latentstruct.report.tables.load_runs`: the tables, the figures, the lab's matrix; the
+    ListOps reports), so that a table spec's keys (``task.estimator.eta``) match the runs of either layout; the record
+    files themselves are not rewritten (their fingerprints stay those they were made with)."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        head = key.split(".", 1)[0]
+        if head in LEGACY_PARTS:
+            if key == head and value is None:
+                continue
+            key = f"task.{key}"
+        out[key] = value
+    return out
 
 
 def identity(config: dict) -> dict[str, Any]:

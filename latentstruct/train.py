@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import latentstruct.optim
@@ -71,6 +71,7 @@ from latentstruct.records import (
     write_run_file,
 )
 from latentstruct.tasks import Task
+from latentstruct.tasks.base import build_task
 
 __all__ = ["train", "plan", "build_model", "main"]
 
@@ -256,10 +257,10 @@ def _write_hydra_files(out: Path, cfg: DictConfig) -> None:
 
 
 def build_model(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
-    """The task ``cfg.task`` names (classification: encoder → scorer → structure, estimator → decoder), built by
-    :meth:`~latentstruct.tasks.Task.from_config` from its parts, its settings, the sizes the data dictates and its
-    extras (``latentstruct/tasks/base.py``: the interface)."""
-    return get_class(cfg.task._target_).from_config(cfg, dims, extras or {})
+    """The task of the nested node ``cfg.task`` (classification: its encoder → scorer → structure, estimator →
+    decoder), instantiated once with its parts and called with the sizes the data dictates and its extras
+    (:func:`latentstruct.tasks.base.build_task`; ``latentstruct/tasks/base.py``: the interface)."""
+    return build_task(cfg, dims, extras or {})
 
 
 def _log_metrics(metrics: dict[str, float], header: str) -> None:

@@ -294,7 +294,7 @@ def concurrent_launchers(launchers: int, seeds: list[int], workdir: Path) -> Fau
 def non_finite(workdir: Path) -> list[Fault]:
     """Runs whose values are not finite: each must fail (exit 1) with one line naming the value, its step and the
     configuration, and a record ``reason: non_finite``."""
-    cases = {"tau_underflow": ["estimator=gumbel_softmax", "estimator.tau=1e-45"],
+    cases = {"tau_underflow": ["estimator=gumbel_softmax", "task.estimator.tau=1e-45"],
              "inputs_overflow": ["dataset.noise=1e39"]}  # float32 data: inf
     faults = []
     for name, overrides in cases.items():

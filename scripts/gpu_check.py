@@ -64,7 +64,7 @@ TINY = {
                 "dataset.max_eval_tokens=4"],  # times the full lengths
     "mlc": ["trainer.batch_size=1024"],  # 5 steps an epoch of bibtex
     "ner": ["dataset.subset=64", "dataset.eval_subset=32"],
-    "citation": ["encoder.hidden=50", "task.neumann_terms=5"],  # Cora is small: the whole of it, the preset's sizes
+    "citation": ["task.encoder.hidden=50", "task.neumann_terms=5"],  # Cora is small: all of it, the preset's sizes
 }
 #: the step outputs in $OUT (with gpu_check.sh's check.log: the 8 files the device tool brings back)
 FILES = ("env.json", "tests.xml", "experiments.json", "syncs.json", "timing.json")

@@ -5,8 +5,8 @@ the other processes than about this one):
 
 ``run`` trains ``python -m latentstruct.train`` with the given overrides and writes one JSON line per 100 optimizer
 steps: CPU seconds of the training steps (evaluations excluded), of the SparseMAP active set and of its MAP oracle,
-its iterations (mean, max, how many calls reached ``structure.sparsemap_max_iter``), support sizes, and the number of
-denormal floats in the parameters, gradients and optimizer state. Nothing the run computes is changed::
+its iterations (mean, max, how many calls reached ``task.structure.sparsemap_max_iter``), support sizes, and the
+number of denormal floats in the parameters, gradients and optimizer state. Nothing the run computes is changed::
 
     python scripts/spigot_cost.py run OUT.jsonl +experiment=sst_spigot trainer.threads=1 trainer.progress=false \
         trainer.max_epochs=7 hydra.run.dir=RUN_DIR

@@ -14,7 +14,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import MISSING
 
 import latentstruct.config as config
-from latentstruct.tasks import Task
 from tests.helpers import compose as _compose
 
 CONFIGS = config.CONFIG_DIR
@@ -65,6 +64,8 @@ def test_every_schema_is_its_signature_with_help():
                 else fields[key].default
             )
             expected = MISSING if param.default is inspect.Parameter.empty else param.default
+            if fields[key].metadata.get("part"):  # a task's model part: a node of its own, null where none is chosen
+                expected = None
             assert default == (list(expected) if isinstance(expected, tuple) else expected), f"{name}.{key}"
             assert fields[key].metadata.get("help"), f"{name}.{key} has no help text (an Args: entry)"
 
@@ -88,14 +89,14 @@ def test_option_lists_hold_no_internal_names():
     groups = out.split("== Groups (group=option) ==")[1].split("== Settings")[0]
     assert "base_" not in groups and "common" not in groups
     settings = out.split("== Settings")[1]
-    assert "  eta: 1.0  # pull-back step size η." in settings.splitlines()  # each setting with its help (issue 37)
+    assert "    eta: 1.0  # pull-back step size η." in settings.splitlines()  # each setting, its help (issue 37)
 
 
 def test_unknown_keys_and_choices_are_refused_naming_the_key():
     with pytest.raises(config.ConfigError, match=r"unknown key 'trainer.max_step'; did you mean trainer.max_steps"):
         config.validate(_compose("+trainer.max_step=10"))
-    with pytest.raises(config.ConfigError, match=r"unknown key 'scorer.bais'; did you mean scorer.bias"):
-        config.validate(_compose("+scorer.bais=false"))
+    with pytest.raises(config.ConfigError, match=r"unknown key 'task.scorer.bais'; did you mean task.scorer.bias"):
+        config.validate(_compose("+task.scorer.bais=false"))
     with pytest.raises(config.ConfigError, match=r"logger.mode='sometimes' is not one of"):
         config.validate(_compose("logger=wandb", "logger.mode=sometimes"))
     config.validate(_compose())  # the default experiment is valid
@@ -171,27 +172,52 @@ def test_the_command_line_check_lets_through_what_hydra_accepts():
                  ["-m", "hydra/launcher=joblib", "estimator=ste_i,spigot", "trainer.threads=1"],
                  ["~scorer", "latent=none", "decoder=linear"], ["+experiment=listops_lstm", "+preset=listops_cpu"],
                  ["+sweep=direct_sorting", "trainer.threads=1"], ["trainer.resume=true", "hydra.run.dir=somewhere"],
-                 ["+tuned.k3.lr=0.1"], ["dataset=nope"], ["estimator.eta=fast"]):
+                 ["+tuned.k3.lr=0.1"], ["dataset=nope"], ["task.estimator.eta=fast"]):
         assert config.check_command_line(args) == args
 
 
-class _OnlyStructure(Task):
-    PARTS = ("structure", "estimator")
+def test_a_task_is_one_nested_node_with_its_parts_under_it():
+    """The parts are nodes under the task (task.estimator), chosen by their groups (estimator=spigot); the run
+    config has no part slot of its own."""
+    cfg = _compose("+experiment=sst_spigot")
+    assert not {"encoder", "scorer", "structure", "estimator", "decoder"} & set(cfg)
+    assert cfg.task.estimator._target_ == "latentstruct.estimators.Spigot" and cfg.task.estimator.eta == 0.1
+    assert cfg.task.encoder._target_.endswith("BiLSTMEncoder")
+    assert _compose("+experiment=sst_spigot", "estimator=spigot_ce").task.estimator._target_.endswith("SpigotCe")
+    assert list(config.parts(config.locate(cfg.task._target_))) == ["encoder", "scorer", "structure", "estimator",
+                                                                      "decoder"]
+    with pytest.raises(config.ConfigError, match=r"unknown key 'estimator': the model parts are nodes under the task, "
+                                                 r"task.estimator"):
+        config.validate(_compose("+experiment=sst_spigot", "+estimator.eta=0.1"))
 
-    @classmethod
-    def build(cls, dims, extras, structure, estimator):
-        return cls()
+
+def test_a_part_the_task_does_not_take_is_refused():
+    """``decoder=linear`` on a task without a decoder (knn: encoder, estimator, sigma_net) is an error, not a
+    no-op: Hydra cannot place it under the task's schema, and the command line says so in one line."""
+    with pytest.raises(config.ConfigError, match=r"^task KNN takes no decoder \(its parts: encoder, estimator, "
+                                                 r"sigma_net\): remove the decoder override"):
+        config.check_command_line(["+experiment=knn_direct_sigma1", "+decoder=linear"])
+    with pytest.raises(Exception, match=r"Key 'decoder' not in 'KNNConf'"):
+        _compose("+experiment=knn_direct_sigma1", "+decoder=linear")
+    with pytest.raises(config.ConfigError, match=r"unknown key 'task.decoder'"):
+        config.validate(_compose("+experiment=knn_direct_sigma1", "++task.decoder.hidden=3"))
 
 
-def test_a_part_group_the_task_does_not_read_is_refused():
-    cfg = _compose()  # the classifier's parts: encoder, scorer, structure, estimator, decoder
-    with pytest.raises(ValueError, match=r"does not read encoder .*scorer .*decoder"):
-        _OnlyStructure.from_config(cfg, {}, {})
-    cfg.encoder = cfg.scorer = cfg.decoder = None
-    assert isinstance(_OnlyStructure.from_config(cfg, {}, {}), _OnlyStructure)
-    with pytest.raises(ValueError, match="no latent source"):
-        cfg.latent = "gold"
-        _OnlyStructure.from_config(cfg, {}, {})
+def test_a_part_of_another_kind_or_without_an_option_is_refused():
+    with pytest.raises(config.ConfigError, match=r"^task.structure: task LatentTreeSST takes as structure "
+                                                 r"ProjectiveDepTree or NonProjectiveDepTree, not "
+                                                 r"latentstruct.structures.Categorical"):
+        config.validate(_compose("task=sst", "structure=categorical"))
+    with pytest.raises(config.ConfigError, match=r"^task.sigma_net holds settings \(hidden\) but no option: choose "
+                                                 r"one \(sigma_net=<option>\)"):
+        config.validate(_compose("+experiment=knn_direct_sigma1", "++task.sigma_net.hidden=3"))
+
+
+def test_a_task_without_a_latent_source_refuses_one():
+    from latentstruct.tasks.base import build_task
+
+    with pytest.raises(ValueError, match="task KNN has no latent source to choose: remove latent=gold"):
+        build_task(_compose("+experiment=knn_direct_sigma1", "latent=gold"), {}, {})
 
 
 def test_the_option_reference_is_current():

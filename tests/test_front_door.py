@@ -175,7 +175,7 @@ def _sst_run(tmp_path: Path, *overrides: str) -> dict:
     write_sst(tmp_path / "data" / "sst")
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS, dim=8)
     return train(compose("+experiment=sst_spigot", "dataset.check_sizes=false", "trainer.batch_size=8",
-                         "embedding.dim=8", "encoder.hidden=6", f"embedding.pretrained={glove.name}",
+                         "embedding.dim=8", "task.encoder.hidden=6", f"embedding.pretrained={glove.name}",
                          "trainer.progress=false", "trainer.device=cpu", f"paths.data_dir={tmp_path / 'data'}",
                          f"paths.output_dir={tmp_path / 'run'}", f"embedding.cache_dir={tmp_path / 'cache'}",
                          *overrides))
@@ -230,9 +230,9 @@ def test_train_from_python_logs_to_train_log_and_the_console_unless_told_not_to(
 
 def test_docs_configs_gives_full_keys_and_what_each_experiment_sets():
     text = (ROOT / "docs" / "configs.md").read_text()
-    assert "| `estimator.eta` |" in text and "| `trainer.keep_checkpoint` |" in text
+    assert "| `task.estimator.eta` |" in text and "| `trainer.keep_checkpoint` |" in text
     row = next(line for line in text.splitlines() if line.startswith("| `sst_spigot` |"))
-    assert "`estimator=spigot`" in row and "`estimator.eta=0.1`" in row and "`optim.lr=0.0001`" in row
+    assert "`estimator=spigot`" in row and "`task.estimator.eta=0.1`" in row and "`optim.lr=0.0001`" in row
 
 
 def test_lines_that_coincide_get_markers_and_a_note_instead_of_hiding_each_other():

@@ -327,7 +327,7 @@ def test_a_non_finite_gradient_fails_naming_the_parameter(tmp_path, monkeypatch)
 @pytest.mark.slow
 def test_cli_non_finite_single_run_says_one_line_and_exits_1(tmp_path):
     """A temperature so small that the relaxed scores overflow (inf - inf = NaN in the softmax)."""
-    overrides = ["estimator=gumbel_softmax", "estimator.tau=1e-45"]
+    overrides = ["estimator=gumbel_softmax", "task.estimator.tau=1e-45"]
     proc = _cli(*TINY, *overrides, "trainer.max_steps=5", f"hydra.run.dir={tmp_path}")
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1

@@ -57,22 +57,22 @@ def test_validate_refuses_a_value_out_of_range_in_one_line_naming_the_key():
     # the edges and null are in range: validation is not a refusal of everything
     config.validate(_compose("trainer.batch_size=null", "trainer.max_steps=1", "optim.weight_decay=0",
                              "trainer.log_seconds=null", "dataset.noise=0"))
-    config.validate(_compose("+experiment=sst_spigot", "encoder.dropout=1", "decoder.dropout=0",
-                             "structure.sparsemap_max_iter=null", "dataset.subset=0"))
+    config.validate(_compose("+experiment=sst_spigot", "task.encoder.dropout=1", "task.decoder.dropout=0",
+                             "task.structure.sparsemap_max_iter=null", "dataset.subset=0"))
 
 
 def test_an_interpolated_value_is_checked_resolved_and_a_list_item_by_item():
     # knn_direct_sigma1: estimator.samples = ${tuned.samples.${k:${task.k}}}
     cfg = _compose("+experiment=knn_direct_sigma1", "task.k=1", "tuned.samples.k1=0")
-    with pytest.raises(config.ConfigError, match=r"^estimator.samples = 0 is out of range: must be >= 1$"):
+    with pytest.raises(config.ConfigError, match=r"^task.estimator.samples = 0 is out of range: must be >= 1$"):
         config.validate(cfg)
-    with pytest.raises(config.ConfigError, match=r"^energy.feature_hidden.1 = 0 is out of range"):
-        config.validate(_compose("+experiment=mlc_cd", "energy.feature_hidden=[150,0]"))
+    with pytest.raises(config.ConfigError, match=r"^task.energy.feature_hidden.1 = 0 is out of range"):
+        config.validate(_compose("+experiment=mlc_cd", "task.energy.feature_hidden=[150,0]"))
 
 
 def test_a_sweep_is_refused_up_front_for_any_of_its_jobs():
     for args in (["-m", "optim.lr=1e-3,-1e-3"], ["-m", "trainer.seed=1,2", "optim.lr=range(-2,2)"],
-                 ["-m", "+experiment=synthetic_gumbel_softmax,synthetic_st_gumbel", "estimator.tau=1,0"]):
+                 ["-m", "+experiment=synthetic_gumbel_softmax,synthetic_st_gumbel", "task.estimator.tau=1,0"]):
         with pytest.raises(config.ConfigError, match=r"out of range"):
             config.check_command_line(args)
     # every combination of the groups' values is composed; beyond MAX_COMPOSED, each value once
@@ -81,7 +81,7 @@ def test_a_sweep_is_refused_up_front_for_any_of_its_jobs():
     wide = [[f"a={i}" for i in range(config.MAX_COMPOSED)], ["b=1", "b=2"]]
     assert config._sweep_jobs(wide) == [("a=0", "b=1"), *((f"a={i}", "b=1") for i in range(1, config.MAX_COMPOSED)),
                                         ("a=0", "b=2")]
-    ok = ["-m", "+experiment=synthetic_spigot,synthetic_spigot_ce", "estimator.eta=0.5,2", "trainer.seed=1,2,3"]
+    ok = ["-m", "+experiment=synthetic_spigot,synthetic_spigot_ce", "task.estimator.eta=0.5,2", "trainer.seed=1,2,3"]
     assert config.check_command_line(ok) == ok
 
 

@@ -49,7 +49,7 @@ def test_the_cli_finds_the_same_directory_for_the_same_configuration_and_refuses
     other = _cli(*args[:-1], "estimator=spigot", f"hydra.run.dir='{folder}'", cwd=tmp_path)  # quoted: its commas
     assert other.returncode == 2
     assert "holds the run of another configuration" in other.stderr, other.stderr
-    assert "estimator._target_: latentstruct.estimators.SteI → latentstruct.estimators.Spigot" in other.stderr
+    assert "task.estimator._target_: latentstruct.estimators.SteI → latentstruct.estimators.Spigot" in other.stderr
     assert "Traceback" not in other.stderr
     after = _files(folder)
     after.pop("train.log"), before.pop("train.log")  # the refusal is logged there; nothing else changes

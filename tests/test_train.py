@@ -63,12 +63,12 @@ def test_every_group_option_composes_and_instantiates(group, tmp_path):
         tiny += ["dataset.check_sizes=false", "dataset.n_test=3", "dataset.n_valid=2", "dataset.pool=2",
                  "dataset.labelled=2"] if option == "cora" else []
         tiny += ["dataset.sizes=[6,3,3]"] if option in ("bibtex", "delicious", "eurlex", "bookmarks") else []
-        add = "+" if group in ("energy", "infnet", "cost_net") else ""  # not in the default task's defaults list
+        tiny += ["task=mlc_energy"] if group in ("energy", "infnet", "cost_net") else []  # the tasks that take them
         tiny += ["task=listops"] if group == "composer" else []  # the task whose option has a composer group
-        cfg = _compose(f"{add}{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
+        cfg = _compose(f"{group}={option}", f"paths.data_dir={tmp_path}", *tiny)
         if group in ("encoder", "scorer", "decoder", "energy", "infnet", "cost_net", "composer", "optim"):
             continue  # need runtime sizes / parameters; built by the experiment runs below
-        node = cfg[group]
+        node = cfg[group] if group == "dataset" else cfg.task[group]  # a model part: a node under the task
         # Sizes a task fills in (e.g. num_tags) are required, not defaulted.
         missing = [k.rsplit(".", 1)[-1] for k in OmegaConf.missing_keys(node)]
         with pytest.raises(Exception, match="Missing mandatory value") if missing else contextlib.nullcontext():
@@ -95,9 +95,9 @@ def test_every_experiment_runs_a_few_steps(tmp_path, experiment):  # of the synt
 
 def test_tuned_hyperparameters_follow_the_number_of_clusters():
     cfg = _compose("+experiment=synthetic_spigot", "dataset.num_clusters=10")
-    assert (cfg.optim.lr, cfg.estimator.eta) == (1e-4, 0.1)
+    assert (cfg.optim.lr, cfg.task.estimator.eta) == (1e-4, 0.1)
     cfg = _compose("+experiment=synthetic_spigot", "dataset.num_clusters=3")
-    assert (cfg.optim.lr, cfg.estimator.eta) == (1e-3, 1.0)
+    assert (cfg.optim.lr, cfg.task.estimator.eta) == (1e-3, 1.0)
 
 
 def test_run_record_contract(tmp_path):
@@ -172,14 +172,14 @@ def test_unknown_option_names_the_valid_choices():
 
 def test_wrong_type_and_unknown_key_name_the_key():
     with pytest.raises(ConfigCompositionException) as err:
-        _compose("estimator.eta=fast")
-    assert "estimator.eta" in str(err.value.__cause__ or err.value)
-    with pytest.raises(ConfigError, match=r"estimator.eval_latent='sometimes' is not one of 'map', 'relaxed'"):
-        validate(_compose("estimator.eval_latent=sometimes"))  # choices: checked first thing by train()
+        _compose("task.estimator.eta=fast")
+    assert "task.estimator.eta" in str(err.value.__cause__ or err.value)
+    with pytest.raises(ConfigError, match=r"task.estimator.eval_latent='sometimes' is not one of 'map', 'relaxed'"):
+        validate(_compose("task.estimator.eval_latent=sometimes"))  # choices: checked first thing by train()
     with pytest.raises(ConfigCompositionException, match="etta"):
-        _compose("estimator.etta=1")
-    with pytest.raises(ConfigError, match="unknown key 'estimator.etta'; did you mean estimator.eta"):
-        validate(_compose("+estimator.etta=1"))  # Hydra lets any +key through; the schema does not
+        _compose("task.estimator.etta=1")
+    with pytest.raises(ConfigError, match="unknown key 'task.estimator.etta'; did you mean task.estimator.eta"):
+        validate(_compose("+task.estimator.etta=1"))  # Hydra lets any +key through; the schema does not
 
 
 def test_latent_none_requires_a_latent_free_decoder(tmp_path):
@@ -398,8 +398,9 @@ def test_seconds_per_epoch_times_the_last_phase_only(tmp_path, monkeypatch):
 @pytest.mark.parametrize("estimator", ["blackbox", "imle", "perturbed", "sfe_rloo"])
 def test_the_map_oracle_estimators_and_rloo_train_on_the_synthetic_task(tmp_path, estimator):
     """Issue #21's estimators end to end: a few steps of the default synthetic task, each with its settings set."""
-    settings = {"blackbox": ["estimator.lam=5"], "imle": ["estimator.samples=2", "estimator.noise_k=1"],
-                "perturbed": ["estimator.sigma=0.5", "estimator.samples=3"], "sfe_rloo": ["estimator.samples=3"]}
+    settings = {"blackbox": ["task.estimator.lam=5"], "imle": ["task.estimator.samples=2", "task.estimator.noise_k=1"],
+                "perturbed": ["task.estimator.sigma=0.5", "task.estimator.samples=3"],
+                "sfe_rloo": ["task.estimator.samples=3"]}
     record = train_run(tmp_path, *TINY, f"estimator={estimator}", *settings[estimator], "trainer.max_steps=4",
                   "trainer.eval_every=2")
     assert record["status"] == "completed"

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items()
                         if k not in ("_target_", "structure", "data_dir")}
             got = calibrate(structure, score_seed=args.seed, **settings)
-            decoder = cfg.decoder._target_.rsplit(".", 1)[-1]
+            decoder = cfg.task.decoder._target_.rsplit(".", 1)[-1]
             metric = "v_measure" if structure == "categorical" else "recovery"
             rows.append((structure, settings, decoder, metric, got))
             print(structure, {k: round(v["acc"], 1) for k, v in got.items()}, file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ group; the merge parser of :mod:`latentstruct.models.tree_parsers` composes as i
   each span's state mixes the cell over its splits k with weights ∝ z(i, k) · z(k+1, j). For a hard tree the root
   is exactly the Tree-LSTM over that tree; for a relaxation a smooth function of ``z``.
 * :class:`SequenceLSTM`: the baseline, an LSTM's state after the last real word (reads no tree).
+* :func:`classifier_mlp`: the MLP that classifies the composed vector (ListOps' answer).
 
 Example::
 
@@ -29,7 +30,7 @@ from torch.utils.checkpoint import checkpoint as _checkpoint
 
 from latentstruct.models.masks import check_lengths, length_mask
 
-__all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "SequenceLSTM"]
+__all__ = ["BinaryTreeLSTMCell", "ChartTreeLSTM", "SequenceLSTM", "classifier_mlp"]
 
 
 # ---------------------------------------------------------------------------------------------------------- cell
@@ -180,3 +181,10 @@ class SequenceLSTM(nn.Module):
         packed = pack_padded_sequence(x, cpu_lengths, batch_first=True, enforce_sorted=False)
         _, (h_n, _) = self.lstm(packed)  # h_n [1, B, dim], in the original batch order
         return h_n[0]
+
+
+def classifier_mlp(dim: int, hidden: int, num_classes: int, dropout: float) -> nn.Sequential:
+    """The classifier of a composed vector ``[B, dim]``: dropout → Linear(dim → hidden) → ReLU → dropout →
+    Linear(hidden → num_classes)."""
+    return nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout),
+                         nn.Linear(hidden, num_classes))

@@ -332,7 +332,7 @@ def learning_curves(runs_root, out, experiments=("synthetic_marginals", "synthet
 
     One line per experiment (``choices.experiment``): the median over seeds of each run's ``history.csv`` at
     every evaluation step, with a shaded min–max band. ``runs_root``: a directory or a run frame; ``where``:
-    an extra flat-key match (e.g. ``{"estimator.steps": 1}``) when other sweeps share the directory.
+    an extra flat-key match (e.g. ``{"task.estimator.steps": 1}``) when other sweeps share the directory.
     """
     runs = _completed(runs_root, num_clusters, where)
     panels = [{"title": f"{title} (K={num_clusters})", "xlabel": _X_LABELS["step"], "ylabel": title, "series": [],
@@ -359,7 +359,7 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
                 where: dict | None = None, spec: str | Path | dict | None = None) -> pd.DataFrame:
     """Test accuracy and V-measure against the number of pull-back steps k (seed 001, Figure 3).
 
-    For each (experiment, ``estimator.steps``) the ``estimator.eta`` with the best median ``valid/acc`` over
+    For each (experiment, ``task.estimator.steps``) the ``task.estimator.eta`` with the best median ``valid/acc`` over
     seeds is chosen (ties: the smallest η); its test metrics are drawn as median ± standard error. Also writes
     a Markdown companion (``out`` with suffix ``.md``), opened by the status line of the figure's ``spec`` (e.g.
     ``experiments/spigot/figure3_inner_steps.yaml``) with its JSON sidecar beside it when ``spec`` is given. Returns
@@ -368,24 +368,25 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     """
     runs = _completed(runs_root, num_clusters, where)
     # A point is drawn only when every η of the sweep's grid completed: a partial search would flatter it.
-    grid = sorted(float(e) for e in runs["estimator.eta"].dropna().unique()) if "estimator.eta" in runs else []
-    all_k = sorted(runs["estimator.steps"].dropna().unique()) if "estimator.steps" in runs else []
+    eta = "task.estimator.eta"
+    grid = sorted(float(e) for e in runs[eta].dropna().unique()) if eta in runs else []
+    all_k = sorted(runs["task.estimator.steps"].dropna().unique()) if "task.estimator.steps" in runs else []
     picked, missing = [], []
     for exp in experiments:
         sel = filter_runs(runs, {"choices.experiment": exp})
-        if sel.empty or "estimator.steps" not in sel or "metric.valid/acc" not in sel:
+        if sel.empty or "task.estimator.steps" not in sel or "metric.valid/acc" not in sel:
             missing.append(f"{_LABELS.get(exp, exp)}: no completed run")
             continue
         missing += [f"{_LABELS.get(exp, exp)}, k={k}: no completed run"
-                    for k in all_k if k not in set(sel["estimator.steps"])]
-        for k, at_k in sel.groupby("estimator.steps"):
-            valid = at_k.groupby("estimator.eta")["metric.valid/acc"].median().dropna()
+                    for k in all_k if k not in set(sel["task.estimator.steps"])]
+        for k, at_k in sel.groupby("task.estimator.steps"):
+            valid = at_k.groupby("task.estimator.eta")["metric.valid/acc"].median().dropna()
             done = sorted(float(e) for e in valid.index)
             if done != grid:
                 missing.append(f"{_LABELS.get(exp, exp)}, k={k}: η completed {done} of {grid}")
                 continue
             best = valid.idxmax()
-            chosen = filter_runs(at_k, {"estimator.eta": best})
+            chosen = filter_runs(at_k, {"task.estimator.eta": best})
             acc, acc_err = aggregate(chosen["metric.test/acc"])
             vm, vm_err = aggregate(chosen["metric.test/v_measure"])
             picked.append({"method": _LABELS.get(exp, exp), "k": k, "eta": best, "acc": acc,
@@ -393,7 +394,7 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
                            "n_runs": len(chosen)})
     n_seeds = runs["seed"].nunique() if "seed" in runs else 0
     if not picked:
-        raise ValueError(f"no completed run of {list(experiments)} with estimator.steps and estimator.eta "
+        raise ValueError(f"no completed run of {list(experiments)} with task.estimator.steps and task.estimator.eta "
                          f"for K={num_clusters}")
     table = pd.DataFrame(picked)
     colors = {_LABELS.get(exp, exp): _color(exp, experiments) for exp in experiments}

@@ -43,7 +43,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees, tree_scores
-from latentstruct.records import REPORT_FILE, RUN_FILE
+from latentstruct.records import REPORT_FILE, RUN_FILE, nested
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
 
 __all__ = ["identity", "recorded_trees", "random_trees", "self_f1", "reference_trees", "draw_trees", "trees_figure",
@@ -61,8 +61,9 @@ _datasets: dict[str, Any] = {}
 
 
 def identity(run_dir: str | Path) -> dict[str, Any]:
-    """What the run computes, as it recorded it (``run.json``: its configuration's flat keys, resolved)."""
-    return json.loads((Path(run_dir) / RUN_FILE).read_text())["identity"]
+    """What the run computes, as it recorded it (``run.json``: its configuration's flat keys, resolved; an old
+    record's model parts read under the task, :func:`latentstruct.records.nested`)."""
+    return nested(json.loads((Path(run_dir) / RUN_FILE).read_text())["identity"])
 
 
 def _dataset(ident: dict[str, Any], data_dir: str | None = None) -> Any:

@@ -50,8 +50,8 @@ __all__ = ["Cell", "cells", "grid_points", "find", "pending", "launches", "selec
 
 SPEC = "experiments/lab_matrix.yaml"
 #: keys whose values a launch sweeps (the rest of a job's overrides must be shared by the jobs of one launch)
-SWEPT = ("+experiment", "latent", "estimator", "decoder", "optim.lr", "estimator.eta", "estimator.lam", "estimator.tau",
-         "estimator.sigma", "estimator.samples", "trainer.seed")
+SWEPT = ("+experiment", "latent", "estimator", "decoder", "optim.lr", "task.estimator.eta", "task.estimator.lam",
+         "task.estimator.tau", "task.estimator.sigma", "task.estimator.samples", "trainer.seed")
 #: how every launch runs: local parallel jobs, one thread each, no progress bars, a finished run skipped
 LAUNCHER = ("hydra/launcher=joblib", "hydra.launcher.n_jobs={jobs}", "trainer.progress=false",
             "trainer.resume=true")
@@ -222,8 +222,8 @@ def _run(todo, runs_dir: Path, jobs: int, args: list[str], dry: bool, what: str)
 
 
 def _point_text(point) -> str:
-    names = {"optim.lr": "lr", "estimator.eta": "η", "estimator.lam": "λ", "estimator.tau": "τ", "estimator.sigma": "σ",
-             "estimator.samples": "M"}
+    names = {"optim.lr": "lr", "task.estimator.eta": "η", "task.estimator.lam": "λ", "task.estimator.tau": "τ",
+             "task.estimator.sigma": "σ", "task.estimator.samples": "M"}
     return ", ".join(f"{names.get(k, k)} {float(v):g}" for k, v in point) if point else "—"
 
 

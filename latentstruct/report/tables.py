@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from latentstruct.records import RUN_FILE, flatten
+from latentstruct.records import RUN_FILE, flatten, nested
 from latentstruct.report import status
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
@@ -66,7 +66,7 @@ def _check_record(run_dir: Path, record: dict, config: dict) -> None:
     if record.get("fingerprint") not in (None, recorded.get("fingerprint")):
         raise ValueError(f"{run_dir}: metrics.json is the record of fingerprint {record['fingerprint']}, its "
                          f"{RUN_FILE} says {recorded.get('fingerprint')}: the record is another configuration's")
-    ident = recorded.get("identity", {})
+    ident = nested(recorded.get("identity", {}))
     differ = [f"{k}: {ident[k]} (run.json) ≠ {v} (.hydra/config.yaml)" for k, v in config.items()
               if k in ident and not (isinstance(v, str) and "${" in v) and not _equal(v, ident[k])
               and not (isinstance(v, list) and v == ident[k])]
@@ -78,7 +78,9 @@ def load_runs(root: str | Path) -> pd.DataFrame:
     """One row per run directory under ``root`` (searched recursively for ``metrics.json``).
 
     Columns: every dotted key of ``.hydra/config.yaml`` (``dataset.num_clusters``, as
-    :func:`latentstruct.records.flatten` gives them: an empty dict gives none), ``choices.<group>`` from
+    :func:`latentstruct.records.flatten` gives them: an empty dict gives none; a record made before the task was one
+    nested node read as the current layout, ``estimator.eta`` as ``task.estimator.eta``:
+    :func:`latentstruct.records.nested`), ``choices.<group>`` from
     ``.hydra/hydra.yaml`` (``hydra.runtime.choices``; records made before the experiments' flat names:
     ``python -m scripts.migrate_experiment_names``), ``metric.<name>`` per entry of metrics.json's ``metrics``, the
     record fields ``status, seed, git_commit, git_dirty, hardware, torch, threads, fingerprint, wall_seconds,
@@ -95,7 +97,7 @@ def load_runs(root: str | Path) -> pd.DataFrame:
             record = json.loads(metrics_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             record = {"status": "failed", "error": f"unreadable metrics.json: {exc}"}
-        row = flatten(_read_yaml(run_dir / ".hydra" / "config.yaml"))
+        row = nested(flatten(_read_yaml(run_dir / ".hydra" / "config.yaml")))  # an old record's parts: task.*
         _check_record(run_dir, record, row)
         choices = (_read_yaml(run_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime", {})
         row.update({f"choices.{k}": v for k, v in (choices.get("choices") or {}).items()})

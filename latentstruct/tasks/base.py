@@ -1,13 +1,15 @@
 """The task interface: everything ``train.py`` asks of a model, whatever the task.
 
-A task is an ``nn.Module`` chosen by the ``task`` config group, whose ``_target_`` names its class. Its model parts
-are config groups of their own, listed in ``PARTS`` (the classifier: encoder, scorer, structure, estimator, decoder;
-sorting: scorer, structure, estimator, sigma_net), each an option with a ``_target_`` (a partial where the data gives
-the sizes).
-``train.py`` builds it with :meth:`Task.from_config`, which instantiates those groups and passes them, with the task's
-own settings (the ``task`` node, whose schema is :meth:`build`'s signature), the sizes the data dictates and its
-extras to :meth:`build`; a part group that the task does not list is refused, never silently ignored. ``train.py``
-then only uses:
+A task is an ``nn.Module`` built by Hydra from one nested config node, ``task``: its ``_target_`` names its class, its
+settings and its model parts are the parameters of the class's :meth:`Task.build` (the node's schema is that
+signature, :func:`latentstruct.config.schema`). A part is a parameter annotated ``Annotated[Any, Part(kinds)]``
+(:class:`latentstruct.ranges.Part`): a node under the task (``task.encoder``, ``task.estimator``...), chosen by the
+config group of its name (``estimator=spigot``, whose options are ``# @package task.estimator``), an option with a
+``_target_`` (a partial where the data gives the sizes); a task option lists its parts in its defaults
+(``configs/task/classification.yaml``). A part the task does not take, one whose class is not of the kinds its
+``Part`` names, or a part node that holds settings but no option, is refused when the configuration is validated.
+``train.py`` builds it with :func:`build_task`: the node instantiated once (parts included) as a partial, called with
+the sizes the data dictates and its extras. ``train.py`` then only uses:
 
 * ``forward(batch)`` → an output whose ``.loss`` is the scalar training loss (a batch mean);
 * ``evaluate(data, batch_size)`` → ``{metric: value}`` under no_grad, restoring the train/eval mode; it must hold
@@ -34,20 +36,27 @@ then only uses:
 from __future__ import annotations
 
 import inspect
+import typing
 from typing import Any
 
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-__all__ = ["Task", "PART_GROUPS", "SHARED"]
+from latentstruct.ranges import Part, part_of
 
-#: the top-level config groups that hold model parts; a task reads those of them its ``PARTS`` lists
-PART_GROUPS = ("encoder", "scorer", "structure", "estimator", "decoder", "sigma_net", "energy", "infnet",
-               "cost_net", "composer")
+__all__ = ["Task", "SHARED", "build_task", "parts"]
+
 #: top-level settings shared by the tasks, passed to :meth:`Task.build` when its signature names them
 SHARED = {"latent": "predicted", "embedding": None}
+
+
+def parts(cls: type) -> dict[str, Part]:
+    """The model parts of a task class: ``{parameter of build: its Part}``, in signature order."""
+    hints = typing.get_type_hints(cls.build, include_extras=True)
+    return {name: found for name in inspect.signature(cls.build).parameters
+            if (found := part_of(hints.get(name))) is not None}
 
 
 def _plain(value: Any) -> Any:
@@ -60,40 +69,11 @@ def _plain(value: Any) -> Any:
 class Task(nn.Module):
     """Base class of the tasks (module docstring: the interface ``train.py`` relies on)."""
 
-    #: the config groups this task is built from (a subset of :data:`PART_GROUPS`), passed to :meth:`build`
-    PARTS: tuple[str, ...] = ()
-
     @classmethod
     def build(cls, dims: dict[str, int], extras: dict[str, Any], **kwargs: Any) -> Task:
-        """The task from its parts (instantiated config groups: modules, or partials that take the sizes of
-        ``dims``), its settings (the ``task`` node) and the data's sizes and extras."""
+        """The task from its parts (modules, or partials that take the sizes of ``dims``), its settings and the
+        data's sizes and extras; a subclass declares them in its signature (module docstring)."""
         raise NotImplementedError
-
-    @classmethod
-    def from_config(cls, cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
-        """Build the task from the composed config ``cfg``, the sizes the data dictates (``TensorSplits.dims``) and
-        what else comes with the data (``TensorSplits.extras``: a vocabulary, pretrained embeddings).
-
-        Refuses a part group that is set (not null) but not in ``PARTS``: ``decoder=linear`` on a task without a
-        decoder is an error, not a no-op; and a part group that holds settings but no option."""
-        unread = [g for g in PART_GROUPS if g not in cls.PARTS and cfg.get(g) is not None]
-        if unread:
-            raise ValueError(
-                f"task {cls.__name__} is built from {', '.join(cls.PARTS) or 'no parts'}; it does not read "
-                + ", ".join(f"{g} (set to {cfg[g].get('_target_', '?')})" for g in unread)
-                + ": remove those overrides"
-            )
-        takes = inspect.signature(cls.build).parameters
-        if "latent" not in takes and cfg.get("latent", "predicted") != SHARED["latent"]:
-            raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={_plain(cfg.latent)}")
-        for g in cls.PARTS:  # a node left with settings but no option: ``~energy`` over an experiment's ``energy.*``
-            if cfg.get(g) is not None and "_target_" not in cfg[g]:
-                raise ValueError(f"{g} holds settings ({', '.join(map(str, cfg[g]))}) but no option: choose one "
-                                 f"({g}=<option>)")
-        parts = {g: None if cfg.get(g) is None else instantiate(cfg[g]) for g in cls.PARTS}
-        shared = {k: _plain(cfg[k]) for k in SHARED if k in takes}
-        settings = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if not k.startswith("_")}
-        return cls.build(dims, extras or {}, **parts, **shared, **settings)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Named parameter groups for the optimizers; by default one group, ``default``, in ``parameters()`` order."""
@@ -126,3 +106,22 @@ class Task(nn.Module):
         """What the reports draw of this model, from the ``test`` split (and the data's ``extras``: a vocabulary),
         as JSON (``report.json``, :mod:`latentstruct.report` reads it); None: nothing (the default)."""
         return None
+
+
+def build_task(cfg: DictConfig, dims: dict[str, int], extras: dict[str, Any] | None = None) -> Task:
+    """The task of the composed configuration ``cfg``: its ``task`` node instantiated once, its parts with it (each
+    a module, or a partial where the data gives the sizes), as a partial of the class's :meth:`Task.build`, which is
+    called with the sizes the data dictates (``TensorSplits.dims``), what else comes with the data
+    (``TensorSplits.extras``: a vocabulary, pretrained embeddings) and the shared top-level settings its signature
+    names (:data:`SHARED`). The node is validated first (:func:`latentstruct.config.validate`: a part of a kind the
+    task does not take, a part with settings but no option, an unknown key, a value out of range)."""
+    from latentstruct.config import validate  # it imports the tasks (the schemas)
+
+    validate(cfg.task, "task.")
+    cls = get_class(cfg.task._target_)
+    takes = inspect.signature(cls.build).parameters
+    if "latent" not in takes and cfg.get("latent", "predicted") != SHARED["latent"]:
+        raise ValueError(f"task {cls.__name__} has no latent source to choose: remove latent={_plain(cfg.latent)}")
+    node = instantiate(cfg.task, _partial_=True)  # functools.partial(cls, parts..., settings...)
+    shared = {k: _plain(cfg[k]) for k in SHARED if k in takes}
+    return cls.build(dims, extras or {}, **shared, **node.keywords)

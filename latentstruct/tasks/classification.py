@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from sklearn.metrics import v_measure_score
 
 from latentstruct.data.base import iterate_batches
+from latentstruct.estimators.base import Estimator
+from latentstruct.ranges import Part
+from latentstruct.structures.base import Structure
 from latentstruct.tasks.base import Task
 
 __all__ = ["LatentClassifier", "Output"]
@@ -39,10 +42,10 @@ class LatentClassifier(Task):
     """``latent`` = ``predicted`` (the estimator's z), ``gold`` (the oracle: the true z, one-hot) or ``none``
     (a decoder that ignores z, e.g. the linear baseline)."""
 
-    PARTS = ("encoder", "scorer", "structure", "estimator", "decoder")
-
     @classmethod
-    def build(cls, dims: dict[str, int], extras: dict, encoder, scorer, structure, estimator, decoder,
+    def build(cls, dims: dict[str, int], extras: dict, encoder: Annotated[Any, Part()],
+              scorer: Annotated[Any, Part()], structure: Annotated[Any, Part(Structure)],
+              estimator: Annotated[Any, Part(Estimator)], decoder: Annotated[Any, Part()],
               latent: Literal["predicted", "gold", "none"] = "predicted") -> LatentClassifier:
         """encoder → scorer → structure, estimator → decoder, sized by the data (``input_dim``, ``latent_dim``,
         ``num_classes``; a decoder that lists an extra of the data in its ``FROM_DATA``, such as the planted

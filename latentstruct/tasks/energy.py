@@ -130,7 +130,7 @@ from latentstruct.models.implicit import (
     minres_inverse_hvp,
     neumann_inverse_hvp,
 )
-from latentstruct.ranges import AtLeast, NonNegative, Positive
+from latentstruct.ranges import AtLeast, NonNegative, Part, Positive
 from latentstruct.tasks.base import Task
 
 __all__ = ["METHODS", "PRIMARY_LOSSES", "BilevelEnergyTask", "EnergyOutput", "MultiLabelEnergy"]
@@ -216,9 +216,8 @@ class BilevelEnergyTask(Task):
             none, or two (phase 0 pretrains, then the method).
     """
 
-    #: the config groups of the networks (energy_net, infnet, cost_net); a subclass may add the groups it builds
-    #: them from (the sequence task's ``encoder``)
-    PARTS = ("energy", "infnet", "cost_net")
+    #: the parts (task.energy, task.infnet, task.cost_net) that hold the networks (energy_net, infnet, cost_net)
+    NETWORK_PARTS = ("energy", "infnet", "cost_net")
     #: the methods a task accepts; a subclass may add its own (and handle them in :meth:`forward`)
     METHODS: tuple[str, ...] = METHODS
     #: which of (energy_net, infnet, cost_net) each method needs
@@ -270,7 +269,7 @@ class BilevelEnergyTask(Task):
         if not (inner_lr > 0 and neumann_alpha > 0 and spen_lr > 0 and lam >= 0 and infnet_ce >= 0):
             raise ValueError("need inner_lr, neumann_alpha, spen_lr > 0 and lam, infnet_ce >= 0")
         needs = self.NETWORKS[method]
-        for part, module, needed in zip(BilevelEnergyTask.PARTS, (energy_net, infnet, cost_net), needs, strict=True):
+        for part, module, needed in zip(self.NETWORK_PARTS, (energy_net, infnet, cost_net), needs, strict=True):
             if (module is not None) != needed:
                 what = f"needs the network {part} (a {part}=<option>)" if needed else f"builds no {part} ({part}=null)"
                 raise ValueError(f"method={method} {what}")
@@ -540,9 +539,9 @@ class MultiLabelEnergy(BilevelEnergyTask):
         cls,
         dims: dict[str, int],
         extras: dict[str, Any],
-        energy: Any,
-        infnet: Any,
-        cost_net: Any,
+        energy: Annotated[Any, Part()],
+        infnet: Annotated[Any, Part()],
+        cost_net: Annotated[Any, Part()],
         method: Method = "implicit",
         primary: Primary = "cd",
         lam: Annotated[float, NonNegative] = 1.0,

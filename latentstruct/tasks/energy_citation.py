@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from latentstruct.data.citation_rules import CUE_INDEX, CUE_RULES, FIELDS, reward, value
 from latentstruct.models.energy import categorical_samples, cd_loss, hamming_loss, ssvm_loss
 from latentstruct.models.masks import length_mask
-from latentstruct.ranges import AtLeast, NonNegative, Positive, Probability
+from latentstruct.ranges import AtLeast, NonNegative, Part, Positive, Probability
 from latentstruct.tasks.energy import HVP, EnergyOutput, InnerOptimizer, InverseSolver, Primary
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy, SequenceMethod
 
@@ -94,10 +94,10 @@ class CitationEnergy(SequenceLabelEnergy):
         cls,
         dims: dict[str, int],
         extras: dict[str, Any],
-        energy: Any,
-        infnet: Any,
-        cost_net: Any,
-        encoder: Any,
+        energy: Annotated[Any, Part()],
+        infnet: Annotated[Any, Part()],
+        cost_net: Annotated[Any, Part()],
+        encoder: Annotated[Any, Part()],
         embedding: dict[str, Any],
         method: SequenceMethod = "implicit",
         primary: Primary = "cd",

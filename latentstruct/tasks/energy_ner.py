@@ -85,7 +85,7 @@ from latentstruct.models.energy import (
     sequence_nll,
 )
 from latentstruct.models.masks import length_mask
-from latentstruct.ranges import AtLeast, NonNegative, Positive
+from latentstruct.ranges import AtLeast, NonNegative, Part, Positive
 from latentstruct.structures import Categorical, SequenceTagging
 from latentstruct.tasks.energy import (
     HVP,
@@ -127,7 +127,6 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             of the energy, a sum over tokens).
     """
 
-    PARTS = (*BilevelEnergyTask.PARTS, "encoder")
     METHODS = SEQUENCE_METHODS
     NETWORKS = {**BilevelEnergyTask.NETWORKS, "crf": (True, False, False)}
 
@@ -166,10 +165,10 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         cls,
         dims: dict[str, int],
         extras: dict[str, Any],
-        energy: Any,
-        infnet: Any,
-        cost_net: Any,
-        encoder: Any,
+        energy: Annotated[Any, Part()],
+        infnet: Annotated[Any, Part()],
+        cost_net: Annotated[Any, Part()],
+        encoder: Annotated[Any, Part()],
         embedding: dict[str, Any],
         method: SequenceMethod = "implicit",
         primary: Primary = "cd",

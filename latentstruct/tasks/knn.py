@@ -19,8 +19,8 @@ estimator. With a σ-network (``sigma_net``) each query image gets its own noise
 its own optimizer (``optim_groups.sigma``).
 
 **NeuralSort baselines** (Grover et al. 2019): the estimators ``estimator=neuralsort`` / ``neuralsort_stochastic``
-(``latentstruct/estimators/relaxed.py``), the same loss of the relaxed top-k at temperature ``estimator.tau``
-(stochastic: of relaxed Plackett-Luce samples, averaged over ``estimator.samples`` draws).
+(``latentstruct/estimators/relaxed.py``), the same loss of the relaxed top-k at temperature ``task.estimator.tau``
+(stochastic: of relaxed Plackett-Luce samples, averaged over ``task.estimator.samples`` draws).
 
 **Evaluation** (every method): the classic kNN classifier in the learned embedding space. The whole training split
 (what ``train.py`` hands over with :meth:`use_training_data`) is embedded and every image of the evaluated split gets
@@ -31,13 +31,14 @@ closest. ``acc`` = 100 × the fraction classified correctly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.ranges import AtLeast
+from latentstruct.estimators.base import Estimator
+from latentstruct.ranges import AtLeast, Part
 from latentstruct.structures.topk import TopK
 from latentstruct.tasks.base import Task
 
@@ -89,11 +90,10 @@ class KNN(Task):
     ``y`` ``[B]``.
     """
 
-    PARTS = ("encoder", "estimator", "sigma_net")
-
     @classmethod
-    def build(cls, dims: dict[str, int], extras: dict, encoder, estimator, sigma_net, k: Annotated[int, AtLeast(1)],
-              num_queries: Annotated[int, AtLeast(1)] = 100) -> KNN:
+    def build(cls, dims: dict[str, int], extras: dict, encoder: Annotated[Any, Part()],
+              estimator: Annotated[Any, Part(Estimator)], sigma_net: Annotated[Any, Part()],
+              k: Annotated[int, AtLeast(1)], num_queries: Annotated[int, AtLeast(1)] = 100) -> KNN:
         """The networks sized by the images (channels, side) of an image dataset.
 
         Args:

@@ -2,19 +2,21 @@ r"""ListOps (Nangia & Bowman, 2018): the answer (0-9) of a nested list expressio
 tree over its tokens, with the learned trees scored against the true ones (seed 000, Parts II-III; issue #7).
 
 The input is the sequence of leaves of :func:`latentstruct.data.listops.leaves` (operators, digits and ``]``), each
-batch trimmed to its longest example. The model is chosen by its parts, config groups like every task's
-(``scorer``, ``structure``, ``estimator``, ``composer``; ``configs/experiment/listops_*`` names each combination);
+batch trimmed to its longest example. The model is the setting ``task.model`` (``merge_parser``, ``chart_parser`` or
+``lstm``), each with the parts it takes, nodes under the task like every task's (``task.scorer``, ``task.structure``,
+``task.estimator``, ``task.composer``; ``configs/experiment/listops_*`` names each combination);
 the sizes are the task's settings (``task.word_dim``, ``task.hidden``, ...; the ListOps experiments use 128 for words
 and states, as Havrylov et al. 2019). Every model embeds the words, composes them into one vector and classifies it
 with an MLP (``task.mlp_hidden``, ``task.dropout``).
 
 Models
 ------
-* the sequence baseline (``latent=none composer=sequence_lstm``, experiment ``lstm``):
+* the sequence baseline (``task.model=lstm latent=none composer=sequence_lstm``, experiment ``lstm``):
   :class:`~latentstruct.models.composition.SequenceLSTM`, embedding → LSTM → its last state → MLP. No tree:
   ``evaluate`` reports ``acc`` and ``loss`` only.
 
-* the chart parser (``scorer=span_scorer structure=binary_tree composer=chart_tree_lstm estimator=<any>``,
+* the chart parser (``task.model=chart_parser scorer=span_scorer structure=binary_tree composer=chart_tree_lstm
+  estimator=<any>``,
   experiments ``chart_<estimator>``) — the framework's own route, the structure × estimator split (DESIGN.md §2):
 
       ids ──emb──> BiLSTM ──> span scores s[i, j] ──[estimator ∘ BinaryTree]──> z or μ [B, n, n]
@@ -29,31 +31,31 @@ Models
   dependency trees.
   *Composition*: :class:`~latentstruct.models.composition.ChartTreeLSTM` reads any z — a tree, marginals, a
   SparseMAP mixture — on the word embeddings. Its cost is the chart's: O(B n³ dim) time and, with autograd,
-  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``composer.checkpoint=true`` recomputes each width in
-  the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach n = 130).
-  Evaluation is bucketed by length (below) because the test file reaches n = 939.
-  *Evaluation*: the decoder is fed what ``estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
+  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``task.composer.checkpoint=true`` recomputes each
+  width in the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach
+  n = 130). Evaluation is bucketed by length (below) because the test file reaches n = 939.
+  *Evaluation*: the decoder is fed what ``task.estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
   the relaxation for marginals / SparseMAP and MAP for the others); tree metrics always use the MAP tree.
 
-* the merge parser (``scorer=merge_parser``, no structure, no composer: the parser composes as it merges;
-  :class:`~latentstruct.models.tree_parsers.MergeParser`), its merges chosen through ``estimator``:
+* the merge parser (``task.model=merge_parser scorer=merge_parser``, no structure, no composer: the parser composes
+  as it merges; :class:`~latentstruct.models.tree_parsers.MergeParser`), its merges chosen through ``estimator``:
 
   - a pathwise §5 estimator at every merge (``mode="estimate"``): ``estimator=st_gumbel`` is the Gumbel Tree-LSTM
-    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``estimator.tau``); the parser's root state → MLP.
+    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``task.estimator.tau``); the parser's root state → MLP.
     Greedy (argmax) merges at evaluation.
   - ``estimator=sfe``: REINFORCE (Williams, 1992; RL-SPINN, Yogatama et al., 2017) — sampled merges, reward
     −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + the estimator's
-    ``policy_loss`` (control variate ``estimator.baseline``: ``none``,
-    ``moving_average`` of past batch-mean losses, decay ``estimator.decay``, or ``self_critical``, the loss of the
-    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``estimator.entropy_weight``). Experiments
+    ``policy_loss`` (control variate ``task.estimator.baseline``: ``none``,
+    ``moving_average`` of past batch-mean losses, decay ``task.estimator.decay``, or ``self_critical``, the loss of the
+    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``task.estimator.entropy_weight``). Experiments
     ``reinforce``, ``reinforce_none``, ``reinforce_self_critical``. Our parser is Choi et al.'s easy-first merger,
     not SPINN's shift-reduce transitions: the same family of trees (all binary bracketings) under a different policy
     factorisation.
   - ``estimator=ppo``: Havrylov et al. (2019), experiment ``ppo`` — the same sampled parser, trained with the
     clipped PPO surrogate (its ``behaviour_refresh``: a frozen behaviour copy of the parser samples; clip ε =
-    ``estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
-    (``estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and ``task.disjoint=true``
-    (below).
+    ``task.estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
+    (``task.estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and
+    ``task.disjoint=true`` (below).
 
   The sequential policy does not take the §5 interface as a whole (its scores at step t depend on the merges before
   it), so the estimators meet it in two ways: a pathwise estimator makes each merge (a categorical choice), and the
@@ -74,7 +76,7 @@ Havrylov et al. take, for every batch, one optimizer step of the composition fun
 K = 15 PPO steps of the parser on the same sampled parses, re-scored after each step. ``train.py`` gives a task one
 ``forward(...).loss`` and one optimizer step per batch, so we keep PPO's proximal structure but change where the K
 updates come from: the parses are sampled from a **behaviour policy**, a frozen copy of the parser (with its
-embeddings) refreshed every ``estimator.refresh`` training steps (15 by default), and each step takes one clipped
+embeddings) refreshed every ``task.estimator.refresh`` training steps (15 by default), and each step takes one clipped
 step on a fresh batch:
 
       ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),   a_b ~ π_old,
@@ -85,7 +87,7 @@ parse. The importance ratio corrects for sampling from π_old, and the clip boun
 refreshes can move the policy, which is PPO's purpose; what differs is that each of those steps sees new data
 (no reuse of one batch K times), and that the composer and the parser take their steps together, from one
 optimizer (``optim``, or ``optim_groups.policy`` for the parser's ``policy`` parameter group). With
-``estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
+``task.estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
 deviations from Havrylov et al.: Adam (they used Adadelta with learning rates 1 / 0.1 for the composer / parser,
 L2 1e-4 and gradient clipping at 0.5, none of which the training loop has); the parser's leaves are the cell's
 leaf transform, not an LSTM over the sequence; the entropy bonus is the sum of the per-merge entropies (they used a
@@ -110,7 +112,7 @@ only saves time and memory. Metrics (means over the split's examples):
 
 ``latent=gold`` composes along the true trees (the oracle "Tree-LSTM on ground-truth trees" row): the chart's
 ChartTreeLSTM runs on them, the merge parser replays them with ``given`` merges; no parser is trained (the
-estimator and structure are not read). ``latent=none`` goes with ``composer=sequence_lstm`` and only with it.
+estimator and structure are not read). ``latent=none`` goes with ``task.model=lstm`` and only with it.
 
 References: N. Nangia, S. Bowman (2018), "ListOps: a diagnostic dataset for latent tree learning", NAACL SRW.
 J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose task-specific tree structures", AAAI. D. Yogatama et al.
@@ -134,8 +136,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.listops import spans_to_trees, tree_scores
+from latentstruct.estimators.base import Estimator
+from latentstruct.models.composition import ChartTreeLSTM, SequenceLSTM, classifier_mlp
 from latentstruct.models.tree_parsers import MergeParser, Parse, SpanScorer
-from latentstruct.ranges import AtLeast, Probability
+from latentstruct.ranges import AtLeast, Part, Probability
 from latentstruct.structures import BinaryTree
 from latentstruct.tasks.base import Task
 
@@ -153,11 +157,6 @@ class ListOpsOutput:
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-
-
-def _mlp(dim: int, hidden: int, num_classes: int, dropout: float) -> nn.Sequential:
-    return nn.Sequential(nn.Dropout(dropout), nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout),
-                         nn.Linear(hidden, num_classes))
 
 
 def _trim(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,21 +180,23 @@ class ListOps(Task):
     """ListOps through a latent binary tree, or the LSTM baseline (module docstring: models, PPO, metrics).
 
     Batches hold ``x`` (ids ``[B, L]``), ``lengths``, ``y`` and ``spans`` (the true trees, :func:`spans_to_trees`).
-    ``kind`` says which model the parts make: ``sequence`` (the LSTM), ``chart`` or ``merge``.
+    ``kind`` says which model it is (the setting ``model``): ``sequence`` (the LSTM), ``chart`` or ``merge``.
     """
 
-    PARTS = ("scorer", "structure", "estimator", "composer")
+    #: the setting ``model`` -> ``kind``
+    KINDS = {"merge_parser": "merge", "chart_parser": "chart", "lstm": "sequence"}
 
     @classmethod
     def build(
         cls,
         dims: dict[str, int],
         extras: dict,
-        scorer,
-        structure,
-        estimator,
-        composer,
+        scorer: Annotated[Any, Part(MergeParser, SpanScorer)],
+        structure: Annotated[Any, Part(BinaryTree)],
+        estimator: Annotated[Any, Part(Estimator)],
+        composer: Annotated[Any, Part(ChartTreeLSTM, SequenceLSTM)],
         latent: Literal["predicted", "gold", "none"] = "predicted",
+        model: Literal["merge_parser", "chart_parser", "lstm"] = "merge_parser",
         word_dim: Annotated[int, AtLeast(1)] = 128,
         hidden: Annotated[int, AtLeast(1)] = 128,
         mlp_hidden: Annotated[int, AtLeast(1)] = 128,
@@ -205,10 +206,15 @@ class ListOps(Task):
         disjoint: bool = False,
         eval_max_cells: Annotated[int, AtLeast(1)] = 2**20,
     ) -> ListOps:
-        """The model the parts make (module docstring), sized by these settings and the data (``vocab_size``,
-        ``num_classes``); the sizes are the task's so that one preset sets them whatever the parts.
+        """The model ``model`` names (module docstring), from the parts it takes, sized by these settings and the
+        data (``vocab_size``, ``num_classes``); the sizes are the task's so that one preset sets them whatever the
+        model.
 
         Args:
+            model: merge_parser (scorer=merge_parser, no structure or composer: the Gumbel Tree-LSTM, REINFORCE,
+                PPO; latent=gold: its Tree-LSTM along the true trees), chart_parser (scorer=span_scorer,
+                structure=binary_tree, composer=chart_tree_lstm, any estimator) or lstm (the sequence baseline:
+                composer=sequence_lstm, latent=none, no scorer, structure or estimator)
             word_dim: word vectors (Havrylov et al. 2019: 128)
             hidden: LSTM / Tree-LSTM / merge-parser states (Havrylov et al. 2019: 128)
             mlp_hidden: hidden layer of the classifier MLP
@@ -222,18 +228,23 @@ class ListOps(Task):
         if "vocab_size" not in dims or "num_classes" not in dims:
             raise ValueError("task=listops needs the ListOps dataset (dataset=listops)")
         vocab_size, num_classes = dims["vocab_size"], dims["num_classes"]
-        uses_tree = getattr(_target(composer), "uses_tree", True)
-        kind = "sequence" if not uses_tree else "merge" if composer is None else "chart"
+        kind = cls.KINDS[model]
         if (latent == "none") != (kind == "sequence"):
-            raise ValueError(f"latent=none is the sequence baseline, composer=sequence_lstm, and the other way round "
-                             f"(got latent={latent}, composer {_target(composer).__name__ if composer else None})")
+            raise ValueError(f"latent=none is the sequence baseline, task.model=lstm, and the other way round "
+                             f"(got latent={latent}, task.model={model})")
+        composers = {"sequence": SequenceLSTM, "chart": ChartTreeLSTM, "merge": None}
+        if _target(composer) is not composers[kind]:
+            wanted = {"sequence": "composer=sequence_lstm", "chart": "composer=chart_tree_lstm",
+                      "merge": "no composer (composer=null: the parser composes)"}[kind]
+            got = _target(composer).__name__ if composer is not None else None
+            raise ValueError(f"task.model={model} takes {wanted}, got {got}")
         predicted = latent == "predicted"
         if kind == "sequence" and any(p is not None for p in (scorer, structure, estimator)):
             raise ValueError("the sequence baseline reads no tree: set scorer, structure and estimator to null")
         if kind == "merge":
             if not issubclass(_target(scorer) or type(None), MergeParser):
-                raise ValueError(f"without a composer the merge parser composes: scorer=merge_parser (or set a "
-                                 f"composer), got {_target(scorer)}")
+                raise ValueError(f"task.model=merge_parser takes scorer=merge_parser (the chart parser: "
+                                 f"task.model=chart_parser), got {_target(scorer)}")
             if structure is not None:
                 raise ValueError("the merge parser makes its trees merge by merge: structure=null (a binary_tree "
                                  "structure is the chart parser's: scorer=span_scorer composer=chart_tree_lstm)")
@@ -252,9 +263,9 @@ class ListOps(Task):
         embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0)
         if kind == "sequence":
             composer = composer(input_dim=word_dim, dim=hidden)
-            return cls(embedding, _mlp(hidden, mlp_hidden, num_classes, dropout), composer=composer, latent=latent,
-                       eval_max_cells=eval_max_cells)
-        classifier = _mlp(hidden, mlp_hidden, num_classes, dropout)
+            return cls(embedding, classifier_mlp(hidden, mlp_hidden, num_classes, dropout), composer=composer,
+                       latent=latent, eval_max_cells=eval_max_cells)
+        classifier = classifier_mlp(hidden, mlp_hidden, num_classes, dropout)
         parser_embedding = nn.Embedding(vocab_size, word_dim, padding_idx=0) if disjoint else None
         parser = None
         if kind == "chart":

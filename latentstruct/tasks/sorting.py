@@ -8,7 +8,7 @@ own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i o
 score of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network
 (``sigma_net=linear``, :class:`~latentstruct.models.sorting.LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole
 sequence is mapped to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002,
-Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``estimator.sigma``). The latent
+Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``task.estimator.sigma``). The latent
 structure is :class:`Matching` (MAP = Hungarian).
 
 **Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:
@@ -46,14 +46,15 @@ random noise is not added"). Metrics over the split's sequences:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
-from latentstruct.ranges import AtLeast, Positive
+from latentstruct.estimators.base import Estimator
+from latentstruct.ranges import AtLeast, Part, Positive
 from latentstruct.structures.matching import Matching, gumbel_sinkhorn
 from latentstruct.tasks.base import Task
 
@@ -99,17 +100,15 @@ class Sorting(Task):
     ``[batch, d]`` and the ranks ``y`` ``[batch, d]`` (z* = one_hot(y)).
     """
 
-    PARTS = ("scorer", "structure", "estimator", "sigma_net")
-
     @classmethod
     def build(
         cls,
         dims: dict[str, int],
         extras: dict,
-        scorer,
-        structure,
-        estimator,
-        sigma_net,
+        scorer: Annotated[Any, Part()],
+        structure: Annotated[Any, Part(Matching)],
+        estimator: Annotated[Any, Part(Estimator)],
+        sigma_net: Annotated[Any, Part()],
         baseline: Literal["none", "gumbel_sinkhorn"] = "none",
         tau: Annotated[float, Positive] = 1.0,
         sinkhorn_iters: Annotated[int, AtLeast(1)] = 10,

@@ -1,14 +1,15 @@
 """Text classification through latent dependency trees (seed 001 §7.2): SST sentiment and SNLI inference.
 
 **SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → the ``encoder``,
-one :class:`~latentstruct.models.text.BiLSTMEncoder` (``encoder.hidden`` in total, over time) → h. With
+one :class:`~latentstruct.models.text.BiLSTMEncoder` (``task.encoder.hidden`` in total, over time) → h. With
 ``latent=predicted`` the same h feeds the ``scorer``, :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose
 scores go through the ``estimator`` and the ``structure`` (a projective dependency tree) to z; the ``decoder``
 reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j (:func:`~latentstruct.models.text.head_vectors`; the root
 symbol's vector is the scorer's learned ``root``) through an affine layer, a ReLU and attention pooling
 (:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the baseline: no scorer, structure or estimator,
 and the decoder Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
-``estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code did.
+``task.estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code
+did.
 
 **SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; no encoder. With
 ``latent=predicted`` one ``scorer`` (:class:`~latentstruct.models.text.ArcScorer`) on the word vectors scores each
@@ -18,11 +19,11 @@ is concatenated with its (weighted) head before the ``decoder``,
 intra-attention). Relaxed methods are fed their relaxation at evaluation (``eval_latent=relaxed``), as the authors'
 NLI code did.
 
-**Parts** are the config groups of :data:`~latentstruct.tasks.base.PART_GROUPS` the task's option selects
-(``configs/task/sst.yaml``, ``nli.yaml``); :meth:`build` sizes them (the word vectors' size, the encoder's, the
-classes) and refuses one that does not fit its role (``decoder=linear`` on SST is an error, not a no-op), or a tree
-part set for the baseline. The word vectors are the top-level ``embedding``'s (``dim``, ``freeze``; the pretrained
-matrix comes with the dataset).
+**Parts** are the nodes under the task that the task's option lists (``configs/task/sst.yaml``, ``nli.yaml``), each
+declared in :meth:`build`'s signature with the classes it may build (``Part``: ``decoder=linear`` on SST is refused
+when the configuration is validated, not a no-op); :meth:`build` sizes them (the word vectors' size, the encoder's,
+the classes) and refuses a tree part set for the baseline, or a decoder of the other model. The word vectors are the
+top-level ``embedding``'s (``dim``, ``freeze``; the pretrained matrix comes with the dataset).
 
 **The pulled-back loss** ``downstream(μ)`` (DESIGN.md §5) is the per-example cross-entropy of the decoder fed μ with
 everything upstream of the scores detached (the word vectors, the root vector); for SNLI the two trees are estimated
@@ -41,12 +42,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
 
 from latentstruct.data.base import iterate_batches
+from latentstruct.estimators.base import Estimator
 from latentstruct.models.text import (
     ArcScorer,
     BaselineSST,
@@ -56,6 +58,7 @@ from latentstruct.models.text import (
     SSTDecoder,
     head_vectors,
 )
+from latentstruct.ranges import Part
 from latentstruct.structures import NonProjectiveDepTree, ProjectiveDepTree
 from latentstruct.tasks.base import Task
 
@@ -113,20 +116,17 @@ def _has_tree(task: str, dataset: str, latent: str, scorer, structure, estimator
     return latent != "none"
 
 
+def _class(part) -> type:
+    """The class a part is (or a partial of)."""
+    return getattr(part, "func", type(part))
+
+
 def _name(part) -> str:
     """The class a part is (or a partial of), as ``module.Class``; settings without a ``_target_`` as their keys."""
     if isinstance(part, Mapping):
         return f"{{{', '.join(map(str, part))}}} (no _target_)"
     cls = getattr(part, "func", type(part))
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _fit(task: str, role: str, part, *kinds: type) -> None:
-    """Refuse ``part`` (a module, or a partial of a module class) unless it is one of ``kinds``."""
-    cls = getattr(part, "func", type(part))
-    if not (isinstance(cls, type) and issubclass(cls, kinds)):
-        raise ValueError(f"{task} takes as {role} {' or '.join(k.__name__ for k in kinds)}, not {_name(part)}: "
-                         f"remove the {role} override")
 
 
 def _trim(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -204,21 +204,20 @@ class _TreeTask(Task):
 class LatentTreeSST(_TreeTask):
     """Sentiment classification through a latent tree, or the BiLSTM baseline (``latent=none``)."""
 
-    PARTS = ("encoder", "scorer", "structure", "estimator", "decoder")
-
     @classmethod
-    def build(cls, dims: dict[str, int], extras: dict, encoder, scorer, structure, estimator, decoder,
+    def build(cls, dims: dict[str, int], extras: dict, encoder: Annotated[Any, Part(BiLSTMEncoder)],
+              scorer: Annotated[Any, Part(ArcScorer)], structure: Annotated[Any, Part(*_TREES)],
+              estimator: Annotated[Any, Part(Estimator)], decoder: Annotated[Any, Part(SSTDecoder, BaselineSST)],
               embedding: dict[str, Any], latent: str = "predicted") -> LatentTreeSST:
         """Embedder (``embedding``, the dataset's vectors) → encoder → scorer, structure, estimator → decoder, sized
         by the data (``vocab_size``, ``num_classes``): BiLSTMEncoder, ArcScorer and SSTDecoder with
         ``latent=predicted``; BiLSTMEncoder and BaselineSST without a tree part with ``latent=none``."""
         name = cls.__name__
         tree = _has_tree(name, "SST", latent, scorer, structure, estimator)
-        _fit(name, "encoder", encoder, BiLSTMEncoder)
-        _fit(f"{name} with latent={latent}", "decoder", decoder, SSTDecoder if tree else BaselineSST)
-        if tree:
-            _fit(name, "scorer", scorer, ArcScorer)
-            _fit(name, "structure", structure, *_TREES)
+        wanted = SSTDecoder if tree else BaselineSST
+        if not issubclass(_class(decoder), wanted):
+            raise ValueError(f"{name} with latent={latent} takes as decoder {wanted.__name__}, not {_name(decoder)}: "
+                             f"{'decoder=sst' if tree else 'decoder=baseline_sst'}")
         embedder = _embedder(embedding, dims, extras)  # the order of the parts' initialisations is the runs'
         encoder = encoder(input_dim=embedder.out_dim)
         decoder = decoder(dim=encoder.out_dim, num_classes=dims["num_classes"])
@@ -259,20 +258,16 @@ class LatentTreeNLI(_TreeTask):
     """Natural language inference: decomposable attention over words concatenated with their latent heads, or
     decomposable attention alone (``latent=none``)."""
 
-    PARTS = ("scorer", "structure", "estimator", "decoder")
-
     @classmethod
-    def build(cls, dims: dict[str, int], extras: dict, scorer, structure, estimator, decoder,
-              embedding: dict[str, Any], latent: str = "predicted") -> LatentTreeNLI:
+    def build(cls, dims: dict[str, int], extras: dict, scorer: Annotated[Any, Part(ArcScorer)],
+              structure: Annotated[Any, Part(*_TREES)], estimator: Annotated[Any, Part(Estimator)],
+              decoder: Annotated[Any, Part(DecomposableAttention)], embedding: dict[str, Any],
+              latent: str = "predicted") -> LatentTreeNLI:
         """Embedder (``embedding``, the dataset's vectors) → scorer, structure, estimator → decoder (decomposable
         attention over [word; head], or over the words with ``latent=none``), sized by the data (``vocab_size``,
         ``num_classes``)."""
         name = cls.__name__
         tree = _has_tree(name, "SNLI", latent, scorer, structure, estimator)
-        _fit(name, "decoder", decoder, DecomposableAttention)
-        if tree:
-            _fit(name, "scorer", scorer, ArcScorer)
-            _fit(name, "structure", structure, *_TREES)
         embedder = _embedder(embedding, dims, extras)  # the order of the parts' initialisations is the runs'
         d = embedder.out_dim
         decoder = decoder(input_dim=2 * d if tree else d, num_classes=dims["num_classes"])

@@ -51,16 +51,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from latentstruct.data.base import iterate_batches
+from latentstruct.estimators.base import Estimator
 from latentstruct.estimators.exact import expected_loss
 from latentstruct.models.vae import GMVAE, DiscreteVAE, gaussian_kl, kl_uniform, negative_elbo
-from latentstruct.ranges import AtLeast, NonNegative, Positive
+from latentstruct.ranges import AtLeast, NonNegative, Part, Positive
 from latentstruct.structures.binary_vector import BinaryVector
 from latentstruct.structures.categorical import Categorical
 from latentstruct.tasks.base import Task
@@ -118,17 +119,15 @@ class SemiSupervisedVAE(Task):
     Batches hold ``x`` [B, input_dim] in {0, 1} and, in the labelled phase, ``y`` [B].
     """
 
-    PARTS = ("encoder", "scorer", "estimator", "decoder")
-
     @classmethod
     def build(
         cls,
         dims: dict[str, int],
         extras: dict,
-        encoder,
-        scorer,
-        estimator,
-        decoder,
+        encoder: Annotated[Any, Part()],
+        scorer: Annotated[Any, Part()],
+        estimator: Annotated[Any, Part(Estimator)],
+        decoder: Annotated[Any, Part()],
         gaussian_dim: Annotated[int, AtLeast(1)] = 30,
         theta: Literal["likelihood", "elbo"] = "likelihood",
         labelled_epsilon: Annotated[float, Positive] = 0.05,
@@ -272,18 +271,16 @@ class UnsupervisedVAE(Task):
     Batches hold ``x`` [B, input_dim] in {0, 1}; evaluation splits also ``y`` (for ``acc`` only).
     """
 
-    PARTS = ("encoder", "scorer", "structure", "estimator", "decoder")
-
     @classmethod
     def build(
         cls,
         dims: dict[str, int],
         extras: dict,
-        encoder,
-        scorer,
-        structure,
-        estimator,
-        decoder,
+        encoder: Annotated[Any, Part()],
+        scorer: Annotated[Any, Part()],
+        structure: Annotated[Any, Part(Categorical, BinaryVector)],
+        estimator: Annotated[Any, Part(Estimator)],
+        decoder: Annotated[Any, Part()],
         size: Annotated[int, AtLeast(1)] = 10,
         anneal_rate: Annotated[float, NonNegative] = 1e-5,
         anneal_floor: Annotated[float, Positive] = 0.1,

@@ -29,7 +29,7 @@ def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
         assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
         assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
         if config.task == "SST" and config.cap != "—":
-            assert cfg.structure.sparsemap_max_iter == (None if config.cap == "exact" else 50)
+            assert cfg.task.structure.sparsemap_max_iter == (None if config.cap == "exact" else 50)
         # the run-time check reads the same file a run leaves in .hydra/
         (tmp_path / ".hydra").mkdir(exist_ok=True)
         (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))

@@ -80,7 +80,7 @@ def test_sigma_net_layouts():
 
 def _part(group: str, option: str):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return instantiate(compose("train", overrides=["task=knn", f"{group}={option}"])[group])
+        return instantiate(compose("train", overrides=["task=knn", f"{group}={option}"]).task[group])
 
 
 def test_options_build_the_networks_from_the_image_sizes():

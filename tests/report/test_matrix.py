@@ -29,10 +29,12 @@ def test_the_spec_names_real_experiments_and_estimators(spec):
 
 
 #: each estimator's own key (issue #38), tuned beside the learning rate
-OWN_KEYS = {"gumbel_softmax": ["estimator.tau"], "st_gumbel": ["estimator.tau"], "sfe_rloo": ["estimator.samples"],
-            "spigot": ["estimator.eta"], "spigot_ce": ["estimator.eta"], "spigot_eg": ["estimator.eta"],
-            "blackbox": ["estimator.lam"], "imle": ["estimator.lam"], "neuralsort": ["estimator.tau"],
-            "neuralsort_stochastic": ["estimator.tau"], "perturbed": ["estimator.sigma", "estimator.samples"]}
+OWN_KEYS = {"gumbel_softmax": ["task.estimator.tau"], "st_gumbel": ["task.estimator.tau"],
+            "sfe_rloo": ["task.estimator.samples"], "spigot": ["task.estimator.eta"],
+            "spigot_ce": ["task.estimator.eta"], "spigot_eg": ["task.estimator.eta"],
+            "blackbox": ["task.estimator.lam"], "imle": ["task.estimator.lam"],
+            "neuralsort": ["task.estimator.tau"], "neuralsort_stochastic": ["task.estimator.tau"],
+            "perturbed": ["task.estimator.sigma", "task.estimator.samples"]}
 
 
 def test_every_estimator_tunes_its_own_setting_beside_the_learning_rate(spec):
@@ -41,7 +43,7 @@ def test_every_estimator_tunes_its_own_setting_beside_the_learning_rate(spec):
         assert rows[name]["grid"] == ["optim.lr", *keys], name
         estimator = dict(matrix._pairs(rows[name]["overrides"]))["estimator"]
         for key in keys:  # a setting of that estimator, swept by a launch, with more than one value
-            assert key.removeprefix("estimator.") in compose(f"estimator={estimator}").estimator, (name, key)
+            assert key.removeprefix("task.estimator.") in compose(f"estimator={estimator}").task.estimator, (name, key)
             assert key in matrix.SWEPT
             values = (rows[name].get("grid_values") or {}).get(key, spec["grid"][key])
             assert len(values) > 1
@@ -49,7 +51,7 @@ def test_every_estimator_tunes_its_own_setting_beside_the_learning_rate(spec):
     perturbed = next(c for c in matrix.cells(spec) if c.row == "perturbed" and c.setting == "topk")
     assert len(matrix.grid_points(spec, perturbed)) == 4 * 3 * 2
     rloo = next(c for c in matrix.cells(spec) if c.row == "sfe_rloo" and c.setting == "topk")
-    assert {dict(p)["estimator.samples"] for p in matrix.grid_points(spec, rloo)} == {"2", "4", "8"}
+    assert {dict(p)["task.estimator.samples"] for p in matrix.grid_points(spec, rloo)} == {"2", "4", "8"}
 
 
 def test_cells_apply_each_row_where_it_can(spec):
@@ -59,8 +61,8 @@ def test_cells_apply_each_row_where_it_can(spec):
     assert {s for r, s in cells if r == "gold"} == {s["name"] for s in spec["settings"]}
     spigot = next(c for c in matrix.cells(spec) if c.row == "spigot" and c.setting == "topk")
     points = matrix.grid_points(spec, spigot)
-    assert len(points) == len(spec["grid"]["optim.lr"]) * len(spec["grid"]["estimator.eta"])
-    assert points[0] == (("optim.lr", repr(spec["grid"]["optim.lr"][0])), ("estimator.eta", "0.1"))
+    assert len(points) == len(spec["grid"]["optim.lr"]) * len(spec["grid"]["task.estimator.eta"])
+    assert points[0] == (("optim.lr", repr(spec["grid"]["optim.lr"][0])), ("task.estimator.eta", "0.1"))
 
 
 def test_launches_sweep_a_product_and_split_the_rest():
@@ -105,7 +107,7 @@ def test_chance_is_read_from_the_first_run_of_each_setting_that_recorded_it(spec
 def _small_spec(spec, rows=("linear", "spigot", "ste_i"), settings=("topk",)):
     small = {**spec, "rows": [r for r in spec["rows"] if r["name"] in rows],
              "settings": [s for s in spec["settings"] if s["name"] in settings],
-             "grid": {"optim.lr": [0.01, 0.1], "estimator.eta": [1.0]}, "seeds": [301, 302]}
+             "grid": {"optim.lr": [0.01, 0.1], "task.estimator.eta": [1.0]}, "seeds": [301, 302]}
     return small
 
 
@@ -119,7 +121,7 @@ def test_selection_uses_validation_only_and_the_selection_seed(spec, tmp_path):
     _record(tmp_path, "c", lr=0.1, valid=99.0, seed=302)  # another seed: not looked at
     _record(tmp_path, "d", lr=0.01, valid=99.0, estimator="ste_i")  # another row
     point, why = matrix.select(small, cell, load_runs(tmp_path))
-    assert point == (("optim.lr", "0.01"), ("estimator.eta", "1.0")) and why == "valid/acc 80.00"
+    assert point == (("optim.lr", "0.01"), ("task.estimator.eta", "1.0")) and why == "valid/acc 80.00"
     # a failed grid point is passed over and said
     _record(tmp_path, "e", lr=0.1, seed=301, estimator="ste_i", status="failed")
     ste = next(c for c in matrix.cells(small) if c.row == "ste_i")
@@ -155,7 +157,7 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
     """End to end on one planted structure (a few steps): grid at seed 301, selection, seed 302, then nothing; a row
     tuning its own key (blackbox's λ) on a structure read through the data's fixed read-out (issue #38)."""
     small = {**_small_spec(spec, rows=("blackbox",), settings=("topk",)),
-             "grid": {"optim.lr": [0.01], "estimator.lam": [1.0, 10.0]}, "notes": ["a note"]}
+             "grid": {"optim.lr": [0.01], "task.estimator.lam": [1.0, 10.0]}, "notes": ["a note"]}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(small))
     monkeypatch.setattr(matrix, "LAUNCHER", ("hydra/launcher=basic", "trainer.threads=1", "trainer.progress=false",
@@ -169,7 +171,7 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
     assert "topk grid: 2 runs to go in 1 launches" in said and "seed 302: 1 runs to go" in said
     runs = load_runs(tmp_path / "runs" / small["sweep_dir"])
     assert len(runs) == 3 and runs["completed"].all()
-    assert set(runs["choices.decoder"]) == {"known_readout"} and set(runs["estimator.lam"]) == {1.0, 10.0}
+    assert set(runs["choices.decoder"]) == {"known_readout"} and set(runs["task.estimator.lam"]) == {1.0, 10.0}
     text = (tmp_path / "res" / "lab" / "matrix.md").read_text()
     assert "**Status:** 1 of 1 cells with all 2 seeds." in text and "- a note" in text
     assert matrix.main(argv) == 0

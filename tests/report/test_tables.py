@@ -28,7 +28,8 @@ def _run(root: Path, name: str, experiment: str, *, k: int = 3, acc: float = 90.
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     config = {"seed": seed, "dataset": {"num_clusters": k, "dim": 2, "data_dir": "${paths.data_dir}"},
-              "estimator": {"_target_": "x.Y", "eta": eta, "steps": steps}, "paths": {"data_dir": "data"}}
+              "task": {"_target_": "x.Task", "estimator": {"_target_": "x.Y", "eta": eta, "steps": steps}},
+              "paths": {"data_dir": "data"}}
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     choices = {"experiment": experiment, "estimator": "spigot", "hydra/launcher": "basic"}
     hydra = {"hydra": {"run": {"dir": "outputs"}, "job": {"name": "train"},
@@ -79,7 +80,7 @@ def test_load_runs_flattens(tmp_path):
     runs = tables.load_runs(tmp_path / "runs")
     assert len(runs) == 1
     r = runs.iloc[0]
-    assert r["dataset.num_clusters"] == 3 and r["estimator.eta"] == 1.0 and r["estimator._target_"] == "x.Y"
+    assert r["dataset.num_clusters"] == 3 and r["task.estimator.eta"] == 1.0 and r["task.estimator._target_"] == "x.Y"
     assert r["dataset.data_dir"] == "${paths.data_dir}"  # interpolations kept as text
     assert r["choices.experiment"] == "synthetic_spigot" and r["choices.hydra/launcher"] == "basic"
     assert r["metric.test/acc"] == 91.5 and r["metric.valid/v_measure"] == 80.0
@@ -95,6 +96,48 @@ def test_load_runs_flattens_the_config_as_the_run_records_do(tmp_path):
     (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({**config, "optim_groups": {}, "tuned": {"k3": 0.5}}))
     r = tables.load_runs(tmp_path / "runs").iloc[0]
     assert "optim_groups" not in r and r["tuned.k3"] == 0.5 and r["dataset.num_clusters"] == 3
+
+
+def _old_layout_run(root: Path, name: str, eta: float, acc: float, seed: int) -> Path:
+    """A run record as the code before the nested task wrote it (commit 8eb003f and earlier): the model parts at the
+    top level of .hydra/config.yaml and of run.json's identity (a part the task did not take: null), the
+    fingerprint of that identity in run.json and metrics.json."""
+    from latentstruct.records import fingerprint, identity
+
+    run = _run(root, name, "synthetic_spigot", acc=acc, seed=seed, eta=eta)
+    config = {"dataset": {"num_clusters": 3, "dim": 2}, "encoder": {"_target_": "x.Identity"},
+              "estimator": {"_target_": "x.Y", "eta": eta, "steps": 1}, "decoder": None, "sigma_net": None,
+              "task": {"_target_": "x.Task"}, "trainer": {"seed": seed}, "paths": {"data_dir": "data"}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    ident = identity(config)
+    fp = fingerprint(ident)
+    (run / "run.json").write_text(json.dumps({"fingerprint": fp, "identity": ident}))
+    record = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**record, "fingerprint": fp}))
+    return run
+
+
+def test_a_record_of_the_old_layout_is_read_as_nested_and_matched_by_the_new_keys(tmp_path):
+    """Records made before the model parts moved under the task (top-level ``estimator.eta``) are read as the
+    current layout (latentstruct.records.nested): a spec's ``task.estimator.eta`` matches them, their run.json still
+    agrees with their config, and their null part slots give no column."""
+    for seed, (eta, acc) in enumerate([(0.1, 90.0), (0.1, 92.0), (1.0, 50.0)], start=1):
+        _old_layout_run(tmp_path / "runs", f"r{seed}", eta, acc, seed)
+    runs = tables.load_runs(tmp_path / "runs")
+    assert set(runs["task.estimator.eta"]) == {0.1, 1.0} and set(runs["task.encoder._target_"]) == {"x.Identity"}
+    assert not {"estimator.eta", "encoder._target_", "decoder", "sigma_net", "task.decoder"} & set(runs.columns)
+    assert len(tables.filter_runs(runs, {"task.estimator.eta": 0.1})) == 2
+    spec = tables.load_spec(_spec(tmp_path))
+    spec["rows"][0]["match"] = {"choices.experiment": "synthetic_spigot", "task.estimator.eta": 0.1}
+    cell = tables.build_table(spec, runs).set_index(["row", "metric"]).loc[("spigot", "test/acc")]
+    assert cell["n_runs"] == 2 and cell["ours"] == pytest.approx(91.0)
+    # a record whose config and run.json disagree is still refused, in either layout
+    run = tmp_path / "runs" / "r1"
+    config = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
+    config["estimator"]["eta"] = 5.0
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match=r"task.estimator.eta: 0.1 \(run.json\) ≠ 5.0"):
+        tables.load_runs(tmp_path / "runs")
 
 
 def test_median_and_standard_error(tmp_path):

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra.errors import InstantiationException
+from hydra.errors import ConfigCompositionException, InstantiationException
 from hydra.utils import instantiate
 
 import latentstruct.train as train_module
-from latentstruct.config import help_texts, settings
+from latentstruct.config import help_texts, parts, settings
 from latentstruct.data.conll import conll_dataset
 from latentstruct.data.mlc import MULAN_DATASETS, f1_at_threshold, mlc_dataset
 from latentstruct.data.twpos import twpos_dataset
@@ -361,8 +361,8 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
     # the per-dataset sizes of the experiments: the energy's F, A and F shaped alike
     for dataset, (hidden, global_hidden) in (("bibtex", ([150, 150], 16)), ("delicious", ([250, 250], 10))):
         cfg = _compose("+experiment=mlc_infnet", f"dataset={dataset}")
-        assert (list(cfg.energy.feature_hidden), cfg.energy.global_hidden) == (hidden, global_hidden)
-        assert list(cfg.infnet.hidden) == list(cfg.cost_net.hidden) == hidden and cfg.dataset.name == dataset
+        assert (list(cfg.task.energy.feature_hidden), cfg.task.energy.global_hidden) == (hidden, global_hidden)
+        assert list(cfg.task.infnet.hidden) == list(cfg.task.cost_net.hidden) == hidden and cfg.dataset.name == dataset
     sweep = _compose("+sweep=energy_mlc", hydra=True)
     assert sorted(sweep.hydra.sweeper.params["+experiment"].split(",")) == [f"mlc_{e}" for e in EXPERIMENTS]
     assert sweep.hydra.sweeper.params["trainer.seed"] == "301,302,303"
@@ -379,9 +379,9 @@ def test_the_config_shows_the_networks_its_method_builds(experiment):
     targets = {"energy": MLCEnergy, "infnet": MLCInferenceNet, "cost_net": MLCInferenceNet}
     needs = dict(zip(targets, MultiLabelEnergy.NETWORKS[cfg.task.method], strict=True))
     for group, cls in targets.items():  # set exactly when the method trains that network, with its target
-        assert (cfg[group] is not None) == needs[group]
-        assert cfg[group] is None or cfg[group]._target_ == f"{cls.__module__}.{cls.__name__}"
-    assert all(cfg[g] is None for g in ("encoder", "scorer", "structure", "estimator", "decoder"))
+        assert (cfg.task[group] is not None) == needs[group]
+        assert cfg.task[group] is None or cfg.task[group]._target_ == f"{cls.__module__}.{cls.__name__}"
+    assert not {"encoder", "scorer", "structure", "estimator", "decoder"} & {*cfg, *cfg.task}  # parts it does not take
     task = build_model(cfg, TOY_DIMS, {})  # no data needed: the sizes come from dims
     built = {"energy": task.energy_net, "infnet": task.infnet, "cost_net": task.cost_net}
     for group, cls in targets.items():
@@ -393,14 +393,16 @@ def test_the_config_shows_the_networks_its_method_builds(experiment):
     (["+experiment=mlc_spen", "infnet=mlc_inference_net"], "method=spen builds no infnet"),
     (["+experiment=mlc_cd", "cost_net=mlc_inference_net"], "method=implicit builds no cost_net"),
     (["+experiment=mlc_cd", "task.method=infnet"], "method=infnet needs the network cost_net"),
-    (["+experiment=mlc_cd", "+encoder=bilstm_features"], "does not read encoder"),
-    (["+experiment=mlc_cd", "+estimator=spigot"], "does not read estimator"),
+    (["+experiment=mlc_cd", "+encoder=bilstm_features"], "Key 'encoder' not in 'MultiLabelEnergyConf'"),
+    (["+experiment=mlc_cd", "+estimator=spigot"], "Key 'estimator' not in 'MultiLabelEnergyConf'"),
     (["+experiment=mlc_cd", "latent=gold"], "no latent source"),
     (["+experiment=mlc_cd", "task.phases=3"], "no trainer.phases, or two"),
-    (["+energy=mlc_energy"], "LatentClassifier .* does not read energy"),  # an energy part on another task
+    (["+energy=mlc_energy"], "Key 'energy' not in 'LatentClassifierConf'"),  # an energy part on another task
 ])
 def test_a_part_the_task_does_not_build_is_refused(overrides, error):
-    with pytest.raises(ValueError, match=error):
+    """A part the task does not take is refused when composed (not a field of the task's schema); the others when
+    the task is built."""
+    with pytest.raises((ValueError, ConfigCompositionException), match=error):
         build_model(_compose(*overrides), TOY_DIMS, {})
 
 
@@ -414,13 +416,14 @@ def test_the_task_option_counts_the_trainer_phases():
 
 def test_the_energy_tasks_share_their_training_settings_and_document_every_setting():
     mlc, seq = settings(MultiLabelEnergy), settings(SequenceLabelEnergy)
-    assert set(seq) - set(mlc) == {"normalize_cost"} and set(mlc) <= set(seq)
+    assert set(seq) - set(mlc) == {"encoder", "normalize_cost"} and set(mlc) <= set(seq)  # + its features' part
     assert {k: seq[k].default for k in mlc} == {k: p.default for k, p in mlc.items()}  # one default each
     targets = [MultiLabelEnergy, SequenceLabelEnergy, MLCEnergy, MLCInferenceNet, BiLSTMFeatures, mlc_dataset,
                conll_dataset, twpos_dataset]
     for target in targets:
         texts = help_texts(target)
-        assert all(texts.get(name) for name in settings(target)), target
+        assert all(texts.get(name) for name in settings(target) if name not in parts(target)), target  # a part:
+        # the schema's own help (its kinds, its group)
 
 
 def test_the_dataset_configs_read_their_files(tmp_path):

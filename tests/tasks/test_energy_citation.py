@@ -21,7 +21,8 @@ from tests.helpers import methods
 EXPERIMENTS = methods("citation")
 TINY_DATA = ["dataset.check_sizes=false", "dataset.n_test=6", "dataset.n_valid=4", "dataset.pool=6",
              "dataset.labelled=3"]
-TINY_TASK = ["encoder.hidden=4", "embedding.dim=6", "task.neumann_terms=2", "task.spen_steps=2", "task.num_samples=3"]
+TINY_TASK = ["task.encoder.hidden=4", "embedding.dim=6", "task.neumann_terms=2", "task.spen_steps=2",
+             "task.num_samples=3"]
 
 
 def _cfg(data_dir, out, experiment="cd", *overrides):
@@ -60,7 +61,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_cora(tmp_path):
     assert _compose("+experiment=citation_cd").task.unlabelled_loss == "none"  # chosen on validation (issue #33)
     assert _compose("+experiment=citation_rspen").task.unlabelled_loss == "best"
     preset = _compose("+experiment=citation_cd", "+preset=citation_cpu")
-    assert (preset.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
+    assert (preset.task.encoder.hidden, preset.task.neumann_terms, [p.epochs for p in preset.trainer.phases]) == (50, 5,
                                                                                                             [4, 3])
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 import latentstruct.config as config
 import latentstruct.optim
+from latentstruct.config import ConfigError, check_command_line
 from latentstruct.estimators import Direct, NeuralSort, Spigot
 from latentstruct.models.vision import CifarSigmaNet, MnistConvNet, MnistSigmaNet, ResNet18
 from latentstruct.structures import Categorical, TopK
@@ -150,23 +151,23 @@ def test_protocol_hyper_parameters():
             "cifar10": (ResNet18, CifarSigmaNet, 700)}
     for name, (encoder, sigma_net, batch) in nets.items():
         cfg = _compose("+experiment=knn_direct_learned", f"dataset={name}", "task.k=1")
-        assert (cfg.encoder._target_, cfg.sigma_net._target_) == (_name(encoder), _name(sigma_net))
+        assert (cfg.task.encoder._target_, cfg.task.sigma_net._target_) == (_name(encoder), _name(sigma_net))
         assert (cfg.trainer.batch_size, cfg.task.num_queries) == (batch, 100)
         assert cfg.trainer.max_epochs == 220 * (batch // 100)
         assert (cfg.optim._target_, cfg.optim.lr, cfg.optim_groups.sigma._target_) == ("torch.optim.Adam", 1e-3,
                                                                                          "torch.optim.SGD")
-    assert _compose("+experiment=knn_direct_learned", "task.k=1").estimator.samples == 5
-    assert _compose("+experiment=knn_direct_learned", "task.k=9").estimator.samples == 1
-    assert _compose("+experiment=knn_direct_sigma0", "task.k=3").estimator.sigma == 0.0
-    assert _compose("+experiment=knn_direct_sigma1", "task.k=3").estimator.sigma == 1.0
+    assert _compose("+experiment=knn_direct_learned", "task.k=1").task.estimator.samples == 5
+    assert _compose("+experiment=knn_direct_learned", "task.k=9").task.estimator.samples == 1
+    assert _compose("+experiment=knn_direct_sigma0", "task.k=3").task.estimator.sigma == 0.0
+    assert _compose("+experiment=knn_direct_sigma1", "task.k=3").task.estimator.sigma == 1.0
     for experiment in ("direct_sigma0", "direct_sigma1", "neuralsort", "neuralsort_stochastic"):
-        assert _compose(f"+experiment=knn_{experiment}", "task.k=3").sigma_net is None  # σ is learned by one only
-    stochastic = _compose("+experiment=knn_neuralsort_stochastic", "task.k=3").estimator
+        assert _compose(f"+experiment=knn_{experiment}", "task.k=3").task.sigma_net is None  # σ is learned by one only
+    stochastic = _compose("+experiment=knn_neuralsort_stochastic", "task.k=3").task.estimator
     assert (stochastic._target_, stochastic.stochastic, stochastic.tau, stochastic.samples) == (
         "latentstruct.estimators.NeuralSort", True, 16.0, 5)
-    assert not _compose("+experiment=knn_neuralsort", "task.k=3").estimator.stochastic
+    assert not _compose("+experiment=knn_neuralsort", "task.k=3").task.estimator.stochastic
     # A network chosen on the command line replaces the dataset's: used, not ignored.
-    assert _compose("+experiment=knn_direct_learned", "task.k=1", "encoder=resnet18").encoder._target_ == _name(
+    assert _compose("+experiment=knn_direct_learned", "task.k=1", "encoder=resnet18").task.encoder._target_ == _name(
         ResNet18)
 
 
@@ -219,10 +220,13 @@ def test_the_mnist_conv_net_is_built_with_its_sigma_network():
 @pytest.mark.parametrize("override", ["+scorer=linear", "+decoder=bilinear", "+structure=topk"])
 def test_a_part_group_knn_does_not_read_is_refused(override):
     """The structure is TopK(task.k), built by the task: a structure, scorer or decoder set on the command line is an
-    error, not a no-op (without the +, at composition: the k-NN options select no such group)."""
-    cfg = _compose("+experiment=knn_direct_sigma0", "task.k=3", override)
-    with pytest.raises(ValueError, match=r"task KNN is built from encoder, estimator, sigma_net; it does not read"):
-        build_model(cfg, {"channels": 1, "height": 28, "width": 28, "num_classes": 10})
+    error, not a no-op, at composition: with the +, its task's schema has no such part (the command line says so in
+    one line); without it, the k-NN options select no such group."""
+    group = override[1:].split("=")[0]
+    with pytest.raises(ConfigCompositionException, match=f"Key '{group}' not in 'KNNConf'"):
+        _compose("+experiment=knn_direct_sigma0", "task.k=3", override)
+    with pytest.raises(ConfigError, match=rf"^task KNN takes no {group} \(its parts: encoder, estimator, sigma_net\)"):
+        check_command_line(["+experiment=knn_direct_sigma0", "task.k=3", override])
     with pytest.raises(ConfigCompositionException, match="No match in the defaults list"):
         _compose("+experiment=knn_direct_sigma0", "task.k=3", override[1:])
 

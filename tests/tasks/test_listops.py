@@ -182,8 +182,8 @@ def _parser_grad(model: ListOps) -> float:
 def test_gradients_reach_the_parser_and_the_composer(data, experiment):
     # A large pull-back step: with η = 1 the SPIGOT projection of a point this close to ẑ may be ẑ itself (a zero
     # gradient, which is correct); the baseline-free variant keeps the REINFORCE advantage away from 0.
-    extra = ["estimator.eta=1000"] if experiment.startswith(("chart_spigot", "chart_ste")) else []
-    extra += ["estimator.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
+    extra = ["task.estimator.eta=1000"] if experiment.startswith(("chart_spigot", "chart_ste")) else []
+    extra += ["task.estimator.baseline=none"] if experiment in ("reinforce_self_critical", "ppo") else []
     model = _model(experiment, *extra).train()
     batch = {k: v[:8] for k, v in data.splits["train"].items()}
     model(batch).loss.backward()
@@ -197,8 +197,9 @@ def test_gradients_reach_the_parser_and_the_composer(data, experiment):
 
 def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
     """ρ = 1 when the behaviour policy is the current one: PPO's gradient is REINFORCE's on the same sample."""
-    common = ["estimator.baseline=none", "estimator.normalize_advantage=false", "estimator.entropy_weight=0.01"]
-    ppo = _model("ppo", *common, "estimator.refresh=1").train()
+    common = ["task.estimator.baseline=none", "task.estimator.normalize_advantage=false",
+              "task.estimator.entropy_weight=0.01"]
+    ppo = _model("ppo", *common, "task.estimator.refresh=1").train()
     reinforce = _model("reinforce", *common, "task.disjoint=true").train()
     missing, unexpected = reinforce.load_state_dict(ppo.state_dict(), strict=False)
     assert not missing and all(k.startswith(("behaviour.", "ppo_steps")) for k in unexpected)
@@ -218,7 +219,7 @@ def test_ppo_with_a_fresh_behaviour_policy_has_the_reinforce_gradient(data):
 def test_reinforce_takes_its_control_variate_from_the_estimator(data):
     """The merge parser's REINFORCE is estimator=sfe: the moving average of the losses lives in the estimator (its
     buffer is saved with the model), starts at the first batch's mean CE, and the advantage is CE − b."""
-    model = _model("reinforce", "estimator.decay=0.5").train()
+    model = _model("reinforce", "task.estimator.decay=0.5").train()
     assert "estimator.running_loss" in model.state_dict()
     batch = {k: v[:8] for k, v in data.splits["train"].items()}
     torch.manual_seed(3)
@@ -235,7 +236,7 @@ def test_reinforce_takes_its_control_variate_from_the_estimator(data):
 
 
 def test_ppo_behaviour_policy_lags_and_is_refreshed(data):
-    model = _model("ppo", "estimator.refresh=2").train()
+    model = _model("ppo", "task.estimator.refresh=2").train()
     groups = model.param_groups()
     assert set(groups) == {"default", "policy"}
     ids = [{id(p) for p in g} for g in groups.values()]
@@ -287,16 +288,16 @@ def test_dataset_and_task_configs_compose():
     assert cfg.task._target_ == "latentstruct.tasks.ListOps" and "method" not in cfg.task
     assert (cfg.task.word_dim, cfg.task.hidden) == (128, 128)
     # the task's own option is the Gumbel Tree-LSTM: the merge parser with st_gumbel at every merge
-    assert cfg.scorer._target_.endswith(".MergeParser") and cfg.estimator._target_.endswith(".StGumbel")
-    assert cfg.structure is None and cfg.composer is None
+    assert cfg.task.scorer._target_.endswith(".MergeParser") and cfg.task.estimator._target_.endswith(".StGumbel")
+    assert cfg.task.structure is None and cfg.task.composer is None
     with pytest.raises(ConfigError, match="baseline"):
-        validate(_compose("+experiment=listops_reinforce", "estimator.baseline=learned"))
+        validate(_compose("+experiment=listops_reinforce", "task.estimator.baseline=learned"))
     with pytest.raises(ConfigError, match="method"):
         validate(_compose("task=listops", "+task.method=lstm"))  # the parts choose the model, not a string
 
 
 def _choice(cfg, group: str) -> str | None:
-    return None if cfg[group] is None else cfg[group]._target_.rsplit(".", 1)[1]
+    return None if cfg.task[group] is None else cfg.task[group]._target_.rsplit(".", 1)[1]
 
 
 def test_experiments_carry_their_settings():
@@ -316,18 +317,21 @@ def test_experiments_carry_their_settings():
         cfg = _compose(f"+experiment=listops_{experiment}")
         assert (cfg.optim._target_, cfg.optim.lr, cfg.trainer.batch_size) == ("torch.optim.Adam", 1e-3, 128)
         assert cfg.trainer.select.value == "best" and cfg.task._target_ == "latentstruct.tasks.ListOps"
+        model = "chart_parser" if experiment.startswith("chart_") else "merge_parser"
+        assert cfg.task.model == ("lstm" if experiment == "lstm" else model), experiment  # not read from null parts
         chosen = tuple(_choice(cfg, g) for g in parts)
         if experiment.startswith("chart_"):
             estimator = experiment.removeprefix("chart_")
             assert chosen[:2] + chosen[3:] == ("SpanScorer", "BinaryTree", "ChartTreeLSTM")
-            assert chosen[2].lower() == estimator.replace("_", "") and cfg.composer.checkpoint
+            assert chosen[2].lower() == estimator.replace("_", "") and cfg.task.composer.checkpoint
         else:
             assert chosen == expected[experiment], experiment
         validate(cfg)
     ppo = _compose("+experiment=listops_ppo")
-    assert ppo.task.disjoint and (ppo.estimator.baseline, ppo.estimator.normalize_advantage) == ("self_critical", True)
-    assert (ppo.estimator.clip, ppo.estimator.refresh, ppo.estimator.entropy_weight) == (0.2, 15, 1e-4)
-    baselines = {e: _compose(f"+experiment=listops_{e}").estimator.baseline
+    est = ppo.task.estimator
+    assert ppo.task.disjoint and (est.baseline, est.normalize_advantage) == ("self_critical", True)
+    assert (est.clip, est.refresh, est.entropy_weight) == (0.2, 15, 1e-4)
+    baselines = {e: _compose(f"+experiment=listops_{e}").task.estimator.baseline
                  for e in ("reinforce", "reinforce_self_critical", "reinforce_none")}
     assert baselines == {"reinforce": "moving_average", "reinforce_self_critical": "self_critical",
                          "reinforce_none": "none"}
@@ -351,8 +355,12 @@ def test_sweeps_cover_every_experiment_and_three_seeds():
 
 
 def test_invalid_combinations_are_refused(data):
-    with pytest.raises(ValueError, match="binary_tree"):
+    with pytest.raises(ValueError, match="takes as structure BinaryTree, not latentstruct.structures.Categorical"):
         _model("chart_spigot", "structure=categorical")
+    with pytest.raises(ValueError, match="task.model=chart_parser takes composer=chart_tree_lstm, got None"):
+        _model("gumbel_tree", "task.model=chart_parser")  # the model is chosen by task.model, its parts must fit it
+    with pytest.raises(ValueError, match="task.model=merge_parser takes no composer"):
+        _model("chart_spigot", "task.model=merge_parser")
     with pytest.raises(ValueError, match="latent=none"):
         _model("gumbel_tree", "latent=none")
     with pytest.raises(ValueError, match="latent=none"):
@@ -374,11 +382,11 @@ def test_invalid_combinations_are_refused(data):
 @pytest.mark.parametrize("group, option", [("encoder", "identity"), ("decoder", "linear")])
 def test_a_part_group_listops_does_not_read_is_refused(group, option):
     """The ListOps models are built from scorer, structure, estimator and composer; an encoder or decoder override
-    is an error, not a silent no-op: at composition (the task's option has no such group), or, added with +, when
-    the task is built."""
+    is an error, not a silent no-op: at composition (the task's option has no such group; added with +, its schema
+    has no such part)."""
     with pytest.raises(ConfigCompositionException, match=group):
         _model("gumbel_tree", f"{group}={option}")
-    with pytest.raises(ValueError, match=f"does not read {group}"):
+    with pytest.raises(ConfigCompositionException, match=f"Key '{group}' not in 'ListOpsConf'"):
         _model("gumbel_tree", f"+{group}={option}")
 
 

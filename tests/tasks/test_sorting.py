@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from scipy.stats import kendalltau
 
@@ -170,17 +171,17 @@ def test_protocol_hyper_parameters():
     learned = _compose("+experiment=sorting_direct_learned")
     assert (learned.optim._target_, learned.optim.lr) == ("torch.optim.Adam", 0.1)
     assert (learned.optim_groups.sigma._target_, learned.optim_groups.sigma.lr) == ("torch.optim.SGD", 1e-6)
-    assert (learned.estimator.epsilon, learned.estimator.samples) == (-12.0, 5)
-    assert learned.sigma_net._target_ == "latentstruct.models.sorting.LinearSigmaNet"
-    assert (learned.scorer._target_, learned.scorer.hidden) == ("latentstruct.models.sorting.RankScorer", 32)
+    assert (learned.task.estimator.epsilon, learned.task.estimator.samples) == (-12.0, 5)
+    assert learned.task.sigma_net._target_ == "latentstruct.models.sorting.LinearSigmaNet"
+    assert (learned.task.scorer._target_, learned.task.scorer.hidden) == ("latentstruct.models.sorting.RankScorer", 32)
     assert (learned.trainer.select.value, learned.trainer.max_epochs, learned.dataset.num_items) == ("best", 2000, 10)
-    assert _compose("+experiment=sorting_direct_sigma0").estimator.sigma == 0.0
-    assert _compose("+experiment=sorting_direct_sigma1").estimator.sigma == 1.0
+    assert _compose("+experiment=sorting_direct_sigma0").task.estimator.sigma == 0.0
+    assert _compose("+experiment=sorting_direct_sigma1").task.estimator.sigma == 1.0
     for experiment in ("direct_sigma0", "direct_sigma1", "gumbel_sinkhorn"):
-        assert _compose(f"+experiment=sorting_{experiment}").sigma_net is None  # σ is learned by one only
+        assert _compose(f"+experiment=sorting_{experiment}").task.sigma_net is None  # σ is learned by one only
     gs = _compose("+experiment=sorting_gumbel_sinkhorn")
     assert (gs.task.baseline, gs.task.tau, gs.task.sinkhorn_iters, gs.task.samples) == ("gumbel_sinkhorn", 1.0, 10, 5)
-    assert gs.estimator is None  # trained by its reconstruction loss, evaluated by the Hungarian MAP
+    assert gs.task.estimator is None  # trained by its reconstruction loss, evaluated by the Hungarian MAP
 
 
 def test_sweep_composes_the_paper_grid():
@@ -238,14 +239,14 @@ def test_invalid_combinations_are_refused(tmp_path):
     ("overrides", "error"),
     [
         (["+experiment=sorting_gumbel_sinkhorn", "estimator=direct"], "without an estimator"),
-        (["+experiment=sorting_direct_sigma1", "+decoder=bilinear"], "does not read decoder"),
-        (["+experiment=sorting_direct_sigma1", "+encoder=identity"], "does not read encoder"),
+        (["+experiment=sorting_direct_sigma1", "+decoder=bilinear"], "Key 'decoder' not in 'SortingConf'"),
+        (["+experiment=sorting_direct_sigma1", "+encoder=identity"], "Key 'encoder' not in 'SortingConf'"),
         (["+experiment=sorting_direct_sigma1", "sigma_net=mnist_convnet"], "unexpected keyword argument 'in_features'"),
     ],
 )
 def test_a_part_the_experiment_does_not_use_is_refused(overrides, error):
     """An estimator for the Gumbel-Sinkhorn baseline, a decoder or an encoder is an error, not a no-op."""
-    with pytest.raises((ValueError, TypeError), match=error):
+    with pytest.raises((ValueError, TypeError, ConfigCompositionException), match=error):
         build_model(_compose(*overrides), {"input_dim": 5, "num_items": 5})
 
 

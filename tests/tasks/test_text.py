@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from latentstruct.config import ConfigError, check_command_line
 from latentstruct.data.text import snli_dataset, sst_dataset
 from latentstruct.records import REPORT_FILE
 from latentstruct.report.drawing import depth, heads_from_arcs
@@ -154,9 +155,9 @@ def test_parameter_counts_match_table4():
 def _sst_model(method: str = "spigot") -> LatentTreeSST:
     torch.manual_seed(0)
     dims = {"vocab_size": 30, "num_classes": 2, "embedding_dim": 0}
-    tree = [] if method == "baseline" else ["scorer.hidden=5"]
-    return build_model(_compose(f"+experiment=sst_{method}", "embedding.dim=8", "encoder.hidden=6", *tree,
-                                "decoder.hidden=7"), dims, {})
+    tree = [] if method == "baseline" else ["task.scorer.hidden=5"]
+    return build_model(_compose(f"+experiment=sst_{method}", "embedding.dim=8", "task.encoder.hidden=6", *tree,
+                                "task.decoder.hidden=7"), dims, {})
 
 
 @pytest.mark.parametrize("method", ["baseline", "marginals", "spigot"])
@@ -183,7 +184,7 @@ def test_sst_training_step_reaches_the_scorer_and_evaluation_uses_map():
 def test_nli_both_trees_get_a_gradient(method):
     torch.manual_seed(0)
     experiment = "snli_marginals" if method == "direct" else f"snli_{method}"
-    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "decoder.hidden=6", "scorer.hidden=5",
+    cfg = _compose(f"+experiment={experiment}", "embedding.dim=8", "task.decoder.hidden=6", "task.scorer.hidden=5",
                    *(["estimator=direct"] if method == "direct" else []))
     model = build_model(cfg, {"vocab_size": 30, "num_classes": 3, "embedding_dim": 0}, {}).train()
     batch = {"premise": torch.randint(2, 30, (3, 6), dtype=torch.int32), "premise_lengths": torch.tensor([6, 2, 4]),
@@ -196,10 +197,11 @@ def test_nli_both_trees_get_a_gradient(method):
 
 
 @pytest.mark.parametrize("overrides, error", [
-    # every part group of SST is read: a part of the wrong kind is refused, not ignored
+    # every part of SST is read: a part of the wrong kind is refused at validation (its Part in build), not ignored
     (["+experiment=sst_spigot", "decoder=linear", "scorer=linear"],
-     "takes as decoder SSTDecoder, not latentstruct.models.decoders.Linear"),
-    (["+experiment=sst_spigot", "scorer=linear"], "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+     "takes as scorer ArcScorer, not latentstruct.models.scorers.Linear"),
+    (["+experiment=sst_spigot", "decoder=linear"],
+     "takes as decoder SSTDecoder or BaselineSST, not latentstruct.models.decoders.Linear"),
     (["+experiment=sst_spigot", "encoder=identity"], "takes as encoder BiLSTMEncoder, not"),
     (["task=sst", "structure=categorical"], "takes as structure ProjectiveDepTree or NonProjective"),  # (the
     # experiments' tree settings already refuse it at composition)
@@ -210,9 +212,6 @@ def test_nli_both_trees_get_a_gradient(method):
     (["+experiment=sst_baseline", "estimator=spigot"], "has no tree, but estimator=latentstruct.estimators"),
     (["+experiment=sst_spigot", "~scorer"], "latent=predicted goes through a tree and needs a scorer"),
     (["+experiment=sst_spigot", "latent=gold"], "SST has no gold latent trees"),
-    # SNLI reads no encoder
-    (["+experiment=snli_spigot", "+encoder=bilstm"],
-     "LatentTreeNLI is built from scorer, structure, estimator, decoder; it does not read encoder"),
     (["+experiment=snli_spigot", "decoder=sst"], "takes as decoder DecomposableAttention, not"),
     (["+experiment=snli_spigot", "scorer=linear"], "takes as scorer ArcScorer, not"),
     (["+experiment=snli_baseline", "scorer=arc"], "has no tree, but scorer="),
@@ -223,6 +222,13 @@ def test_a_part_that_does_not_fit_is_refused(overrides, error):
     dims = {"vocab_size": 30, "num_classes": 3 if "snli" in overrides[0] else 2, "embedding_dim": 0}
     with pytest.raises(ValueError, match=error):
         build_model(_compose(*overrides, "embedding.dim=8"), dims, {})
+
+
+def test_a_part_the_task_does_not_take_is_refused():
+    """SNLI reads no encoder: ``+encoder=bilstm`` is not a field of its task's schema."""
+    with pytest.raises(ConfigError, match=r"^task LatentTreeNLI takes no encoder \(its parts: scorer, structure, "
+                                          r"estimator, decoder\)"):
+        check_command_line(["+experiment=snli_spigot", "+encoder=bilstm"])
 
 
 # --- configs -------------------------------------------------------------------------------------------------------
@@ -246,15 +252,15 @@ def test_experiments_carry_table4_settings(task):
             "torch.optim.AdamW", lr, batch, 40)
         assert cfg.trainer.select.value == "best"
         assert cfg.latent.value == ("none" if method == "baseline" else "predicted")
-        assert cfg.decoder._target_.endswith(decoders[method == "baseline"])
+        assert cfg.task.decoder._target_.endswith(decoders[method == "baseline"])
         if method == "baseline":  # no tree
-            assert cfg.scorer is None and cfg.structure is None and cfg.estimator is None
+            assert cfg.task.scorer is None and cfg.task.structure is None and cfg.task.estimator is None
             continue
-        assert cfg.structure._target_.endswith(structure) and cfg.structure.multiroot
-        assert cfg.structure.sparsemap_max_iter == 50 and cfg.scorer._target_.endswith("ArcScorer")
-        assert eta is None or cfg.estimator.eta == eta
-        assert cfg.estimator.eval_latent == eval_latent
-    assert _compose(f"+experiment={task}_baseline").decoder.dropout == (0.0 if task == "sst" else 0.2)
+        assert cfg.task.structure._target_.endswith(structure) and cfg.task.structure.multiroot
+        assert cfg.task.structure.sparsemap_max_iter == 50 and cfg.task.scorer._target_.endswith("ArcScorer")
+        assert eta is None or cfg.task.estimator.eta == eta
+        assert cfg.task.estimator.eval_latent == eval_latent
+    assert _compose(f"+experiment={task}_baseline").task.decoder.dropout == (0.0 if task == "sst" else 0.2)
 
 
 def test_sweeps_compose_the_table_and_the_grids():
@@ -274,7 +280,7 @@ def test_every_sst_experiment_trains_on_generated_trees(tmp_path, method):
     write_sst(tmp_path / "data" / "sst")
     record = train_run(tmp_path, *_local(tmp_path), f"+experiment=sst_{method}", "dataset.check_sizes=false",
                        "trainer.max_steps=2", "trainer.eval_every=2", "trainer.batch_size=8", "embedding.dim=8",
-                       "encoder.hidden=6")
+                       "task.encoder.hidden=6")
     assert record["status"] == "completed" and record["seconds_per_epoch"] > 0
     assert ("test/depth" in record["metrics"]) == (method != "baseline")
 
@@ -285,7 +291,7 @@ def test_snli_experiments_train_on_generated_pairs(tmp_path, method):
     glove = write_glove(tmp_path / "data" / "vectors.txt", WORDS[:6], dim=6)
     record = train_run(tmp_path, *_local(tmp_path), f"+experiment=snli_{method}", "trainer.max_steps=2",
                        "trainer.eval_every=2", "trainer.batch_size=8", f"embedding.pretrained={glove.name}",
-                       "decoder.hidden=6", *([] if method == "baseline" else ["scorer.hidden=4"]))
+                       "task.decoder.hidden=6", *([] if method == "baseline" else ["task.scorer.hidden=4"]))
     assert record["status"] == "completed" and 0 <= record["metrics"]["test/acc"] <= 100
 
 
@@ -294,7 +300,7 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
     report.trees finds a sentence among them (an <unk> matching any word) and draws it, without the model."""
     write_sst(tmp_path / "data" / "sst")
     train_run(tmp_path, *_local(tmp_path), "+experiment=sst_spigot_ce", "dataset.check_sizes=false",
-              "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+              "trainer.max_steps=2", "trainer.batch_size=8", "embedding.dim=8", "task.encoder.hidden=6")
     sentences = load_trees(tmp_path / "run")
     model, data = final_model(tmp_path / "run")
     test = data.splits["test"]
@@ -322,7 +328,7 @@ def test_the_run_records_the_map_trees_that_show_trees_prints_and_draws(tmp_path
 def test_show_trees_refuses_the_baseline(tmp_path):
     write_sst(tmp_path / "data" / "sst")
     train_run(tmp_path, *_local(tmp_path), "+experiment=sst_baseline", "dataset.check_sizes=false",
-              "trainer.max_steps=1", "trainer.batch_size=8", "embedding.dim=8", "encoder.hidden=6")
+              "trainer.max_steps=1", "trainer.batch_size=8", "embedding.dim=8", "task.encoder.hidden=6")
     assert not (tmp_path / "run" / REPORT_FILE).exists()  # no latent tree: nothing to draw
     with pytest.raises(FileNotFoundError, match="latent-tree run"):
         load_trees(tmp_path / "run")

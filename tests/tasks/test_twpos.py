@@ -112,7 +112,7 @@ def test_every_experiment_runs_on_generated_twitter_pos(tmp_path):
         out = tmp_path / experiment
         cfg = _compose(f"+experiment=ner_{experiment}", "dataset=twpos", "dataset.check_sizes=false",
                        f"paths.data_dir={data_dir}", f"paths.output_dir={out}", "trainer.batch_size=8",
-                       "trainer.progress=false", "trainer.threads=1", "encoder.hidden=4", "embedding.dim=6",
+                       "trainer.progress=false", "trainer.threads=1", "task.encoder.hidden=4", "embedding.dim=6",
                        "task.neumann_terms=2", "task.spen_steps=2", "task.num_samples=2", "+preset=pos_cpu",
                        "trainer.phases.0.epochs=1", "trainer.phases.1.epochs=1")
         record = train(cfg)

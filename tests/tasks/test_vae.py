@@ -22,7 +22,7 @@ from latentstruct.train import build_model, train
 from tests.data.test_images import write_mnist
 from tests.helpers import compose, methods
 
-SMALL = ["task.gaussian_dim=4", "encoder.hidden=[32,16]", "scorer.hidden=8", "decoder.hidden=32"]
+SMALL = ["task.gaussian_dim=4", "task.encoder.hidden=[32,16]", "task.scorer.hidden=8", "task.decoder.hidden=32"]
 
 
 def _task(estimator, **settings) -> SemiSupervisedVAE:
@@ -197,8 +197,8 @@ def test_an_unlabelled_direct_step_is_the_direct_gradient_of_theta(monkeypatch, 
 
 def test_the_model_parts_are_config_groups_and_unread_groups_are_refused(data_dir, tmp_path):
     cfg = _cfg(data_dir, tmp_path / "run")
-    assert cfg.encoder._target_ == "latentstruct.models.vae.Encoder" and list(cfg.encoder.hidden) == [32, 16]
-    assert (cfg.scorer.hidden, cfg.decoder.hidden, cfg.estimator.epsilon) == (8, 32, -1.0)
+    assert cfg.task.encoder._target_ == "latentstruct.models.vae.Encoder" and list(cfg.task.encoder.hidden) == [32, 16]
+    assert (cfg.task.scorer.hidden, cfg.task.decoder.hidden, cfg.task.estimator.epsilon) == (8, 32, -1.0)
     task = build_model(cfg, {"input_dim": 784, "num_classes": 10})
     sizes = {name: tuple(p.shape) for name, p in task.named_parameters()}
     assert sizes["vae.encoder.2.weight"] == (16, 32) and sizes["vae.discrete_head.0.weight"] == (8, 16)
@@ -208,8 +208,8 @@ def test_the_model_parts_are_config_groups_and_unread_groups_are_refused(data_di
     assert isinstance(gsm.estimator, GumbelSoftmax) and gsm.anneal_start == 1.0
     with pytest.raises(ConfigCompositionException, match="structure"):  # the code is categorical: no such group
         _cfg(data_dir, tmp_path / "run", "structure=categorical")
-    with pytest.raises(ValueError, match="does not read structure"):
-        build_model(_cfg(data_dir, tmp_path / "run", "+structure=categorical"), {"input_dim": 784, "num_classes": 10})
+    with pytest.raises(ConfigCompositionException, match="Key 'structure' not in 'SemiSupervisedVAEConf'"):
+        _cfg(data_dir, tmp_path / "run", "+structure=categorical")  # nor a part of the task's schema
     for old in ("task.method=gsm", "task.gsm_hard=true", "task.anneal_start=0.1", "task.encoder_hidden=[8,8]"):
         with pytest.raises(ConfigError, match="unknown key"):
             train(_cfg(data_dir, tmp_path / "run", f"+{old}"))

@@ -23,7 +23,7 @@ from latentstruct.train import build_model, train
 from tests.data.test_images import write_mnist
 from tests.helpers import compose, methods
 
-SMALL = ["encoder.hidden=[32]", "decoder.hidden=32"]
+SMALL = ["task.encoder.hidden=[32]", "task.decoder.hidden=32"]
 
 
 def _task(estimator, latent="categorical", size=5, **settings) -> UnsupervisedVAE:
