@@ -1,100 +1,22 @@
 r"""Energy-based structured prediction trained as a bi-level problem with implicit gradients (seed 004), and its
-baselines, as a task of the framework.
+baselines.
 
-The networks and the losses are :mod:`latentstruct.models.energy` (read its docstring: **E is an energy, lower is
-better**; Δ is a cost, Δ(y, y) = 0); the implicit gradient is :mod:`latentstruct.models.implicit`. This module holds the
-*training procedures*. :class:`BilevelEnergyTask` writes them once over a few hooks (the energy of (x, ȳ), the
-inference network's relaxed output and its MLE loss, the task cost Δ, negative samples, SPEN's start and
-projection); :class:`MultiLabelEnergy` fills the hooks in for multi-label classification with
-:class:`~latentstruct.models.energy.MLCEnergy` and :class:`~latentstruct.models.energy.MLCInferenceNet` (a sequence
-task subclasses the same base with the sequence energy and inference network).
+:class:`BilevelEnergyTask` writes the training procedures once over a few hooks (the energy of (x, ȳ), the inference
+network's relaxed output and its MLE loss, the task cost Δ, negative samples, SPEN's start and projection);
+:class:`MultiLabelEnergy` fills them in for multi-label classification (x ``[B, D]``, y ``[B, L]`` in {0, 1}). Its
+parts: ``task.energy`` (E_φ; **lower is better**), ``task.infnet`` (A_θ) and, for InfNet, ``task.cost_net`` (F). The
+method is ``task.method`` (:data:`METHODS`: ``mbce``, ``implicit`` and ``explicit`` with ``task.primary`` ∈
+:data:`PRIMARY_LOSSES`, ``infnet``, ``spen``); φ is stepped by ``optim``, θ inside ``forward`` by the task's own
+inference optimizer (``task.inner_optimizer``, ``task.inner_lr``), whose state is in every checkpoint. The implicit
+gradient's solver (``task.inverse_solver``: ``minres``, ``cg`` or ``neumann``, the seed's series) and Hessian-vector
+products (``task.hvp``) are :mod:`latentstruct.models.implicit`'s.
 
-The networks are config groups of their own (``tasks/base.py``): ``energy`` (E_φ), ``infnet`` (A_θ) and ``cost_net``
-(InfNet's cost-augmented F), each an option with a ``_target_``, sized by the task from the data; a method builds
-exactly the networks it trains (the table below), and an experiment sets the others to null (``mbce``: no energy;
-``spen``: no inference network; only ``infnet`` has a ``cost_net``). The method itself is a setting of the task
-(``task.method``), not a config group: it is the training procedure of these networks, written once over the hooks,
-not a gradient estimator of a discrete latent (those are the ``estimator`` group, which no energy task reads).
+Metrics (``evaluate_splits``): ``acc`` = ``f1``, the example-F1 (×100) at the threshold chosen on ``valid``.
 
-Parameters: φ = the energy network's (``energy_net``); θ = the inference networks' (``infnet`` = A, and for
-``infnet`` also ``cost_net`` = F). ``train.py``'s optimizer (``optim``) only ever sees φ — :meth:`param_groups`
-returns φ alone as ``default`` (A for ``mbce``, which has no energy) — while θ is stepped inside :meth:`forward` by
-the task's own *inference optimizer* (``inner_optimizer`` ∈ {sgd, adam}, ``inner_lr``), whose state is part of the
-module's ``state_dict`` (``get_extra_state``) and so of every checkpoint.
+    python -m latentstruct.train +experiment=mlc_cd dataset=bibtex
 
-Methods (``method``), for a training batch (x, y)
--------------------------------------------------
-* ``mbce`` — the seed's MBCE row: A_θ alone, loss = mean_b L_MLE(y, A_θ(x)) (:func:`multilabel_nll`), stepped by
-  ``optim`` (A is the ``default`` group here).
-* ``implicit`` — Algorithm 1. ``inner_steps`` = T_inner steps of the inference optimizer on θ with
-
-      L_aux(θ, φ) = mean_b [ L_MLE(y, A_θ(x)) + λ E_φ(x, A_θ(x)) ]                                          (6)
-
-  then the primary loss L_prim(θ, φ) (``primary``) at the new θ, and its implicit gradient
-
-      g = ∂L_prim/∂φ − (∂²L_aux/∂φ∂θ) H⁻¹ ∂L_prim/∂θ,   H = ∂²L_aux/∂θ²                                   (3-4)
-
-  (:func:`~latentstruct.models.implicit.implicit_gradient`; H⁻¹ by the solver ``inverse_solver``: ``neumann``, the
-  seed's von Neumann series with ``neumann_terms`` terms of step ``neumann_alpha``; ``minres`` or ``cg``, MINRES or
-  conjugate gradient on (H + ``solver_damping`` I) w = ∂L_prim/∂θ stopped at relative residual ``solver_tol`` or
-  after ``solver_max_iter`` products; CG also at a direction of non-positive curvature; the Hessian-vector products
-  by ``hvp``: ``double_backward`` through one ``create_graph`` backward of L_aux, or ``forward_over_reverse``, L_aux
-  re-evaluated per product with θ as dual numbers by ``torch.func.functional_call``). The seconds spent on the
-  implicit term are summed (:meth:`~BilevelEnergyTask.timings`; ``train.py`` records their share of the step).
-  :meth:`forward` returns L_prim.detach() + (Σ⟨φ, g⟩ − Σ⟨φ, g⟩.detach()): its *value* is
-  L_prim and its φ-gradient is g, so ``train.py``'s backward + step is the outer step φ ← φ − η g (with ``optim``'s
-  rule; Algorithm 1 writes plain gradient descent). θ is never stepped with L_prim.
-  The primary losses take ȳ from A_θ(x), **attached** so that ∂L_prim/∂θ exists:
-  ``ssvm`` [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ with ȳ = A_θ(x); ``dvn`` the DVN cross-entropy of sigmoid(−E(x, ȳ))
-  against 1 − Δ(ȳ, y) (target detached; :meth:`~BilevelEnergyTask.value_target`); ``cd`` the task-augmented
-  contrastive divergence over K = ``num_samples`` negatives drawn from A_θ(x) (Bernoulli for MLC). Hard samples
-  carry no gradient to θ, so with ``cd`` the implicit term needs ``straight_through`` (the samples' values are
-  hard, their gradient that of A_θ(x)); without it ∂L_CD/∂θ = 0 and ``implicit`` reduces to ``explicit``. Δ is
-  the relaxed cost (soft F1 for MLC), equal to the discrete one on hard samples.
-* ``explicit`` — the same loop, but g = ∂L_prim/∂φ only: the "independent optimisation" of Tu, Pang & Gimpel
-  (2020) that the seed's Appendix D contrasts with (an ablation isolating the implicit term).
-* ``infnet`` — Tu & Gimpel (2018), eq. 5 of the seed, with a cost-augmented inference network F and a test-time
-  inference network A (θ = both):
-
-      min_φ max_{F,A} mean_b [Δ(F(x), y) − E(x, F(x)) + E(x, y)]₊ + λ [−E(x, A(x)) + E(x, y)]₊           (5)
-
-  alternating per batch one ascent step of the inference optimizer on (F, A) — on −objective + ``infnet_ce`` ×
-  mean_b (L_MLE(F) + L_MLE(A)), the "+CE" of InfNet+ (Tu, Pang & Gimpel 2020) — and one descent step of ``optim``
-  on φ, the objective recomputed at the new F(x), A(x) detached. Δ is the differentiable soft cost. Predicts with A.
-* ``spen`` — SPEN (Belanger & McCallum 2016) with the SSVM hinge: loss-augmented inference by ``spen_steps``
-  projected gradient steps of size ``spen_lr`` minimising E_φ(x, ȳ) − Δ(ȳ, y) from ȳ₀ = sigmoid of the energy's
-  local logits (MLC; :meth:`spen_start`), ȳ kept in [0, 1] (:meth:`project`); then the hinge
-  [Δ(ȳ, y) − E(x, ȳ) + E(x, y)]₊ with ȳ detached, descended on φ. Prediction: as many steps minimising E alone
-  from the same start. No inference network.
-
-Pretraining (``trainer.phases``)
---------------------------------
-SPEN pretrains its feature network with an independent logistic loss (the issue: "F … pretrained with independent
-logistic loss"). When the run has **two** phases (``pretrain=True``: the task's option sets ``task.phases`` to the
-number of ``trainer.phases``, read by :meth:`BilevelEnergyTask.pretrains`), phase 0 trains the energy's feature
-network and local logits on :meth:`energy_pretrain_loss` (the MBCE of ``MLCEnergy.local_logits``), through
-``optim`` — the global energy parameters get no gradient, so Adam leaves them untouched — and, for the methods with
-inference networks, those networks on their MLE loss through the inference optimizer (one step per batch); phase 1
-is the method.
-:meth:`begin_step` tells the task which phase it is in. Without phases there is no pretraining. ``mbce`` has no
-energy: every phase trains A on its MLE loss.
-
-Evaluation (:meth:`MultiLabelEnergy.evaluate_splits`)
------------------------------------------------------
-Predictions are probabilities: A(x), or SPEN's inference output. The threshold is chosen on **valid** with
-:func:`~latentstruct.data.mlc.best_threshold` (never on test: the reference scripts of these experiments tuned it on
-the test file; we do not) and applied to every split. Per split: ``f1`` = example-F1 × 100 at that threshold,
-``acc`` = the same F1, so that ``trainer.select=best`` picks the epoch by validation F1 — among the evaluations of
-the last phase only (train.py), so a run reports an epoch of its method, never the pretrained networks (with
-early stopping on valid, a method that only degrades its pretrained A would otherwise be reported as that A);
-``f1_05`` = example-F1 × 100 at 0.5, ``threshold``, ``loss`` = the MBCE of the predictions (summed over labels, mean
-over examples), ``infer_seconds`` = the wall time of the prediction pass over the split (the seed's Table 5
-"inference time per epoch").
-
-References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004).
-L. Tu, K. Gimpel (2018), ICLR; L. Tu, R. Y. Pang, K. Gimpel (2020), "Improving joint training of inference networks
-and structured prediction energy networks"; D. Belanger, A. McCallum (2016), ICML; M. Gygli, M. Norouzi,
-A. Angelova (2017), ICML.
+Every method's loss and gradient, the pretraining phases and the evaluation: docs/tasks.md#energy; the networks:
+docs/models.md#energy; the solvers: docs/implicit_gradient.md.
 """
 
 from __future__ import annotations
@@ -147,7 +69,7 @@ INNER_OPTIMIZERS: tuple[str, ...] = get_args(InnerOptimizer)
 
 @dataclass
 class EnergyOutput:
-    loss: torch.Tensor  # scalar for train.py: its value and its φ-gradient are those of the module docstring
+    loss: torch.Tensor  # scalar for train.py: its value and its φ-gradient are those of docs/tasks.md#energy
     primary: torch.Tensor | None = None  # detached: L_prim (implicit, explicit), the eq. 5 objective (infnet)
     aux: torch.Tensor | None = None  # detached: L_aux after the inner steps (implicit, explicit)
 
@@ -171,10 +93,10 @@ class _AuxLoss(nn.Module):
 
 
 class BilevelEnergyTask(Task):
-    """The training procedures of the module docstring over abstract hooks; subclasses supply the networks (from
+    """The training procedures (docs/tasks.md#energy) over abstract hooks; subclasses supply the networks (from
     their parts, in :meth:`~latentstruct.tasks.Task.build`) and the hooks (:class:`MultiLabelEnergy`). The networks
     are ``energy_net`` E_φ (None for ``mbce``), ``infnet`` A_θ (None for ``spen``) and ``cost_net`` F (``infnet``
-    only); ``pretrain``: phase 0 of ``trainer.phases`` pretrains (module docstring). The settings, shared by the
+    only); ``pretrain``: phase 0 of ``trainer.phases`` pretrains (docs/tasks.md#energy). The settings, shared by the
     subclasses' ``build``:
 
     Args:

@@ -1,55 +1,18 @@
 r"""Indirectly semi-supervised citation field extraction (seed 004 Table 4, the setting of Rooshenas et al. 2019): a
 few labelled citations, unlabelled ones that only get a noisy rule reward, token accuracy.
 
-This is :class:`~latentstruct.tasks.energy_ner.SequenceLabelEnergy` — the same networks (E_φ of eq. 7 on its own
-BiLSTM features, A_θ a BiLSTM with a softmax per token), the same training procedures of
-:class:`~latentstruct.tasks.energy.BilevelEnergyTask` — with a batch that mixes labelled and unlabelled citations
-(:func:`~latentstruct.data.cora.cora_dataset`: ``labelled`` ``[B]`` 1/0, the token ``cues`` ``[B, n, P]`` of the
-rule reward :mod:`latentstruct.data.citation_rules`; an unlabelled row's ``y`` is all padding). What changes:
+:class:`CitationEnergy` is :class:`~latentstruct.tasks.energy_ner.SequenceLabelEnergy` on batches that mix labelled
+and unlabelled citations (``labelled`` ``[B]``, the rule reward's token ``cues`` ``[B, n, P]``; an unlabelled row's
+``y`` is all padding). Every likelihood term reads the labelled rows only; eq. 6's λ E(x, A(x)) reads all. An
+unlabelled row's L_CD is ``task.unlabelled_loss`` (:data:`UNLABELLED_LOSSES`): ``best`` (the best-reward sample of A
+as the positive), ``pairs`` (:func:`reward_pair_loss` over the pairs the reward orders) or ``none`` (no L_CD term:
+citation_cd's default, chosen on validation, issue #33). R-SPEN (``method=spen``) learns from the reward alone.
 
-* **Gold.** :meth:`gold` is 0 on unlabelled rows, so every likelihood term of the base class — L_MLE of A in eq. 6 and
-  in pretraining, the energy's pretraining cross-entropy, the BiLSTM-CRF's NLL (masked here) — only reads the
-  labelled citations; eq. 6's λ E(x, A(x)) reads all of them.
-* **L_CD** (``primary=cd``): the K negatives ȳ_1..ȳ_K are drawn per token from A_θ(x) as for NER. A labelled row
-  keeps the seed's task-augmented CD with ȳ_0 = y and Δ = the number of wrong tags (token accuracy, the "task loss
-  [that] supplements the reward"). An unlabelled row has no y, and the seed gives no formula for it (it says only
-  that the setting gives "rules based rewards for the unlabeled samples" and that token accuracy "supplement[s] the
-  reward function"; its L_CD calls ȳ_1..ȳ_K "negative (non-true output) samples" and ȳ_0 = y). ``unlabelled_loss``
-  picks the reading (issue #33 item 2):
+Metrics: ``acc`` (token accuracy ×100) and ``author_share`` (% of tokens tagged author).
 
-  - ``best``: ȳ_0 is the sample with the highest reward R (the rules), Δ(ȳ_k) = R(ȳ_0) − R(ȳ_k) ≥ 0, on the scale of
-    a count of wrong tags as Δ is; the same :func:`~latentstruct.models.energy.cd_loss`. A's own best sample is the
-    positive.
-  - ``pairs``: every pair of samples that R orders, R(ȳ_i) > R(ȳ_j), gets the seed's one-negative form of L_CD
-    (Appendix D: softplus(Δ + E(x, y) − E(x, ȳ))) with ȳ_i in the place of y and Δ = R(ȳ_i) − R(ȳ_j), averaged over
-    the ordered pairs of the row (:func:`reward_pair_loss`; 0 if all K rewards tie): the reward-ranked pairs of
-    explored outputs of Rooshenas et al.'s R-SPEN, with a softplus for their hinge.
-  - ``none``: L_CD reads the labelled rows only (the rows with the "true output" y its ȳ_0 needs; 0 on the others);
-    the unlabelled citations still enter training through eq. 6's λ E(x, A(x)), which reads every row, but the
-    reward is then unused. configs/experiment/citation_cd.yaml's choice, on validation (issue #33: valid token
-    accuracy 46.0 against 40.0 for ``best`` and 41.1 for ``pairs``, 10 labelled, 3 seeds, the CPU preset).
-* **L_DVN** (``primary=dvn``): the value target of ȳ = A_θ(x) is its token accuracy (labelled) or the rule value
-  clamp(1/2 + R(argmax ȳ)/2N, 0, 1) (unlabelled; :func:`~latentstruct.data.citation_rules.value`).
-* **R-SPEN** (``method=spen``): SPEN's loss-augmented projected-gradient inference and SSVM hinge on labelled rows
-  (the base class's ``spen``); on unlabelled rows (where Δ against the empty gold is a constant, so the same
-  inference is plain energy minimisation) K samples drawn from the inference output are ranked by R and trained with
-  the unlabelled rows' term of L_CD above (``unlabelled_loss``; its default ``best`` for citation_rspen) —
-  reward-guided ranking of SPEN outputs, our reading of Rooshenas et al.'s R-SPEN (their rank-based loss over pairs
-  of explored outputs; not copied).
-* **GE** (``method=mbce`` with ``ge_weight`` > 0): the BiLSTM A trained on the labelled citations plus generalized
-  expectation criteria (Mann & McCallum 2010) on the unlabelled ones: for each cue rule r of
-  :data:`~latentstruct.data.citation_rules.CUE_RULES` (cue c → fields S_r), the model's expected share m_r of the
-  tokens with cue c in the batch's unlabelled citations whose field is in S_r, pulled to a target p̃ = ``ge_target``
-  by the Bernoulli KL(p̃ ‖ m_r), summed over the rules that fire, times ``ge_weight``. p̃ = 0.9 is our choice (GE's
-  labelled features carry a reference distribution; the cue rules' measured precision is 72-100%).
-* **Supervised floor** (``method=crf``): the BiLSTM-CRF of the NER task on the labelled rows only (its NLL averaged
-  over them; the unlabelled rows of the batch are ignored).
+    python -m latentstruct.train +experiment=citation_cd +preset=citation_cpu
 
-``ssvm`` and ``infnet`` are refused: their margins need a gold output on every row, and the seed's Table 4 has
-neither. Evaluation: the base class's, with ``metric = token_acc`` from the data.
-
-References: S. Shankar, V. Piratla (seed 004), Table 4. P. Rooshenas, D. Zhang, G. Sharma, A. McCallum (2019),
-NeurIPS. G. Mann, A. McCallum (2010), JMLR 11. M. Gygli, M. Norouzi, A. Angelova (2017), ICML.
+What the seed says of the unlabelled rows, each reading in full and R-SPEN: docs/tasks.md#energy_citation.
 """
 
 from __future__ import annotations
@@ -169,7 +132,7 @@ class CitationEnergy(SequenceLabelEnergy):
     def reward_cd(self, batch: dict[str, torch.Tensor], samples: torch.Tensor, gold: torch.Tensor | None = None
                   ) -> torch.Tensor:
         """``[B]``: L_CD of every row over the ``samples`` ``[K, B, n, T]``: labelled rows against their gold with Δ =
-        wrong tags, unlabelled rows as ``unlabelled_loss`` says (module docstring)."""
+        wrong tags, unlabelled rows as ``unlabelled_loss`` says (docs/tasks.md#energy_citation)."""
         lab = self._labelled(batch, samples.dtype)
         r = self.rewards(samples, batch)  # [K, B]
         if self.unlabelled_loss != "best":

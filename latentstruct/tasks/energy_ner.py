@@ -1,70 +1,20 @@
-r"""Sequence labelling (CoNLL-2003 NER, seed 004 Table 3; Twitter POS, Table 9) with an energy network and an
-inference network, as a task of the framework: the hooks of :class:`~latentstruct.tasks.energy.BilevelEnergyTask`
-filled in for tag sequences, plus an exact BiLSTM-CRF reference point.
+r"""Sequence labelling with an energy network and an inference network (seed 004: CoNLL-2003 NER, Table 3;
+Twitter POS, Table 9), plus an exact BiLSTM-CRF reference point.
 
-The training procedures (``mbce``, ``implicit`` / ``explicit`` × {ssvm, cd, dvn}, ``infnet``, ``spen``) are the base
-class's, unchanged (read :mod:`latentstruct.tasks.energy`); this module only says what E, A, Δ, the negatives and
-SPEN's relaxed set are for sequences. **E is an energy — lower is better** (:mod:`latentstruct.models.energy`).
+:class:`SequenceLabelEnergy` fills the hooks of :class:`~latentstruct.tasks.energy.BilevelEnergyTask` for tag
+sequences; the training procedures are the base class's (``task.method``, :data:`SEQUENCE_METHODS`: those of
+:mod:`latentstruct.tasks.energy` and ``crf``). The batch: word ids ``x`` ``[B, n]``, ``lengths`` ``[B]``, tag ids
+``y`` ``[B, n]`` and, for NER+ (:data:`EXTRA_FEATURES`), ``pos`` and ``chunk`` ids ``[B, n]``; each batch is cut to
+its longest sentence, and padding never influences an example. Parts: ``task.energy`` (eq. 7 on its own BiLSTM
+features), ``task.infnet`` / ``task.cost_net`` (a BiLSTM with a softmax per token), and ``task.encoder``, the
+feature network each of them gets its own copy of.
 
-Batches (:func:`~latentstruct.data.conll.conll_dataset`): ``x`` word ids ``[B, n]`` (pad 0), ``lengths`` ``[B]``,
-``y`` tag ids ``[B, n]`` (pad :data:`~latentstruct.data.conll.TAG_PAD`), and for NER+ ``pos`` and ``chunk`` ids
-``[B, n]``. Every batch is first cut to its own longest sentence (:meth:`SequenceLabelEnergy.trim`); positions past
-``lengths`` never influence an example (the BiLSTMs are packed, every sum is masked).
+Metrics: ``acc`` = ``task.metric`` (:data:`METRICS`): ``span_f1``, the conlleval F1 (×100, NER; also ``precision``,
+``recall``), or ``token_acc`` (POS), of the per-token argmax of A_θ (the Viterbi path for ``crf``); ``infer_seconds``.
 
-The pieces
-----------
-* E_φ(x, ȳ) (:class:`~latentstruct.models.energy.SequenceEnergyNet`, ``energy=sequence_energy_net``): eq. 7 with
-  start/end transitions (:class:`~latentstruct.models.energy.SequenceEnergy`) on token features b(x, t) from its
-  own :class:`~latentstruct.models.energy.BiLSTMFeatures` (word embeddings, + POS and chunk embeddings for NER+ → one
-  BiLSTM layer, ``hidden`` = 100 per direction). φ = all of it.
-* A_θ(x) (and InfNet's cost-augmented F): :class:`~latentstruct.models.energy.SequenceInferenceNet`
-  (``infnet`` / ``cost_net=sequence_inference_net``), a BiLSTM of the same shape + a linear layer + a softmax per
-  token. Every network gets its own feature network, built by the task from the ``encoder`` option
-  (``encoder=bilstm_features``: ``hidden``, ``extra_dim``, ``dropout``) and ``embedding`` (``dim``, ``freeze``).
-  The relaxed output ȳ ``[B, n, T]`` holds one simplex row per real token (rows at padding are 0). L_MLE =
-  :func:`~latentstruct.models.energy.sequence_nll` (token cross-entropy
-  summed over the sentence); alone (``mbce``) it is the **BiLSTM baseline** of Table 3.
-* Δ(ȳ, y) = :func:`~latentstruct.models.energy.hamming_loss`, by default **not normalised**: the (expected, for
-  relaxed ȳ) number of wrong tags. The energy is a sum over tokens, so its differences grow with the sentence; a
-  margin (SSVM, InfNet) or a task augmentation (CD) that is the per-sentence *count* keeps the same scale (the usual
-  margin-rescaled structured hinge for tagging), while a normalised Δ ≤ 1 would make the margin negligible on long
-  sentences. ``normalize_cost=True`` divides by the length. DVN needs a score in [0, 1]: its target
-  (:meth:`value_target`) is the token accuracy 1 − Δ/N whatever ``normalize_cost`` says.
-* CD negatives: K = ``num_samples`` sequences drawn per token from the categorical A_θ(x)_t
-  (:func:`~latentstruct.models.energy.categorical_samples`; straight-through to θ when ``straight_through``) — the
-  sequence analogue of the seed's Bernoulli samples.
-* SPEN: inference by ``spen_steps`` steps of projected gradient on each token's simplex, the projection being the
-  **Euclidean projection onto the simplex** (sparsemax, :meth:`~latentstruct.structures.Categorical.sparsemap`), from
-  ȳ₀ = the softmax of the energy's own unary logits U b(x, t). b(x, t) does not depend on ȳ, so it is computed once
-  per inference (without a graph: the steps differentiate in ȳ only). Pretraining (two ``trainer.phases``) trains
-  the energy's BiLSTM and U with the token cross-entropy of those logits (:meth:`energy_pretrain_loss`), and A (F)
-  with L_MLE, as for MLC.
-* ``crf`` (not a method of the base class): the **BiLSTM-CRF**, exact, the energy itself read as a CRF:
-  p(y | x) ∝ exp(−E_φ(x, y)) over one-hot tag sequences. The part scores are
-  :meth:`~latentstruct.structures.SequenceTagging.parts` of (U b(x, t), W, start, end) — exactly −E on a one-hot
-  sequence — so the loss is NLL = log Z(x) + E_φ(x, y) (log Z by the forward algorithm of
-  :class:`~latentstruct.structures.SequenceTagging`), trained by ``optim`` on φ, and the prediction is Viterbi.
-  This is the same model family as every energy method here, trained by exact maximum likelihood.
+    python -m latentstruct.train +experiment=ner_cd
 
-Evaluation (:meth:`SequenceLabelEnergy.evaluate`)
--------------------------------------------------
-The predicted tag of each token is the argmax of its row of the prediction: A(x) (every method with an inference
-network), SPEN's inference output, or the Viterbi sequence (one-hot, ``crf``) — no threshold, nothing chosen on
-valid. Per split: ``f1`` = conlleval's span F1 (:func:`~latentstruct.data.conll.span_f1`, exact, on the BIOES
-tags; ill-formed sequences read as conlleval reads them), ``acc`` = the same (so ``trainer.select=best`` picks the
-epoch by valid F1), ``precision``, ``recall``, ``token_acc`` (×100, over real tokens), ``infer_seconds`` (wall time
-of the prediction pass over the split). POS tagging (``dataset=twpos``, seed 004 Table 9) is scored per token: its
-dataset says ``metric = "token_acc"``, and ``acc`` is then the token accuracy (no span metrics).
-
-Devices: the implicit gradient differentiates ∇_θ L_aux again (Hessian-vector products) through A's LSTM; cuDNN's
-LSTM backward is not differentiable, so ``implicit`` runs its training step with cuDNN off (PyTorch's own LSTM
-kernels, twice differentiable). Everything else uses cuDNN.
-
-References: S. Shankar, V. Piratla, "Implicit training of energy model for structured prediction" (seed 004),
-eq. 5-7, Table 3. L. Tu, K. Gimpel (2018), "Learning approximate inference networks for structured prediction",
-ICLR (the sequence energy and inference networks). G. Lample et al. (2016), "Neural architectures for named entity
-recognition", NAACL (the BiLSTM-CRF). W. Wang, M. Carreira-Perpiñán (2013) and J. Duchi et al. (2008) (Euclidean
-projection onto the simplex).
+The pieces for sequences (E, A, Δ, the negatives, SPEN's relaxed set) and the evaluation: docs/tasks.md#energy_ner.
 """
 
 from __future__ import annotations

@@ -1,127 +1,21 @@
-r"""ListOps (Nangia & Bowman, 2018): the answer (0-9) of a nested list expression, learned through a latent binary
-tree over its tokens, with the learned trees scored against the true ones (seed 000, Parts II-III; issue #7).
+r"""ListOps (Nangia & Bowman 2018): the answer (0-9) of a nested list expression, learned through a latent binary
+tree over its tokens, the learned trees scored against the true ones (seed 000, Parts II-III).
 
-The input is the sequence of leaves of :func:`latentstruct.data.listops.leaves` (operators, digits and ``]``), each
-batch trimmed to its longest example. The model is the setting ``task.model`` (``merge_parser``, ``chart_parser`` or
-``lstm``), each with the parts it takes, nodes under the task like every task's (``task.scorer``, ``task.structure``,
-``task.estimator``, ``task.composer``; ``configs/experiment/listops_*`` names each combination);
-the sizes are the task's settings (``task.word_dim``, ``task.hidden``, ...; the ListOps experiments use 128 for words
-and states, as Havrylov et al. 2019). Every model embeds the words, composes them into one vector and classifies it
-with an MLP (``task.mlp_hidden``, ``task.dropout``).
+The model is ``task.model``: ``merge_parser`` (Choi et al.'s easy-first merges, made by ``task.estimator``:
+``st_gumbel`` the Gumbel Tree-LSTM, ``sfe`` REINFORCE, ``ppo`` Havrylov et al.), ``chart_parser`` (span scores of
+``task.scorer`` → ``task.estimator`` ∘ ``task.structure`` (a binary tree) → ``task.composer``, a chart Tree-LSTM that
+reads any z, a tree or marginals) or ``lstm`` (the sequence baseline, ``latent=none``); each composes the word
+vectors into one vector for an MLP → 10 logits. The batch: leaf ids ``x`` ``[B, n]``, ``lengths`` ``[B]``, answers
+``y`` ``[B]`` and the true trees' spans.
 
-Models
-------
-* the sequence baseline (``task.model=lstm latent=none composer=sequence_lstm``, experiment ``lstm``):
-  :class:`~latentstruct.models.composition.SequenceLSTM`, embedding → LSTM → its last state → MLP. No tree:
-  ``evaluate`` reports ``acc`` and ``loss`` only.
+Metrics: ``acc`` (×100), ``loss``; tree models also ``tree_f1`` (unlabelled F1 ×100 of the MAP / greedy tree),
+``f1_left``, ``f1_right`` and ``depth`` (:func:`tree_scores`). Evaluation is bucketed by length and by
+``task.eval_max_cells``. ``latent=gold`` composes along the true trees.
 
-* the chart parser (``task.model=chart_parser scorer=span_scorer structure=binary_tree composer=chart_tree_lstm
-  estimator=<any>``,
-  experiments ``chart_<estimator>``) — the framework's own route, the structure × estimator split (DESIGN.md §2):
+    python -m latentstruct.train +experiment=listops_gumbel_tree
 
-      ids ──emb──> BiLSTM ──> span scores s[i, j] ──[estimator ∘ BinaryTree]──> z or μ [B, n, n]
-      ids ──emb──> ChartTreeLSTM(words, z) ──> root h ──> MLP ──> 10 logits
-
-  *Span scorer*: :class:`~latentstruct.models.tree_parsers.SpanScorer`, the chart parsers' LSTM-minus span
-  features of a BiLSTM (``task.scorer_hidden``) through a tanh layer (``task.span_hidden``).
-  *Structure and estimator*: any estimator of the §5 contract works unchanged (marginals, sparsemap, ste_i, ste_s,
-  spigot, spigot_ce, spigot_eg, perturb_and_map, sfe, …): the pull-back closure ``downstream(μ)`` is the
-  per-example cross-entropy of the ChartTreeLSTM + MLP fed μ, with the word vectors detached (they are upstream of
-  the scores when the embeddings are shared), exactly as :class:`~latentstruct.tasks.text.LatentTreeSST` does for
-  dependency trees.
-  *Composition*: :class:`~latentstruct.models.composition.ChartTreeLSTM` reads any z — a tree, marginals, a
-  SparseMAP mixture — on the word embeddings. Its cost is the chart's: O(B n³ dim) time and, with autograd,
-  O(B n³ dim) memory (≈ 4.5 GB for B = 32, n = 50, dim = 128); ``task.composer.checkpoint=true`` recomputes each
-  width in the backward pass and keeps O(B n² dim) (the ListOps chart experiments set it: training batches reach
-  n = 130). Evaluation is bucketed by length (below) because the test file reaches n = 939.
-  *Evaluation*: the decoder is fed what ``task.estimator.eval_latent`` says (the ListOps experiments: ``relaxed``, i.e.
-  the relaxation for marginals / SparseMAP and MAP for the others); tree metrics always use the MAP tree.
-
-* the merge parser (``task.model=merge_parser scorer=merge_parser``, no structure, no composer: the parser composes
-  as it merges; :class:`~latentstruct.models.tree_parsers.MergeParser`), its merges chosen through ``estimator``:
-
-  - a pathwise §5 estimator at every merge (``mode="estimate"``): ``estimator=st_gumbel`` is the Gumbel Tree-LSTM
-    (Choi et al., 2018; experiment ``gumbel_tree``; temperature ``task.estimator.tau``); the parser's root state → MLP.
-    Greedy (argmax) merges at evaluation.
-  - ``estimator=sfe``: REINFORCE (Williams, 1992; RL-SPINN, Yogatama et al., 2017) — sampled merges, reward
-    −CE_b (the example's cross-entropy, detached), loss = mean_b CE_b + the estimator's
-    ``policy_loss`` (control variate ``task.estimator.baseline``: ``none``,
-    ``moving_average`` of past batch-mean losses, decay ``task.estimator.decay``, or ``self_critical``, the loss of the
-    greedy parse of the same example, Rennie et al. 2017; entropy bonus ``task.estimator.entropy_weight``). Experiments
-    ``reinforce``, ``reinforce_none``, ``reinforce_self_critical``. Our parser is Choi et al.'s easy-first merger,
-    not SPINN's shift-reduce transitions: the same family of trees (all binary bracketings) under a different policy
-    factorisation.
-  - ``estimator=ppo``: Havrylov et al. (2019), experiment ``ppo`` — the same sampled parser, trained with the
-    clipped PPO surrogate (its ``behaviour_refresh``: a frozen behaviour copy of the parser samples; clip ε =
-    ``task.estimator.clip``) against a self-critical baseline, the advantage divided by a running standard deviation
-    (``task.estimator.normalize_advantage``; their "gradient normalisation"), an entropy bonus, and
-    ``task.disjoint=true`` (below).
-
-  The sequential policy does not take the §5 interface as a whole (its scores at step t depend on the merges before
-  it), so the estimators meet it in two ways: a pathwise estimator makes each merge (a categorical choice), and the
-  score-function ones (``policy_gradient``: ``sfe``, ``ppo``) receive the
-  sampled merges' log-probabilities and the examples' losses (``policy_loss``), with the same control variates as
-  ``sfe`` on a structure.
-
-``task.disjoint`` (score-function merge parsers and chart): the parser (span scorer / merge parser) gets its own word
-embeddings and, for the merge parser, the tree is composed by a separate Tree-LSTM (a second MergeParser replaying
-the parser's merges), so that syntax and semantics share no parameter, as in Havrylov et al. (2019). With ``false``
-one table of embeddings serves both and the merge parser's own root is classified (the same cell scores and composes,
-as in Choi et al. 2018 and, in spirit, RL-SPINN). A pathwise estimator needs ``false``: its gradient reaches the
-parser through its own composition.
-
-PPO within the Task interface — the simplification
---------------------------------------------------
-Havrylov et al. take, for every batch, one optimizer step of the composition function on the cross-entropy and
-K = 15 PPO steps of the parser on the same sampled parses, re-scored after each step. ``train.py`` gives a task one
-``forward(...).loss`` and one optimizer step per batch, so we keep PPO's proximal structure but change where the K
-updates come from: the parses are sampled from a **behaviour policy**, a frozen copy of the parser (with its
-embeddings) refreshed every ``task.estimator.refresh`` training steps (15 by default), and each step takes one clipped
-step on a fresh batch:
-
-      ρ_b = π_θ(a_b | x_b) / π_old(a_b | x_b),   a_b ~ π_old,
-      loss = mean_b CE_b(a_b) + mean_b −min(ρ_b A_b, clip(ρ_b, 1 − ε, 1 + ε) A_b) − β · mean_b Σ_t H_t(π_θ)
-
-with A_b = R_b − b_b computed from the current composer and, for ``self_critical``, the current parser's greedy
-parse. The importance ratio corrects for sampling from π_old, and the clip bounds how far the K steps between two
-refreshes can move the policy, which is PPO's purpose; what differs is that each of those steps sees new data
-(no reuse of one batch K times), and that the composer and the parser take their steps together, from one
-optimizer (``optim``, or ``optim_groups.policy`` for the parser's ``policy`` parameter group). With
-``task.estimator.refresh=1``, ρ = 1 at every step and ``ppo`` is exactly ``sfe`` with the same settings. Other
-deviations from Havrylov et al.: Adam (they used Adadelta with learning rates 1 / 0.1 for the composer / parser,
-L2 1e-4 and gradient clipping at 0.5, none of which the training loop has); the parser's leaves are the cell's
-leaf transform, not an LSTM over the sequence; the entropy bonus is the sum of the per-merge entropies (they used a
-normalised entropy); the classifier is an MLP (they used one linear layer).
-
-Evaluation
-----------
-``evaluate(data, batch_size)`` sorts the split by length and cuts it into batches of at most ``batch_size``
-examples and at most ``task.eval_max_cells`` chart cells (examples × n²), since the official test file has
-expressions of up to 939 tokens. Predictions do not depend on the batching (padding is inert everywhere), so this
-only saves time and memory. Metrics (means over the split's examples):
-
-* ``acc`` (×100) and ``loss`` (cross-entropy);
-* tree models, for the MAP tree (chart) or the greedy parse (merge parsers) against the true tree of
-  :func:`~latentstruct.data.listops.spans_to_trees`: ``tree_f1`` (sentence-level unlabelled F1 × 100, without the
-  whole-sequence span, as :func:`~latentstruct.data.listops.tree_f1`), ``f1_left`` / ``f1_right`` (the same against
-  the left- and right-branching trees) and ``depth`` (:func:`~latentstruct.data.listops.tree_depth`: the most
-  constituents over one leaf); all vectorised (:func:`tree_scores`). Under these conventions the true trees of the
-  official test file have F1 38.6 against left-branching, 0.0 against right-branching and depth 16.6; Nangia &
-  Bowman report 41.6 / 8.8 / 9.6 for their ground-truth trees, so their conventions (which tokens are leaves, which
-  spans count, how depth is averaged) differ from these: compare their numbers with ours only side by side.
-
-``latent=gold`` composes along the true trees (the oracle "Tree-LSTM on ground-truth trees" row): the chart's
-ChartTreeLSTM runs on them, the merge parser replays them with ``given`` merges; no parser is trained (the
-estimator and structure are not read). ``latent=none`` goes with ``task.model=lstm`` and only with it.
-
-References: N. Nangia, S. Bowman (2018), "ListOps: a diagnostic dataset for latent tree learning", NAACL SRW.
-J. Choi, K. M. Yoo, S. Lee (2018), "Learning to compose task-specific tree structures", AAAI. D. Yogatama et al.
-(2017), "Learning to compose words into sentences with reinforcement learning", ICLR. S. Havrylov, G. Kruszewski,
-A. Joulin (2019), "Cooperative learning of disjoint syntax and semantics", NAACL. M. Stern, J. Andreas, D. Klein
-(2017), "A minimal span-based neural constituency parser", ACL. W. Wang, B. Chang (2016), "Graph-based dependency
-parsing with bidirectional LSTM", ACL. J. Cross, L. Huang (2016), "Span-based constituency parsing with a
-structure-label system and provably optimal dynamic oracles", EMNLP. S. Rennie et al. (2017), "Self-critical
-sequence training for image captioning", CVPR.
+The models in full, PPO within the one-step Task interface (a behaviour policy refreshed every
+``task.estimator.refresh`` steps) and the evaluation conventions: docs/tasks.md#listops.
 """
 
 from __future__ import annotations
@@ -177,7 +71,7 @@ def _target(part: Any) -> type | None:
 
 
 class ListOps(Task):
-    """ListOps through a latent binary tree, or the LSTM baseline (module docstring: models, PPO, metrics).
+    """ListOps through a latent binary tree, or the LSTM baseline (docs/tasks.md#listops: models, PPO, metrics).
 
     Batches hold ``x`` (ids ``[B, L]``), ``lengths``, ``y`` and ``spans`` (the true trees, :func:`spans_to_trees`).
     ``kind`` says which model it is (the setting ``model``): ``sequence`` (the LSTM), ``chart`` or ``merge``.
@@ -206,7 +100,7 @@ class ListOps(Task):
         disjoint: bool = False,
         eval_max_cells: Annotated[int, AtLeast(1)] = 2**20,
     ) -> ListOps:
-        """The model ``model`` names (module docstring), from the parts it takes, sized by these settings and the
+        """The model ``model`` names (docs/tasks.md#listops), from the parts it takes, sized by these settings and the
         data (``vocab_size``, ``num_classes``); the sizes are the task's so that one preset sets them whatever the
         model.
 

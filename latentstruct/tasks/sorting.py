@@ -1,46 +1,18 @@
 r"""Sorting numbers as a latent bipartite matching (Mena et al. 2018; seed 002 §5.1 and App. C.1).
 
-A sequence x ``[batch, d]`` of numbers in [0, 1] is to be matched with the sorted positions: z*[i, j] = 1 iff x_i is
-the j-th smallest (``latentstruct.data.sorting``).
+A batch ``x`` ``[B, d]`` of numbers in [0, 1] is matched with the sorted positions: z*[i, j] = 1 iff x_i is the j-th
+smallest. ``task.scorer`` (:class:`~latentstruct.models.sorting.RankScorer`) scores each number on its own, rows of
+``[B, d, d]``; ``task.estimator`` over a :class:`~latentstruct.structures.Matching` gives z; with ``task.sigma_net``
+(``direct`` only) σ ``[B, 1]`` is learned from the sequence.
 
-**Model.** The μ-network (the ``scorer``, :class:`~latentstruct.models.sorting.RankScorer`) scores each number on its
-own, ``f = Linear(1 → hidden) → ReLU → Linear(hidden → d)``, and row i of the scores ``[batch, d, d]`` is f(x_i): the
-score of placing x_i at sorted position j (Mena et al.'s architecture, hidden = 32). With a σ-network
-(``sigma_net=linear``, :class:`~latentstruct.models.sorting.LinearSigmaNet`: ``Linear(d → 1) → softplus``) the whole
-sequence is mapped to its noise scale σ ``[batch, 1]``, which the ``direct`` estimator uses and learns (seed 002,
-Corollary 2, App. C.1); without one (``sigma_net`` null) σ is the estimator's own (``task.estimator.sigma``). The latent
-structure is :class:`Matching` (MAP = Hungarian).
+Loss: L(z) = ‖z − z*‖²_F / 2 = d − <z, z*> (the number of misplaced elements), the batch mean;
+``baseline=gumbel_sinkhorn`` trains Mena et al.'s Gumbel-Sinkhorn in place of the estimator. Metrics: ``acc``
+(all-correct sequences ×100), ``prop_wrong`` (misplaced elements ×100), ``kendall_tau`` (:func:`kendall_tau`),
+``loss`` and, with a σ-network, ``sigma``.
 
-**Loss** (``baseline=none``). The quadratic loss between permutation matrices, halved:
+    python -m latentstruct.train +experiment=sorting_direct_learned
 
-    L(z) = ||z − z*||²_F / 2 = d − <z, z*>        (for permutation matrices: ||z||² = ||z*||² = d)
-
-i.e. the *number of misplaced elements*. It is linear in z, with slope ∇_z L = −z*, so the loss-perturbed MAP of
-``direct`` is exact: MAP(s + σγ + ε ℓ) = MAP(s + σγ − ε z*), which for ε < 0 adds |ε| to the ground-truth parts
-(seed 002 §5.1). We halve instead of dividing by 2d so that the loss-perturbation per part, |ε| = 12 (App. C.1), does
-not shrink with d (the authors' code likewise perturbs each part by an O(1) amount, independent of d). The training
-loss is the batch mean of L(z) over the estimator's z, with whatever estimator is configured (for ``direct``, z is
-the first noise sample's perturbed MAP).
-
-**Gumbel-Sinkhorn baseline** (``baseline=gumbel_sinkhorn``, Mena et al. 2018; trained without an estimator,
-``estimator=null``: its loss is not L of one latent per sequence but a reconstruction error, quadratic in each of
-several relaxed samples). For each sequence, ``samples`` soft permutations P̃ = Sinkhorn((s + G) / τ) with
-``sinkhorn_iters`` rounds of row-then-column normalisation (G i.i.d. standard Gumbel), and the squared reconstruction
-error of the sorted sequence, averaged over samples, sequences and positions:
-
-    loss = mean_{k, b, j} ((P̃_{k,b}ᵀ x_b)_j − sort(x_b)_j)²,        (P̃ᵀ x)_j = Σ_i P̃[i, j] x_i
-
-as in Mena et al.'s sorting code (which reconstructs the ordered sequence from the shuffled one with the transposed
-soft permutation; defaults τ = 1, 10 rounds, 5 samples).
-
-**Evaluation** (every method): the hard matching ẑ = Hungarian(s) on the noise-free scores (seed 002: "at test time,
-random noise is not added"). Metrics over the split's sequences:
-
-* ``acc`` = 100 × the fraction of sequences sorted perfectly (ẑ = z*; 100 − Mena et al.'s "Prop. Any Wrong");
-* ``prop_wrong`` = 100 × the fraction of elements placed at a wrong position (Mena et al.'s "Prop. Wrong");
-* ``kendall_tau`` = the mean over sequences of Kendall's τ in [−1, 1] between the predicted positions of the elements
-  and their true ranks (1 = perfectly sorted);
-* ``loss`` = the mean number of misplaced elements (L(ẑ) above); ``sigma`` = the mean learned σ (with a σ-network).
+The loss's scaling, the loss-perturbed MAP it gives ``direct`` and where our protocol differs: docs/tasks.md#sorting.
 """
 
 from __future__ import annotations
@@ -91,7 +63,7 @@ def kendall_tau(pred: torch.Tensor, gold: torch.Tensor, chunk: int = 256) -> tor
 
 
 class Sorting(Task):
-    """Learn to sort d numbers through a latent matching (module docstring: model, loss, baseline, metrics).
+    """Learn to sort d numbers through a latent matching (docs/tasks.md#sorting: model, loss, baseline, metrics).
 
     Built from ``scorer`` (the μ-network, :class:`~latentstruct.models.sorting.RankScorer`), ``structure`` (a
     :class:`Matching`), ``estimator`` (how gradients cross the Hungarian argmax: ``direct`` in seed 002, or any
@@ -194,7 +166,7 @@ class Sorting(Task):
     @torch.no_grad()
     def evaluate(self, data: dict[str, torch.Tensor], batch_size: int | None = None) -> dict[str, float]:
         """``acc``, ``prop_wrong`` (×100), ``kendall_tau``, ``loss`` and, with a σ-network, ``sigma``: means over
-        the split's sequences of the hard, noise-free matching (module docstring)."""
+        the split's sequences of the hard, noise-free matching (docs/tasks.md#sorting)."""
         was_training = self.training
         self.eval()
         perfect, wrong, tau, losses, sigmas = [], [], [], [], []

@@ -1,41 +1,18 @@
 """Text classification through latent dependency trees (seed 001 §7.2): SST sentiment and SNLI inference.
 
-**SST** (:class:`LatentTreeSST`, §7.2.1). Word ids → :class:`~latentstruct.models.text.Embedder` → the ``encoder``,
-one :class:`~latentstruct.models.text.BiLSTMEncoder` (``task.encoder.hidden`` in total, over time) → h. With
-``latent=predicted`` the same h feeds the ``scorer``, :class:`~latentstruct.models.text.ArcScorer` (eq. 23), whose
-scores go through the ``estimator`` and the ``structure`` (a projective dependency tree) to z; the ``decoder``
-reads [h_i; head_i] with head_i = Σ_j z(j → i) h_j (:func:`~latentstruct.models.text.head_vectors`; the root
-symbol's vector is the scorer's learned ``root``) through an affine layer, a ReLU and attention pooling
-(:class:`~latentstruct.models.text.SSTDecoder`). ``latent=none`` is the baseline: no scorer, structure or estimator,
-and the decoder Σ_i h_i → two-layer ReLU MLP (:class:`~latentstruct.models.text.BaselineSST`). The SST configs set
-``task.estimator.eval_latent=map``: at test time every method predicts through the MAP tree, as the authors' SST code
-did.
+* :class:`LatentTreeSST` — word ids ``x`` ``[B, n]`` with ``lengths`` ``[B]`` → embedder → ``task.encoder`` (a
+  BiLSTM) → h ``[B, n, hidden]``; with ``latent=predicted``, ``task.scorer`` (arc scores ``[B, n+1, n+1]``) →
+  ``task.estimator`` ∘ ``task.structure`` (a projective tree) → z; ``task.decoder`` reads [h_i; head_i] → 2 logits.
+  ``latent=none`` is the BiLSTM baseline (no scorer, structure or estimator).
+* :class:`LatentTreeNLI` — premise and hypothesis ids, each sentence's tree from one ``task.scorer`` on the word
+  vectors (non-projective by default), every word concatenated with its head → decomposable attention → 3 logits.
 
-**SNLI** (:class:`LatentTreeNLI`, §7.2.2). Premise and hypothesis ids → the same embedder; no encoder. With
-``latent=predicted`` one ``scorer`` (:class:`~latentstruct.models.text.ArcScorer`) on the word vectors scores each
-sentence's arcs, the estimator gives each its tree (by default non-projective, as the reference code), and every word
-is concatenated with its (weighted) head before the ``decoder``,
-:class:`~latentstruct.models.text.DecomposableAttention`; ``latent=none`` is decomposable attention alone (no
-intra-attention). Relaxed methods are fed their relaxation at evaluation (``eval_latent=relaxed``), as the authors'
-NLI code did.
+Metrics: ``acc`` (×100), ``loss``, and for tree models the MAP trees' depth. ``report_record`` writes every distinct
+test sentence's words and MAP heads (``report.json``, Figure 6).
 
-**Parts** are the nodes under the task that the task's option lists (``configs/task/sst.yaml``, ``nli.yaml``), each
-declared in :meth:`build`'s signature with the classes it may build (``Part``: ``decoder=linear`` on SST is refused
-when the configuration is validated, not a no-op); :meth:`build` sizes them (the word vectors' size, the encoder's,
-the classes) and refuses a tree part set for the baseline, or a decoder of the other model. The word vectors are the
-top-level ``embedding``'s (``dim``, ``freeze``; the pretrained matrix comes with the dataset).
+    python -m latentstruct.train +experiment=sst_spigot
 
-**The pulled-back loss** ``downstream(μ)`` (DESIGN.md §5) is the per-example cross-entropy of the decoder fed μ with
-everything upstream of the scores detached (the word vectors, the root vector); for SNLI the two trees are estimated
-one after the other, and the premise's closure holds the hypothesis' tree at its MAP (and vice versa; computed only
-when a closure is called), so that each closure is a function of one tree. The surrogate family (STE, SPIGOT*)
-trains on MAP trees, so there this is exactly the other sentence's training latent; for the sampling estimators
-that call the closure (SFE, direct) it stands in for the other sentence's sample.
-
-**Batches** hold int32 ids padded to the dataset's longest sentence; each batch is trimmed to its own longest.
-
-**Metrics**: ``acc`` (×100), ``loss`` and, for latent models, ``depth``: the average depth of the MAP trees
-(:func:`latentstruct.trees.depth`, 1 = flat; seed 001 Appendix B), over both sentences for SNLI.
+The wiring, the readings of §7.2 and where our protocol differs: docs/tasks.md#text.
 """
 
 from __future__ import annotations

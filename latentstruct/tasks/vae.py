@@ -1,50 +1,22 @@
-r"""Semi-supervised discrete VAE on binarised MNIST / Fashion-MNIST (seed 003, the authors' protocol as read).
+r"""Discrete VAEs on binarised MNIST / Fashion-MNIST (seed 003).
 
-The model is :class:`~latentstruct.models.vae.GMVAE` (K = 10 components, a 30-dimensional Gaussian each), built from
-the ``encoder``, ``scorer`` (the discrete head: the logits φ of q(z|x)) and ``decoder`` groups; the code z is a
-:class:`~latentstruct.structures.Categorical` over the K components, and the ``estimator`` group says how gradients
-cross its argmax. The data is :func:`~latentstruct.data.semisupervised.semisupervised_dataset`, and training runs in
-two phases (``trainer.phases``): first epochs over the ``labelled`` split only, then epochs over all of ``train``
-without labels. Component k is trained to stand for class k, so the predicted class is argmax_k φ(x, k).
+* :class:`SemiSupervisedVAE` — the GM-VAE (:class:`~latentstruct.models.vae.GMVAE`, K = 10 Gaussian components)
+  built from ``task.encoder``, ``task.scorer`` (the logits φ of q(z|x)) and ``task.decoder``; z is a categorical code
+  crossed by ``task.estimator``. Two phases (``trainer.phases``): the labelled split, then all of ``train`` without
+  labels. Loss per batch: −log p(x | z, h) + Σ_k z_k KL(q(h|x,k) ‖ N(0, I)) + KL(q(z|x) ‖ uniform), plus
+  ``label_weight`` · −log z_y in the labelled phase. The predicted class is argmax_k φ(x, k): ``acc`` (×100); also
+  ``bound``, ``rec`` and ``kl`` (nats).
+* :class:`UnsupervisedVAE` — the discrete VAE of seed 003's unsupervised table (a categorical code, or a GM-VAE),
+  reporting the negative ELBO ``bound`` = ``rec`` + ``kl`` (nats), ``acc`` = the codes' purity against the labels
+  (×100) and ``runner_up_log_q`` (:func:`runner_up_log_q`, the diagnostic of issue #33).
 
-For a batch, with z the estimator's code (a sample of q(z|x)) and h the Gaussian samples:
+Estimators with a temperature (``temperature``) are annealed by the task; ``direct`` gets the loss per component as
+its ``downstream`` (``task.theta``).
 
-    loss = mean_b [ −log p(x | z, h) + Σ_k z_k KL(q(h | x, k) ‖ N(0, I)) + KL(q(z|x) ‖ uniform) ]
-           + ``label_weight`` · mean_b −log z_{b, y_b}    (labelled phase; every estimator but ``direct``)
+    python -m latentstruct.train +experiment=vae_direct
 
-The first two terms train the decoder and the Gaussian heads through the code (its reparameterised h); the third is
-the exact categorical KL (its gradient through softmax(φ)).
-
-**direct optimisation** (``estimator=direct``, seed 003's method), σ = 1, forwards ẑ = onehot argmax(φ + γ), γ Gumbel,
-and gives φ the direct gradient of E_γ[θ(x, z^{φ+γ})]: ``downstream(μ) = −<μ, θ>`` holds θ(x, k) for every k
-(``theta=likelihood``: log p(x | z=k, h_k), the decoder's log-likelihood term as in the seed; ``theta=elbo`` subtracts
-each component's Gaussian KL, the whole part of the ELBO that depends on z), the loss of each component extended
-linearly, so its loss-perturbed argmax is argmax(φ + γ + |ε| θ). In the labelled phase the loss-perturbed code is the
-label's one-hot (the estimator's ``target``: the seed's semi-supervised term E_γ[ℓ(z, z^{φ+γ})], the authors' "towards
-the label" update) and |ε| = ``labelled_epsilon`` (0.05).
-
-**Gumbel-softmax** (``estimator=gumbel_softmax``, the baseline with the same model): z̃ = softmax((φ + γ)/τ) is fed
-to the decoder through :meth:`~latentstruct.models.vae.GMVAE.embed`, and the labelled phase adds the cross-entropy
-above (``estimator=st_gumbel``: the straight-through variant, one-hot forward).
-
-**Temperatures.** Before each step the task sets the estimator's ``temperature`` — direct's |ε| (ε negative: "towards
-best"), a relaxation's τ — as a scheduler sets an optimizer's learning rate: in the labelled phase an estimator that
-takes a ``target`` (direct) gets |ε| = ``labelled_epsilon``, the others their configured τ; in the unsupervised phase
-the configured |ε| or τ annealed, max(start · exp(−``anneal_rate`` · t), ``anneal_floor``), t the steps taken in that
-phase (the authors' GSM shares direct's schedule). Other estimators (``marginals``, ``sfe``, ``spigot``...) have no
-temperature and also train.
-
-**Evaluation** (every estimator, noise-free where it matters): ``acc`` = 100 × the fraction of images whose mode
-argmax_k φ(x, k) is their label; ``bound`` = the mean negative ELBO in nats, exact in z (all K components
-enumerated) with one Gaussian draw per image from a fixed generator (:meth:`GMVAE.bound`); ``rec`` and ``kl`` split it
-into −E_q log p(x | z, h) and the two KL terms.
-
-**Where this differs from the authors' code** (recorded in the table notes): their direct run leaves KL(q(z|x) ‖
-uniform) out of the training loss (it is only reported; the seed's objective has it, so we train on it by default;
-``kl_discrete=false`` drops it, as they did); they
-predict with the Gumbel-perturbed argmax (a sample) and report a one-sample bound, where we use the mode and the bound
-exact in z; their ε/τ schedule multiplies the epoch index, which counts the labelled epochs, by the unsupervised
-epoch's length, so ε reaches its floor after one unsupervised epoch, while here t counts the unsupervised steps.
+The loss in full, direct optimisation's θ, the annealing schedules and where our protocol differs:
+docs/tasks.md#vae.
 """
 
 from __future__ import annotations
@@ -73,7 +45,7 @@ THETAS = ("likelihood", "elbo")
 
 @dataclass
 class VAEOutput:
-    loss: torch.Tensor  # scalar: the batch's training loss (see the module docstring)
+    loss: torch.Tensor  # scalar: the batch's training loss (docs/tasks.md#vae)
     z: torch.Tensor  # [B, K] the code fed to the decoder (one-hot for direct, relaxed for gumbel_softmax)
 
 
@@ -101,7 +73,7 @@ def set_temperature(estimator: nn.Module, value: float | None) -> None:
 
 class SemiSupervisedVAE(Task):
     """The seed-003 semi-supervised GM-VAE, trained through any estimator: direct optimisation and Gumbel-softmax
-    are the seed's (module docstring).
+    are the seed's (docs/tasks.md#vae).
 
     Args:
         gaussian_dim: dimension of each component's Gaussian code.
@@ -172,7 +144,7 @@ class SemiSupervisedVAE(Task):
 
     def temperature(self, labelled: bool) -> float | None:
         """The estimator's temperature (None without one) for the next step: fixed in the labelled
-        phase, annealed after it (module docstring)."""
+        phase, annealed after it (docs/tasks.md#vae)."""
         if self.anneal_start is None:
             return None
         if labelled:
@@ -186,7 +158,7 @@ class SemiSupervisedVAE(Task):
         h = vae.sample_gaussians(mu, logvar)
         kl_gauss = gaussian_kl(mu, logvar)  # [B, K]
 
-        def downstream(code):  # −<code, θ>: each component's loss, extended linearly (module docstring)
+        def downstream(code):  # −<code, θ>: each component's loss, extended linearly (docs/tasks.md#vae)
             with torch.no_grad():  # θ(x, k) for every k only steers the estimator: no gradient through it
                 theta = vae.category_log_likelihood(x, h)
                 if self.theta == "elbo":
