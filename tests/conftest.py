@@ -92,11 +92,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if missing:
             item.stash[_ABSENT] = missing
             item.add_marker(pytest.mark.skip(reason=f"real data absent: {', '.join(missing)} not in {root}"))
-    # The tests marked slow (the end-to-end checks of several seconds each: CLI processes, sweeps, installs) go first,
-    # in their own order: xdist deals the first items to its workers in turn, so the workers share them, and what is
-    # left at the end are the short tests, which the workers take as they come free (no worker left running a long
-    # test alone at the end). The order of the other tests is kept.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(wrapper=True)
