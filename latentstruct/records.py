@@ -20,11 +20,11 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint", "differences",
-           "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS", "CLAIM", "Claim", "claim",
-           "describe_claim", "flatten", "LEGACY_PARTS", "nested",
-           "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint",
-           "load_checkpoint", "model_weights", "load_model_weights", "environment"]
+__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint",
+           "differences", "LOCATION", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS",
+           "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested", "write_json",
+           "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
+           "model_weights", "load_model_weights", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
 # progress, when it checkpoints, whether it resumes, and the device (a run may move between CPU and GPU; the record
@@ -37,6 +37,10 @@ NOT_RESULT = ("paths", "logger", "sweep", "trainer.resume", "trainer.force", "tr
 #: how long a run trains: not part of its identity either, since a run goes on exactly to a longer length in the same
 #: directory (train.py); a shorter one than a directory's completed run is refused there
 LENGTH = ("trainer.max_steps", "trainer.max_epochs")
+#: where a run finds its inputs (the data root a dataset reads, the GloVe cache): settings of every depth whose last
+#: name is one of these are not part of its identity either, so that the same run resumes and is skipped on a machine
+#: whose data lie elsewhere (the campaign's, the GPU machine's); an identity recorded with them is compared without
+LOCATION = ("data_dir", "cache_dir")
 #: the file of a run directory that records what the run computes (its identity) and its fingerprint
 RUN_FILE = "run.json"
 #: the file of a completed run that holds what the reports draw of its final model (``Task.report_record``)
@@ -84,10 +88,14 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _located(key: str) -> bool:
+    return key.rsplit(".", 1)[-1] in LOCATION
+
+
 def identity(config: dict) -> dict[str, Any]:
-    """What a run computes: the flat keys of its resolved ``config`` but those of :data:`NOT_RESULT` and
-    :data:`LENGTH`."""
-    return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_RESULT + LENGTH)}
+    """What a run computes: the flat keys of its resolved ``config`` but those of :data:`NOT_RESULT`, :data:`LENGTH`
+    and :data:`LOCATION`."""
+    return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_RESULT + LENGTH) and not _located(k)}
 
 
 def fingerprint(ident: dict[str, Any]) -> str:
@@ -99,7 +107,7 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """One line per key whose value differs between two identities: ``estimator._target_: a.Spigot → a.SFE``."""
     missing = "(absent)"
     return [f"{k}: {old.get(k, missing)} → {new.get(k, missing)}" for k in sorted(old.keys() | new.keys())
-            if old.get(k, missing) != new.get(k, missing)]
+            if old.get(k, missing) != new.get(k, missing) and not _located(k)]
 
 
 class RunMismatch(ValueError):

@@ -16,7 +16,17 @@ import pytest
 import yaml
 
 import latentstruct.train as train_module
-from latentstruct.records import LENGTH, NOT_RESULT, RUN_FILE, RunMismatch, fingerprint, identity
+from latentstruct.records import (
+    LENGTH,
+    LOCATION,
+    NOT_RESULT,
+    RUN_FILE,
+    RunMismatch,
+    check_run_dir,
+    fingerprint,
+    identity,
+    write_json,
+)
 from latentstruct.report.tables import load_runs
 from tests.helpers import CONFIGS, ROOT, train_run
 from tests.test_train import TINY
@@ -111,10 +121,25 @@ def test_the_directory_name_leaves_out_what_the_fingerprint_leaves_out():
     hydra = yaml.safe_load((CONFIGS / "train.yaml").read_text())["hydra"]
     excluded = hydra["job"]["config"]["override_dirname"]["exclude_keys"]
     prefixes = NOT_RESULT + LENGTH
-    assert all(k.startswith(prefixes) for k in excluded)
+    assert all(k.startswith(prefixes) or k.rsplit(".", 1)[-1] in LOCATION for k in excluded)
     assert all(any(k.startswith(p) for k in excluded) for p in prefixes)
     assert "trainer.threads" not in excluded and not "trainer.threads".startswith(prefixes)
     assert identity({"trainer": {"threads": 1, "progress": True, "max_steps": 3}}) == {"trainer.threads": 1}
+
+
+def test_where_the_data_lie_is_not_part_of_the_run(tmp_path):
+    """The same run on a machine whose data root is elsewhere (the campaign's worktree, the GPU machine) is the same
+    configuration: its identity leaves out the data root and the GloVe cache, and a directory whose run.json recorded
+    them (made before) is not refused for them."""
+    config = {"dataset": {"name": "bibtex", "data_dir": "/data/a"}, "embedding": {"cache_dir": ".cache/glove"},
+              "paths": {"data_dir": "/data/a"}}
+    moved = {**config, "dataset": {"name": "bibtex", "data_dir": "/elsewhere"}}
+    assert identity(config) == identity(moved) == {"dataset.name": "bibtex"}
+    recorded = {"dataset.name": "bibtex", "dataset.data_dir": "/data/a"}  # an identity of before
+    write_json(tmp_path / RUN_FILE, {"fingerprint": fingerprint(recorded), "identity": recorded})
+    assert check_run_dir(tmp_path, identity(moved))["identity"] == recorded
+    with pytest.raises(RunMismatch, match="dataset.name: bibtex → delicious"):
+        check_run_dir(tmp_path, {"dataset.name": "delicious"})
 
 
 def test_the_tables_refuse_a_directory_whose_record_and_configuration_disagree(tmp_path):
