@@ -21,7 +21,8 @@ import pandas as pd
 import torch
 
 __all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint",
-           "differences", "LOCATION", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS",
+           "differences", "LOCATION", "location", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV",
+           "FINAL_WEIGHTS",
            "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested", "write_json",
            "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
            "model_weights", "load_model_weights", "environment"]
@@ -135,10 +136,17 @@ def check_run_dir(run_dir: Path, ident: dict[str, Any]) -> dict[str, Any] | None
     return recorded
 
 
-def write_run_file(run_dir: Path, ident: dict[str, Any]) -> str:
-    """Record ``ident`` and its fingerprint in ``run_dir``/:data:`RUN_FILE`; returns the fingerprint."""
+def location(config: dict) -> dict[str, Any]:
+    """Where the run of the resolved ``config`` finds its inputs: its flat :data:`LOCATION` keys (not part of its
+    identity; recorded beside it, for the reports that rebuild a run's data)."""
+    return {k: v for k, v in flatten(config).items() if _located(k)}
+
+
+def write_run_file(run_dir: Path, ident: dict[str, Any], located: dict[str, Any] | None = None) -> str:
+    """Record ``ident``, its fingerprint and where the run's inputs lie (``located``, :func:`location`; not
+    fingerprinted) in ``run_dir``/:data:`RUN_FILE`; returns the fingerprint."""
     fp = fingerprint(ident)
-    write_json(Path(run_dir) / RUN_FILE, {"fingerprint": fp, "identity": ident})
+    write_json(Path(run_dir) / RUN_FILE, {"fingerprint": fp, "identity": ident, "located": located or {}})
     return fp
 
 

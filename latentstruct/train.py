@@ -62,6 +62,7 @@ from latentstruct.records import (
     identity,
     load_checkpoint,
     load_model_weights,
+    location,
     model_weights,
     read_record,
     remove_partial_writes,
@@ -353,7 +354,7 @@ def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
                 log.error("%s failed: %s", out, failure["error"])
             # the failure is this configuration's (its run.json says so: the next launch of it goes on here)
             write_json(out / "metrics.json", {**failure, "seed": cfg.trainer.seed, "fingerprint": write_run_file(
-                out, ident), **environment(torch.device("cpu"))})
+                out, ident, location(OmegaConf.to_container(cfg, resolve=True))), **environment(torch.device("cpu"))})
             raise
 
 
@@ -416,7 +417,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     if ckpt is not None and ckpt["step"] > max_steps:
         raise RunMismatch(f"{out}: its checkpoint is at step {ckpt['step']:,}, past this run's {max_steps:,} steps: "
                           "use another run directory, or trainer.force=true to start over")
-    write_run_file(out, ident)
+    write_run_file(out, ident, location(OmegaConf.to_container(cfg, resolve=True)))
     _write_hydra_files(out, cfg)
     logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 
