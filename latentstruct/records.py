@@ -20,9 +20,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-__all__ = ["NOT_RESULT", "LENGTH", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "fingerprint",
-           "differences", "LOCATION", "location", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV",
-           "FINAL_WEIGHTS",
+__all__ = ["NOT_RESULT", "LENGTH", "LOCATION", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "location",
+           "fingerprint", "differences", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS",
            "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested", "write_json",
            "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
            "model_weights", "load_model_weights", "environment"]

@@ -322,7 +322,8 @@ def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
         for partial in remove_partial_writes(out):  # the run is ours: no one else is writing them
             log.info("%s: removed %s, left by a write that was killed", out, partial.name)
         validate(cfg)
-        ident = identity(OmegaConf.to_container(cfg, resolve=True))
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        ident, located = identity(resolved), location(resolved)
         if cfg.trainer.force:
             try:
                 recorded = check_run_dir(out, ident)
@@ -341,7 +342,7 @@ def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
             # an interrupted run goes on from the checkpoint it saved when it stopped; a completed one from its final
             # checkpoint, to a longer length
             resume = cfg.trainer.resume or record.get("status") in ("interrupted", "completed")
-            return _run(cfg, out, resume, stop, record, ident)
+            return _run(cfg, out, resume, stop, record, ident, located)
         except Interrupted:
             raise  # its record (status: interrupted) and checkpoint are written
         except RunMismatch:
@@ -354,7 +355,7 @@ def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
                 log.error("%s failed: %s", out, failure["error"])
             # the failure is this configuration's (its run.json says so: the next launch of it goes on here)
             write_json(out / "metrics.json", {**failure, "seed": cfg.trainer.seed, "fingerprint": write_run_file(
-                out, ident, location(OmegaConf.to_container(cfg, resolve=True))), **environment(torch.device("cpu"))})
+                out, ident, located), **environment(torch.device("cpu"))})
             raise
 
 
@@ -373,10 +374,11 @@ def _identity(cfg: DictConfig) -> str:
 
 
 def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: dict,
-         ident: dict[str, Any]) -> dict[str, Any]:
+         ident: dict[str, Any], located: dict[str, Any]) -> dict[str, Any]:
     """:func:`train` once the run is this process's to run and its configuration is valid; ``resume``: go on from
     the run directory's checkpoint, if it has one; ``stop``: the stop signals noted since the run was claimed;
-    ``record``: the directory's metrics.json (empty if none); ``ident``: what the run computes."""
+    ``record``: the directory's metrics.json (empty if none); ``ident``: what the run computes; ``located``: where
+    its inputs lie (:func:`latentstruct.records.location`)."""
     # ---- build
     tc = cfg.trainer
     if tc.threads:
@@ -417,7 +419,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     if ckpt is not None and ckpt["step"] > max_steps:
         raise RunMismatch(f"{out}: its checkpoint is at step {ckpt['step']:,}, past this run's {max_steps:,} steps: "
                           "use another run directory, or trainer.force=true to start over")
-    write_run_file(out, ident, location(OmegaConf.to_container(cfg, resolve=True)))
+    write_run_file(out, ident, located)
     _write_hydra_files(out, cfg)
     logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 

@@ -30,9 +30,7 @@ configuration in ``run.json``), the predicted trees from ``report.json``.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
-import os
 import random
 import sys
 from collections import defaultdict
@@ -41,10 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra.utils import get_method, instantiate
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from latentstruct.data.files import DATA_ENV
 from latentstruct.data.listops import left_branching, right_branching, spans_to_trees, tree_scores
 from latentstruct.records import REPORT_FILE, RUN_FILE, nested
 from latentstruct.report.tables import filter_runs, load_runs, load_spec
@@ -71,10 +68,8 @@ def identity(run_dir: str | Path) -> dict[str, Any]:
 
 
 def _dataset(ident: dict[str, Any], data_dir: str | None = None) -> Any:
-    """The run's dataset, rebuilt from its recorded configuration, once per distinct dataset configuration
-    (generation takes seconds). Where the data lie is not part of a run's identity (``records.LOCATION``): the data
-    root is ``data_dir``, else the one rule's (``$LATENTSTRUCT_DATA``, else ``data``); a record of before that holds
-    its own root keeps it unless ``data_dir`` is given."""
+    """The run's dataset, rebuilt from its recorded configuration and data root (:func:`identity`; ``data_dir``:
+    another data root), once per distinct dataset configuration (generation takes seconds)."""
     node: dict[str, Any] = {}
     for key, value in ident.items():
         if key.startswith("dataset."):
@@ -83,9 +78,8 @@ def _dataset(ident: dict[str, Any], data_dir: str | None = None) -> Any:
             for part in parents:
                 target = target.setdefault(part, {})
             target[leaf] = value
-    takes_root = "data_dir" in inspect.signature(get_method(node["_target_"])).parameters
-    if takes_root and (data_dir is not None or "data_dir" not in node):
-        node["data_dir"] = data_dir if data_dir is not None else os.environ.get(DATA_ENV, "data")
+    if data_dir is not None and "data_dir" in node:
+        node["data_dir"] = data_dir
     key = json.dumps(node, sort_keys=True, default=str)
     if key not in _datasets:
         _datasets[key] = instantiate(OmegaConf.create(node))
