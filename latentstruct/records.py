@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import torch
 
 __all__ = ["NOT_RESULT", "LENGTH", "LOCATION", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "location",
@@ -199,6 +198,8 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_history(path: Path, history: list[dict[str, float]]) -> None:
+    import pandas as pd  # here, not at the top: a process that never evaluates (a refusal, --cfg) saves its 0.4 s
+
     _atomic(Path(path), lambda tmp: pd.DataFrame(history).to_csv(tmp, index=False))
 
 
