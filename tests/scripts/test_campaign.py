@@ -4,6 +4,9 @@ code with the committed records restored first, and its records are saved withou
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -71,3 +74,15 @@ def test_the_lab_matrix_runs_as_a_campaign_table(places, monkeypatch):
     assert argv[argv.index("-m") + 1] == "latentstruct.report.matrix" and "--only" not in argv
     assert env["PYTHONPATH"] == str(code) and argv[argv.index("--jobs") + 1] == "2"
     assert campaign.carry.sweep_dir(campaign.carry.LAB_MATRIX, "R").as_posix() == "R/lab_matrix_v2"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="no scheduler autogroups here")
+def test_the_campaigns_session_is_niced_not_only_its_processes():
+    """nice orders processes within one autogroup only; the campaign's own session gets the niceness too."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        campaign._nice_session(proc.pid)
+        assert open(f"/proc/{proc.pid}/autogroup").read().split()[-1] == "10"
+    finally:
+        proc.kill()
+        proc.wait()
