@@ -586,6 +586,24 @@ def _plan_of(table: str) -> dict:
         return {}
 
 
+def _lab_plan() -> list[str]:
+    """The lab's matrix (experiments/lab_matrix.yaml, not a paper table): its runs, counted from its grid, and the
+    spec's ``cpu_plan`` (what they cost here, estimated from the first matrix's measured run times)."""
+    from latentstruct.report import matrix
+    from latentstruct.report.tables import load_spec
+
+    spec = load_spec(ROOT / "experiments" / "lab_matrix.yaml")
+    cells = matrix.cells(spec)
+    runs = sum(len(matrix.grid_points(spec, c)) + len(spec["seeds"]) - 1 for c in cells)
+    plan = spec.get("cpu_plan") or {}
+    return ["", "## The lab", "",
+            f"The estimator × structure matrix (experiments/lab_matrix.yaml, issue #38; `python -m scripts.campaign "
+            f"start lab_matrix`): {len(cells)} cells, {runs:,} runs (each cell's grid points at the selection seed, "
+            f"then the other {len(spec['seeds']) - 1} seeds at the chosen point), "
+            f"{_num(plan.get('cpu_hours'), 1)} CPU-hours — {plan.get('run', 'no cpu_plan in the spec')}. It shares the "
+            "cores with the campaign: it runs after the campaign's first four items, or on cores they leave idle."]
+
+
 def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
     """results/bench/cpu.md: per table the CPU-hours of the paper's protocol (one run at a time, one thread), its
     longest run, what does not fit here, and what the campaign runs (the spec's ``cpu_plan``), then the sheet."""
@@ -640,7 +658,7 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
-    return lines + ["", "## Every configuration", "", *render(sheet)]
+    return lines + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
 
 
 def main(argv=None) -> int:

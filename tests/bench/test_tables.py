@@ -105,6 +105,8 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     row = next(line for line in lines if line.startswith("| spigot/table2 |"))
     assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
     assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
+    lab = lines[lines.index("## The lab") + 2]  # the lab's runs counted from its grid, its hours from its spec
+    assert "1,375 runs" in lab and "3.1 CPU-hours" in lab
 
 
 def test_one_configuration_per_experiment_is_timed_its_siblings_estimated_and_skipped_ones_left(monkeypatch):
