@@ -10,8 +10,10 @@ A table spec's ``paper_protocol`` block says what the paper ran (or, where the p
       runs: 3                        # runs behind each of the paper's numbers (optional)
       hardware: Tesla K80            # optional, shown beside ours
       data:                          # data the paper used that a run may lack: when the run's flat config `key` is
-        - {key: embedding.pretrained, missing: null, paper: frozen GloVe 840B, instead: random embeddings}
-                                     # `missing`, the run used `instead` (the key must be a provenance_keys entry)
+        - {key: embedding.pretrained, missing: null, paper: frozen GloVe 840B, instead: random embeddings,
+           stand_ins: {glove/glove.6B.50d.txt: GloVe 6B 50d}}
+                                     # `missing`, the run used `instead` (the key must be a provenance_keys entry);
+                                     # a value among `stand_ins` is named as what stood in for the paper's data
 
 :func:`facts` (what the runs were) + the protocol + the long table give :func:`summary`: the status (``full``,
 ``reduced``: fewer steps or runs, data substituted or cells without runs; ``blocked``: no completed run), its
@@ -123,8 +125,12 @@ def _differs(found: dict, proto: dict, cells: list[dict], sections=None) -> tupl
         values = found.get("data", {}).get(entry["key"])
         if values is None:
             unknown.append(f"`{entry['key']}` (paper: {entry['paper']})")
-        elif _text(entry.get("missing")) in values:
+            continue
+        if _text(entry.get("missing")) in values:
             differs.append(f"{entry['instead']} instead of {entry['paper']}")
+        for value, name in (entry.get("stand_ins") or {}).items():  # data put in the place of the paper's
+            if _text(value) in values:
+                differs.append(f"{name} instead of {entry['paper']}")
     empty = [c for c in cells if not c["n_runs"]]
     if empty and len(empty) < len(cells):
         settings = list(dict.fromkeys(c["setting"] for c in cells))

@@ -75,6 +75,12 @@ def test_substituted_data_is_named_and_an_unrecorded_key_is_said(tmp_path):
     assert "toy data instead of the real data" in result["differs"]
     unrecorded = status.summary({**found, "data": {}}, {"data": [entry]}, df.to_dict("records"), {})
     assert unrecorded["unknown"] == ["`dataset.dim` (paper: the real data)"]
+    # data that stand in for the paper's are named as such, never passed as the paper's
+    present = status.summary({**found, "data": {"dataset.dim": ["3"]}}, {"data": [entry]}, df.to_dict("records"), {})
+    assert not any("instead of the real data" in d for d in present["differs"])
+    stand_in = {**entry, "stand_ins": {3: "a smaller real set"}}
+    named = status.summary({**found, "data": {"dataset.dim": ["3"]}}, {"data": [stand_in]}, df.to_dict("records"), {})
+    assert "a smaller real set instead of the real data" in named["differs"]
 
 
 def test_a_table_without_a_completed_run_is_blocked_with_the_runs_error(tmp_path):
