@@ -175,7 +175,7 @@ class LatentClassifier(Task):
 
 def v_measure(true: torch.Tensor, pred: torch.Tensor) -> float:
     """The V-measure ×100 of the clustering ``pred`` against the classes ``true`` (1-d integer tensors), by
-    scikit-learn, imported here: at module level it was 1.4 s of every process's start (most runs never use it)."""
+    scikit-learn, imported here: at module level it took 1.4 s of every process's start with one core busy."""
     from sklearn.metrics import v_measure_score
 
     return 100 * float(v_measure_score(true.cpu().numpy(), pred.cpu().numpy()))
