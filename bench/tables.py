@@ -594,12 +594,13 @@ def _lab_plan() -> list[str]:
 
     spec = load_spec(ROOT / "experiments" / "lab_matrix.yaml")
     cells = matrix.cells(spec)
-    runs = sum(len(matrix.grid_points(spec, c)) + len(spec["seeds"]) - 1 for c in cells)
+    more = len(set(spec["seeds"]) - {spec["select"]["seed"]})  # the selection seed's run is the grid's
+    runs = sum(len(matrix.grid_points(spec, c)) + more for c in cells)
     plan = spec.get("cpu_plan") or {}
     return ["", "## The lab", "",
             f"The estimator × structure matrix (experiments/lab_matrix.yaml, issue #38; `python -m scripts.campaign "
             f"start lab_matrix`): {len(cells)} cells, {runs:,} runs (each cell's grid points at the selection seed, "
-            f"then the other {len(spec['seeds']) - 1} seeds at the chosen point), "
+            f"then the other {more} seeds at the chosen point), "
             f"{_num(plan.get('cpu_hours'), 1)} CPU-hours — {plan.get('run', 'no cpu_plan in the spec')}. It shares the "
             "cores with the campaign: it runs after the campaign's first four items, or on cores they leave idle."]
 

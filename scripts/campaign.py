@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 from scripts import carry  # noqa: E402
 
 STATE = ROOT / "campaign"
+NICE = 10  # the runs' niceness, their processes' and their session's (_nice_session)
 
 
 def campaign_root() -> Path:
@@ -99,7 +100,7 @@ def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
     code, runs = code_dir(entry["commit"]), campaign_root() / "runs"
     what = ["latentstruct.report.matrix"] if table == carry.LAB_MATRIX else \
         ["latentstruct.report.reproduce", table, "--only", "sweeps"]
-    argv = ["nice", "-n", "10", sys.executable, "-m", *what, "--runs", str(runs), "--jobs", str(jobs),
+    argv = ["nice", "-n", str(NICE), sys.executable, "-m", *what, "--runs", str(runs), "--jobs", str(jobs),
             "--seeds", entry.get("seeds", ""), "--args", entry.get("args", "")]
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
     return argv, env, code
@@ -121,7 +122,7 @@ def run(table: str, jobs: int, wait: bool) -> int:
     return proc.wait() if wait else 0
 
 
-def _nice_session(pid: int, nice: int = 10) -> None:
+def _nice_session(pid: int, nice: int = NICE) -> None:
     """Give the campaign's session the niceness its processes have. Linux orders processes by nice only within one
     autogroup (a session's, with ``sched_autogroup_enabled``, the default), and the campaign runs in its own session:
     without this it takes a full core from the user's work whatever its nice (measured: a fresh clone's ``.ci/run``

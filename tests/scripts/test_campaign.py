@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -82,7 +83,7 @@ def test_the_campaigns_session_is_niced_not_only_its_processes():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
         campaign._nice_session(proc.pid)
-        assert open(f"/proc/{proc.pid}/autogroup").read().split()[-1] == "10"
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == str(campaign.NICE) == "10"
     finally:
         proc.kill()
         proc.wait()
