@@ -285,7 +285,8 @@ def run_dataset(dataset: str, args) -> dict:
         built, _, batches, last = models[primary]
         for tried in range(1, 11):  # a batch where L_prim depends on θ (a hinge may be inactive on every example)
             batch = next(batches[last])
-            out["accuracy"][primary] = accuracy(built.model, batch, args)
+            with built.model.double_backward_context(batch):  # cuDNN's LSTM off on CUDA, as the step runs it
+                out["accuracy"][primary] = accuracy(built.model, batch, args)
             if out["accuracy"][primary] is not None:
                 out["accuracy"][primary]["batches_tried"] = tried
                 break

@@ -21,6 +21,7 @@ docs/models.md#energy; the solvers: docs/implicit_gradient.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import time
@@ -313,6 +314,11 @@ class BilevelEnergyTask(Task):
         """``implicit``: the seconds spent so far on the implicit term (``implicit`` method only: after L_prim's
         backward, ∇_θ L_aux, the solver and the mixed product; :func:`implicit_gradient`'s ``clock``)."""
         return {"implicit": self._clock.get("implicit", 0.0)} if self.method == "implicit" else {}
+
+    def double_backward_context(self, batch: dict[str, torch.Tensor]):
+        """The context a forward pass needs when it is differentiated twice (the implicit gradient's H v): none here;
+        a task whose networks lack a second derivative on some backend says what to switch off."""
+        return contextlib.nullcontext()
 
     def aux_function(self, batch: dict[str, torch.Tensor]):
         """L_aux on ``batch`` (:meth:`aux_loss`) as a function of θ's values, ``values -> L_aux`` (θ in

@@ -204,7 +204,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             return cached
         return self.energy_net.token_features(batch["x"], batch["lengths"], self._extra(batch))
 
-    def _double_backward_context(self, batch: dict[str, torch.Tensor]):
+    def double_backward_context(self, batch: dict[str, torch.Tensor]):
         if self.method == "implicit" and batch["x"].is_cuda:
             return torch.backends.cudnn.flags(enabled=False)  # cuDNN's LSTM backward has no derivative
         return contextlib.nullcontext()
@@ -270,7 +270,7 @@ class SequenceLabelEnergy(BilevelEnergyTask):
         batch = self.trim(batch)
         if self.method == "crf" and not self._pretraining:
             return EnergyOutput(self.crf_nll(batch).mean())
-        with self._double_backward_context(batch):
+        with self.double_backward_context(batch):
             return super().forward(batch)
 
     def predict(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
