@@ -75,6 +75,7 @@ from latentstruct.models.implicit import (  # noqa: E402
     mixed_vp,
     neumann_inverse_hvp,
 )
+from latentstruct.records import git_commit  # noqa: E402
 
 #: dataset -> (sweep, overrides, experiment prefix)
 DATASETS = {
@@ -409,10 +410,13 @@ def render(sheet: dict) -> list[str]:
           f"{r['args']['method_steps']} method steps from the configuration's seed, {r['args']['rounds']} rounds."
           for r in runs], "",
         f"Torch "
-        f"{sheet['torch']}, {sheet.get('device', 'cpu').upper()}, {sheet['threads']} torch thread, on a shared 2-core "
-        "machine under load from other jobs (load averages at the start and end of each run: "
+        f"{sheet['torch']}, {sheet.get('device', 'cpu').upper()}, {sheet['threads']} torch thread, on "
+        + (f"{sheet['gpu']} (the device machine's 16 cores; " if sheet.get("gpu") else
+           "a shared 2-core machine under load from other jobs (")
+        + "load averages at the start and end of each run: "
         + "; ".join(f"{' → '.join(f'{x:.1f}' for x in r['load_average'])}" for r in runs if r.get("load_average"))
-        + "; absolute seconds are many times the unloaded ones and noisy; every row of one table was timed "
+        + ("" if sheet.get("gpu") else "; absolute seconds are many times the unloaded ones and noisy")
+        + "; every row of one table was timed "
         "interleaved in one process, so the ratios between rows are the comparable numbers). One training batch for "
         "the accuracy block; interleaved rounds of one training step per row for the cost block (medians).", "",
         "Systems: the series with K terms returns α Σ_{i≤K} (I − αH)^i v (it solves no system; its residual is "
@@ -495,15 +499,14 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     global DEVICE
     DEVICE = torch.device(args.device)
-    import subprocess
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                            check=False).stdout.strip()
+    sha, dirty = git_commit()
+    commit = sha[:7] + ("+dirty" if dirty else "")
     words = list(argv if argv is not None else sys.argv[1:])
     words = [Path(w).name if i and words[i - 1] == "--out" else w for i, w in enumerate(words)]  # no machine paths
     sheet = {"generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
              "command": "python bench/implicit.py " + " ".join(words),
              "torch": torch.__version__, "threads": torch.get_num_threads(), "device": DEVICE.type,
+             **({"gpu": torch.cuda.get_device_name(DEVICE)} if DEVICE.type == "cuda" else {}),
              "load_average": [os.getloadavg()[0]], "args": {
                  k: getattr(args, k) for k in ("pretrain_steps", "method_steps", "rounds", "series_terms",
                                                "ref_max_iter", "tols", "solvers", "max_iter", "primaries", "hvps",

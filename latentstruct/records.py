@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 __all__ = ["NOT_RESULT", "LENGTH", "LOCATION", "RUN_FILE", "REPORT_FILE", "RunMismatch", "identity", "location",
-           "fingerprint", "differences", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "FINAL_WEIGHTS",
-           "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested", "write_json",
-           "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
+           "fingerprint", "differences", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "git_commit",
+           "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested",
+           "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
            "model_weights", "load_model_weights", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
@@ -244,8 +244,14 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 COMMIT_ENV = "LATENTSTRUCT_GIT_COMMIT"
 
 
-def _git_commit() -> tuple[str, bool | None]:
-    """The checkout's commit and whether tracked files differ from it; without git, :data:`COMMIT_ENV`'s stamp."""
+def git_commit() -> tuple[str, bool | None]:
+    """The code's commit and whether tracked files differ from it: :data:`COMMIT_ENV`'s stamp where it is set (the
+    GPU machine, whose copy of the tree may carry a stale ``.git``: the stamp is made from this checkout just before
+    the call), else git's answer for the checkout, else ``("unknown", None)``."""
+    stamp = os.environ.get(COMMIT_ENV, "").strip()
+    if stamp:
+        sha, _, dirty = stamp.partition("+")
+        return sha, dirty == "dirty"
     repo = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
@@ -259,16 +265,12 @@ def _git_commit() -> tuple[str, bool | None]:
         ).stdout.strip()
         return sha, bool(dirty)
     except (OSError, subprocess.CalledProcessError):
-        stamp = os.environ.get(COMMIT_ENV, "").strip()
-        if not stamp:
-            return "unknown", None
-        sha, _, dirty = stamp.partition("+")
-        return sha, dirty == "dirty"
+        return "unknown", None
 
 
 def environment(device: torch.device) -> dict[str, Any]:
     """git commit, hardware ("cpu" or the GPU's name), the torch version and its threads, for the run record."""
-    sha, dirty = _git_commit()
+    sha, dirty = git_commit()
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "torch": torch.__version__,
             "threads": threads()}

@@ -266,15 +266,22 @@ def experiments(device: str, out: Path, seconds: float) -> dict:
             family, names = pending.pop(0)
             cmd = [sys.executable, "-m", "scripts.gpu_check", "family", "--device", device, "--work", str(work),
                    "--out", str(work / f"{family}.json"), *names]
-            procs[family] = subprocess.Popen(cmd, cwd=ROOT)
-        for family, proc in list(procs.items()):
+            procs[family] = (subprocess.Popen(cmd, cwd=ROOT), names)
+        for family, (proc, names) in list(procs.items()):
             if proc.poll() is not None or time.time() > end:
-                if proc.poll() is None:
+                killed = proc.poll() is None
+                if killed:
                     proc.kill()
-                    results.append({"experiment": f"{family} (family)", "family": family, "status": "timeout"})
-                procs.pop(family).wait()
+                procs.pop(family)
+                proc.wait()
                 path = work / f"{family}.json"
-                results += json.loads(path.read_text()) if path.is_file() else []
+                done = json.loads(path.read_text()) if path.is_file() else []
+                results += done
+                if killed and len(done) < len(names):
+                    results.append({"experiment": f"{family} (family)", "family": family, "status": "timeout"})
+                elif killed and not any("repeat" in r for r in done):  # every run trained, the repeat was cut
+                    results.append({"repeat": {"experiment": names[0], "identical": None,
+                                               "note": "not finished by the step's deadline"}})
         time.sleep(0.5)
     runs = [r for r in results if "repeat" not in r]
     sweep = launcher_sweep(device, work, max(30.0, end - time.time() + 60))

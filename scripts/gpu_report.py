@@ -65,13 +65,15 @@ def tests_summary(path: Path) -> tuple[Counter, list[str]]:
     return counts, failures
 
 
-def markdown(source: Path) -> list[str]:
-    """gpu.md's lines from the files in ``source`` (module docstring)."""
+def markdown(source: Path, implicit: dict | None = None) -> list[str]:
+    """gpu.md's lines from the files in ``source`` (module docstring); ``implicit``: the sheet of a later
+    ``bench/implicit.py --device cuda`` run alone, shown instead of the check's implicit step."""
     env = _load(source, "env.json")
     experiments = _load(source, "experiments.json") or {}
     syncs = _load(source, "syncs.json")
     timing = _load(source, "timing.json")
     steps = env.get("steps", {})
+    log = (source / "check.log").read_text(errors="replace") if (source / "check.log").is_file() else ""
     bad = [f"{name} {s['status']}" for name, s in steps.items() if s["status"] not in ("ok", "skipped")]
     device = env.get("gpu") or "CPU (dry run)"
     lines = [
@@ -93,7 +95,9 @@ def markdown(source: Path) -> list[str]:
         "",
         "| step | status | seconds | note |",
         "|---|---|---|---|",
-        *[f"| {name} | {s['status']} | {s.get('seconds', '—')} | {s.get('note', '')} |" for name, s in steps.items()],
+        *[f"| {name} | {s['status']} | {s.get('seconds', '—')} | "
+          f"{'; '.join(filter(None, [s.get('note', ''), _step_error(log, name) if s['status'] == 'failed' else '']))} |"
+          for name, s in steps.items()],
     ]
     counts, failures = tests_summary(source / "tests.xml")
     lines += ["", "## CUDA tests (`pytest -m cuda`)", "",
@@ -101,7 +105,7 @@ def markdown(source: Path) -> list[str]:
     lines += [f"- FAILED {f}" for f in failures]
     lines += _experiments(experiments)
     lines += _syncs(syncs)
-    lines += _implicit((steps.get("implicit") or {}).get("sheet"))
+    lines += _implicit((steps.get("implicit") or {}).get("sheet"), implicit, steps.get("implicit"))
     lines += ["", "## Timing sheet (`bench/tables.py`)", ""]
     if timing:
         lines += [f"One run at a time on {timing.get('hardware')}, torch {timing.get('torch')}; a run's device-seconds "
@@ -144,9 +148,26 @@ def _experiments(sheet: dict) -> list[str]:
     return lines
 
 
-def _implicit(sheet) -> list[str]:
-    """The implicit step's sheet (bench/implicit.py on the device): cost rows and the two ways of the products."""
+def _step_error(log: str, step: str) -> str:
+    """The last exception line that check.log shows between ``step``'s start and its failure ('' if none)."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if f"] {step}: starting" in line), 0)
+    end = next((i for i, line in enumerate(lines) if f"] {step}: failed" in line), None)
+    for line in reversed(lines[start:end] if end is not None else []):
+        if re.match(r"[A-Za-z_.]*(Error|Exception)\b.*: ", line):
+            return f"`{line.strip()[:300]}`"
+    return ""
+
+
+def _implicit(sheet, rerun=None, step=None) -> list[str]:
+    """The implicit step's sheet (bench/implicit.py on the device): cost rows and the two ways of the products; or,
+    given ``rerun``, that later run's sheet, said as such beside the step's status."""
     lines = ["", "## Implicit gradient: double backward vs forward-over-reverse (`bench/implicit.py`)", ""]
+    if rerun:
+        lines += [f"From a later call that ran `bench/implicit.py` alone on {rerun.get('gpu', rerun.get('device'))} "
+                  f"at commit {rerun.get('commit')} ({rerun.get('generated')}), not from this check's step "
+                  f"(status {(step or {}).get('status', '—')}: {(step or {}).get('note', '')}).", ""]
+        sheet = rerun
     if not sheet:
         return lines + ["Not measured: the implicit step did not run or wrote no sheet."]
     from bench.implicit import cost_lines, product_lines
@@ -175,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/gpu_report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="the folder of gpu_check.sh's files")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    parser.add_argument("--implicit", type=Path, help="the implicit.json of a later bench/implicit.py --device cuda "
+                        "call, shown instead of the check's implicit step (where that step failed)")
     args = parser.parse_args(argv)
     missing = [name for name in NEEDED if not (args.source / name).is_file()]
     if missing:
@@ -182,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.md").write_text(scrub("\n".join(markdown(args.source)) + "\n"))
+    rerun = json.loads(args.implicit.read_text()) if args.implicit else None
+    (args.out / "gpu.md").write_text(scrub("\n".join(markdown(args.source, rerun)) + "\n"))
     raw = {name: _load(args.source, name) for name in ("env.json", "experiments.json", "syncs.json", "timing.json")}
+    raw["implicit_rerun"] = rerun
     (args.out / "gpu.json").write_text(scrub(json.dumps(raw, indent=1) + "\n"))
     written = [args.out / "gpu.md", args.out / "gpu.json"]
     for path in sorted(args.source.glob("structures_*.md")) + sorted(args.source.glob("structures_*.json")):

@@ -159,3 +159,15 @@ def test_every_sweep_names_its_runs_as_a_single_run_is_named():
     for path in sorted((CONFIGS / "sweep").glob("*.yaml")):
         sweep = yaml.safe_load(path.read_text())["hydra"]["sweep"]
         assert sweep["subdir"] == "${run_name:${hydra.job.override_dirname}}", path.name
+
+
+def test_the_commit_stamp_wins_over_git_where_it_is_set(monkeypatch):
+    """The GPU machine's copy of the tree may carry a stale .git: the stamp made just before the call is the truth."""
+    from latentstruct.records import COMMIT_ENV, git_commit
+
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    sha, _ = git_commit()  # this checkout's git (or "unknown" in a copy without one)
+    monkeypatch.setenv(COMMIT_ENV, "0123456789ab+dirty")
+    assert git_commit() == ("0123456789ab", True) != (sha, True)
+    monkeypatch.setenv(COMMIT_ENV, "fedcba987654")
+    assert git_commit() == ("fedcba987654", False)

@@ -4,6 +4,7 @@ scripts/gpu_report.py on made-up results."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from latentstruct.config import experiments
 from scripts import gpu_check, gpu_report
@@ -40,9 +41,17 @@ def test_the_report_reads_the_checks_files(tmp_path):
         '<failure message="wrong">x</failure></testcase><testcase classname="a" name="t3"><skipped/></testcase>'
         '</testsuite></testsuites>')
     (tmp_path / "structures_cuda.md").write_text("# Structures benchmark\n")
-    assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "results")]) == 0
+    (tmp_path / "check.log").write_text("[gpu_check 1] tests: starting\nKeyError: 'early': not this step's\n"
+                                        "[gpu_check 2] syncs: starting\nTraceback\nRuntimeError: no kernel: x\n"
+                                        "[gpu_check 3] syncs: failed in 1 s boom\n")
+    rerun = tmp_path / "implicit.json"
+    rerun.write_text(json.dumps({"gpu": "NVIDIA H200", "commit": "abc1234", "generated": "today", "device": "cuda",
+                                 "command": "python bench/implicit.py", "args": {"max_iter": 20}, "datasets": {}}))
+    assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "results"), "--implicit", str(rerun)]) == 0
     text = (tmp_path / "results" / "gpu.md").read_text()
     assert "**Status: not every step ok: syncs failed**" in text and "on NVIDIA H100" in text
+    assert "| syncs | failed | 1 | boom; `RuntimeError: no kernel: x` |" in text and "early" not in text
+    assert "bench/implicit.py` alone on NVIDIA H200 at commit abc1234 (today), not from this check's step" in text
     assert "1 passed, 1 failed, 1 skipped." in text and "- FAILED a::t2: wrong" in text
     assert "| snli | 0 of 1 | snli_spigot (blocked) | 0 |" in text and "| sst_spigot | no | 1e-07 |" in text
     assert "| projective | 0 |" in text
@@ -81,3 +90,35 @@ def test_the_report_shows_the_implicit_steps_two_ways_of_making_products(tmp_pat
     assert "| cd minres:0.2 | 0.050 | 5.0 | 0.020 | 40 % | 0.030 | 60 % |" in text
     assert "| cd minres:0.2 forward_over_reverse | failed: hvp=forward_over_reverse: no derivative |" in text
     assert "| L_CD | forward_over_reverse | 0.0000 | 0.0300 | 0.0300 | 1.50 | 1e-07 | 2e-07 | 2, 2 |" in text
+
+
+def test_a_family_cut_at_the_deadline_fails_the_step_only_if_a_run_was_lost(tmp_path, monkeypatch):
+    """The citation family trained every run and was killed in its repeat (the first H100 check): not a failure."""
+    import latentstruct.config
+
+    monkeypatch.setattr(latentstruct.config, "experiments", lambda: {"whole": ["a", "b"], "cut": ["c", "d"]})
+    monkeypatch.setattr(gpu_check, "launcher_sweep", lambda *a: {"status": "ok"})
+    monkeypatch.setattr(gpu_check.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+
+    class Hung:  # a family process that wrote the runs it finished and is still going at the deadline
+        def __init__(self, cmd, cwd):
+            names = cmd[cmd.index("--out") + 2:]
+            done = names if "a" in names else names[:1]
+            Path(cmd[cmd.index("--out") + 1]).write_text(json.dumps(
+                [{"experiment": n, "status": "completed", "seconds": 1.0} for n in done]))
+
+        def poll(self):
+            return None
+
+        def kill(self):
+            pass
+
+        def wait(self):
+            return -9
+
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", Hung)
+    result = gpu_check.experiments("cuda", tmp_path, seconds=0)
+    sheet = json.loads((tmp_path / "experiments.json").read_text())
+    assert [r["experiment"] for r in sheet["runs"]] == ["a", "b", "c", "cut (family)"]
+    assert sheet["repeats"] == [{"experiment": "a", "identical": None, "note": "not finished by the step's deadline"}]
+    assert result["status"] == "failed" and result["note"].startswith("3 of 4 experiments")
