@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import v_measure_score
 
 from latentstruct.data.synthetic import synthetic_clusters
 from latentstruct.estimators import (
@@ -33,6 +32,7 @@ from latentstruct.estimators import (
 from latentstruct.models.decoders import Bilinear
 from latentstruct.models.scorers import Linear
 from latentstruct.structures import Categorical
+from latentstruct.tasks.classification import v_measure
 
 K, STEPS = 3, 200
 ESTIMATORS = {
@@ -75,7 +75,7 @@ def run(estimator, data) -> tuple[float, float]:
         pred = decoder(test["x"], estimator(scorer(test["x"]), structure)).argmax(-1)
         acc = 100 * float((pred == test["y"]).float().mean())
         clusters = structure.map(scorer(test["x"])).argmax(-1)
-    return acc, 100 * v_measure_score(test["z"].numpy(), clusters.numpy())
+    return acc, v_measure(test["z"], clusters)
 
 
 if __name__ == "__main__":
