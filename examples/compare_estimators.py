@@ -8,9 +8,12 @@ test accuracy and how well the MAP latent recovers the true clusters (V-measure)
 A short run on a small problem: its ranking is an illustration, not seed 001's Table 2 (results/spigot/table2.md).
 
     python examples/compare_estimators.py   # about ten seconds on one CPU core
+    python examples/compare_estimators.py --steps 50   # fewer Adam steps (the tests' size)
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +37,7 @@ from latentstruct.models.scorers import Linear
 from latentstruct.structures import Categorical
 from latentstruct.tasks.classification import v_measure
 
-K, STEPS = 3, 200
+K = 3
 ESTIMATORS = {
     "ste_i": SteI(),
     "ste_s": SteS(),
@@ -50,7 +53,7 @@ ESTIMATORS = {
 }
 
 
-def run(estimator, data) -> tuple[float, float]:
+def run(estimator, data, steps: int) -> tuple[float, float]:
     """Train from the same initial parameters; return the test accuracy and V-measure of the MAP latent."""
     torch.manual_seed(0)
     dims, structure = data.dims, Categorical()
@@ -59,7 +62,7 @@ def run(estimator, data) -> tuple[float, float]:
     optimizer = torch.optim.Adam([*scorer.parameters(), *decoder.parameters()], lr=5e-2)
     x, y = data.splits["train"]["x"], data.splits["train"]["y"]
     estimator.train()
-    for _ in range(STEPS):
+    for _ in range(steps):
 
         def downstream(mu):  # the per-example loss at a candidate μ (the features x have no parameters upstream)
             return F.cross_entropy(decoder(x, mu), y, reduction="none")
@@ -79,9 +82,12 @@ def run(estimator, data) -> tuple[float, float]:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="full-batch Adam steps per estimator")
+    steps = parser.parse_args().steps
     torch.set_num_threads(1)
     data = synthetic_clusters(num_features=20, num_clusters=K, n_train=500, n_valid=10, n_test=1000)
     print(f"{'estimator':15s} {'test acc':>8s} {'v-measure':>9s}")
     for name, estimator in ESTIMATORS.items():
-        acc, v = run(estimator, data)
+        acc, v = run(estimator, data, steps)
         print(f"{name:15s} {acc:8.1f} {v:9.1f}")

@@ -7,9 +7,12 @@ decoder predicts each word's target from its head's features Σ_h z[b, h, m] f[b
 scorer learns to find the heads, through the argmax (docs/library.md explains each step).
 
     python examples/custom_model.py        # about ten seconds on one CPU core
+    python examples/custom_model.py --steps 20   # fewer steps (the tests' size)
 """
 
 from __future__ import annotations
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +21,7 @@ from torch import nn
 from latentstruct.estimators import Spigot, SpigotCe
 from latentstruct.structures import ProjectiveDepTree
 
-WORDS, DIM, BATCH, STEPS = 6, 8, 32, 60
+WORDS, DIM, BATCH = 6, 8, 32
 
 
 def make_data(n_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -74,7 +77,7 @@ class TreeModel(nn.Module):
         return 100 * float((z * trees).sum() / (x.shape[0] * WORDS))
 
 
-def train(estimator: nn.Module, name: str) -> None:
+def train(estimator: nn.Module, name: str, steps: int) -> None:
     """Adam on mini-batches of 32; prints the test loss and the MAP trees' head accuracy every 20 steps."""
     torch.manual_seed(0)
     x, trees, target = make_data(BATCH * 8, seed=1)
@@ -82,7 +85,7 @@ def train(estimator: nn.Module, name: str) -> None:
     model = TreeModel(estimator)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
-    for step in range(STEPS + 1):
+    for step in range(steps + 1):
         if step % 20 == 0:
             model.eval()  # evaluation: the estimators return the MAP tree
             with torch.no_grad():
@@ -100,6 +103,9 @@ def train(estimator: nn.Module, name: str) -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=60, help="Adam steps per estimator (evaluated every 20)")
+    steps = parser.parse_args().steps
     torch.set_num_threads(1)
-    train(Spigot(eta=1.0), "spigot")
-    train(SpigotCe(eta=1.0), "spigot_ce")
+    train(Spigot(eta=1.0), "spigot", steps)
+    train(SpigotCe(eta=1.0), "spigot_ce", steps)

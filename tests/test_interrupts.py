@@ -182,83 +182,85 @@ def test_cli_sigterm_exits_143_with_an_interrupted_record_and_the_rerun_finishes
     assert f"resumed {tmp_path} at step {record['step']}" in (tmp_path / "train.log").read_text()
 
 
-# Imported by every Python process of the test's sweep (PYTHONPATH): the job pauses at the chosen point — before its
-# training loop (when the task is given its training data) or when it begins a chosen step — writes a file saying
-# so and its pid, and waits for the test's "go" file; so the signal reaches it at that point, whatever the load. The
-# requeued job finds "go" and never pauses.
+# Imported by every Python process of the test's sweep (PYTHONPATH): the job's k-th launch pauses at the k-th of the
+# comma-separated points — before its training loop (when the task is given its training data) or when it begins a
+# chosen step — writes "paused-k" with its pid, and waits for the test's "go-k"; so the signal reaches it at that
+# point, whatever the load. A launch after the last point never pauses. (A launch is the first of the job's processes
+# that reaches a point; the sweep's other processes never train.)
 _GATE = """
 import os, pathlib, time
 gate = os.environ.get("LATENTSTRUCT_TEST_GATE")
 if gate:
     import latentstruct.tasks.base as base
-    folder, point = pathlib.Path(gate), os.environ["LATENTSTRUCT_TEST_GATE_AT"]
+    folder, points = pathlib.Path(gate), os.environ["LATENTSTRUCT_TEST_GATE_AT"].split(",")
+    launch = []
 
-    def pause():
-        if (folder / "go").exists():
+    def pause_at(point):
+        if not launch:  # this process's launch: the first point not yet passed
+            launch.append(next((k for k in range(len(points)) if not (folder / f"go-{k}").exists()), None))
+        k = launch[0]
+        if k is None or points[k] != point:
             return
-        (folder / "paused").write_text(str(os.getpid()))
-        while not (folder / "go").exists():
+        (folder / f"paused-{k}").write_text(str(os.getpid()))
+        while not (folder / f"go-{k}").exists():
             time.sleep(0.02)
 
-    if point == "before":
-        use = base.Task.use_training_data
-        def use_training_data(self, *args, **kwargs):
-            pause()
-            return use(self, *args, **kwargs)
-        base.Task.use_training_data = use_training_data
-    else:
-        begin = base.Task.begin_step
-        def begin_step(self, phase, step):
-            if step == int(point):
-                pause()
-            return begin(self, phase, step)
-        base.Task.begin_step = begin_step
+    use = base.Task.use_training_data
+    def use_training_data(self, *args, **kwargs):
+        pause_at("before")
+        return use(self, *args, **kwargs)
+    base.Task.use_training_data = use_training_data
+
+    begin = base.Task.begin_step
+    def begin_step(self, phase, step):
+        pause_at(str(step))
+        return begin(self, phase, step)
+    base.Task.begin_step = begin_step
 """
 
 
-REQUEUE = ["trainer.max_steps=300", "trainer.eval_every=100", "estimator=sfe", "trainer.batch_size=64"]
-
-
-@pytest.fixture(scope="module")
-def requeue_reference(tmp_path_factory) -> dict:
-    """The requeued job's configuration run uninterrupted in-process (one thread, as the job): its record."""
-    return train_run(tmp_path_factory.mktemp("requeue"), *TINY, *REQUEUE, name="uninterrupted")
+REQUEUE = ["trainer.max_steps=60", "trainer.eval_every=20", "estimator=sfe", "trainer.batch_size=64"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point, stopped_at", [("before", 0), ("150", 151)])
-def test_submitit_local_requeues_a_preempted_job_which_resumes(tmp_path, point, stopped_at, requeue_reference):
+def test_submitit_local_requeues_a_job_preempted_twice_which_resumes_each_time(tmp_path):
     """The submitit launcher, executing locally: the job is sent submitit's preemption signal (USR2, what its
-    SLURM jobs get before a preemption or the time limit) before its first step or mid-run (at a chosen point, see
-    _GATE); it checkpoints, hands the signal to submitit, which requeues it, and the requeued job resumes from the
-    step it stopped at and completes with the metrics of an uninterrupted run (the same threads: one)."""
+    SLURM jobs get before a preemption or the time limit) before its first step, and again mid-run after its requeue
+    (at chosen points, see _GATE); each time it checkpoints, hands the signal to submitit, which requeues it, and the
+    requeued job resumes from the step it stopped at; it completes with the metrics of an uninterrupted run (the same
+    threads: one). One sweep for both preemptions: each launch is a process that imports torch and Hydra."""
     sweep, gate = tmp_path / "sweep", tmp_path / "gate"
     gate.mkdir()
     (gate / "sitecustomize.py").write_text(_GATE)
-    env = {"LATENTSTRUCT_TEST_GATE": str(gate), "LATENTSTRUCT_TEST_GATE_AT": point,
+    env = {"LATENTSTRUCT_TEST_GATE": str(gate), "LATENTSTRUCT_TEST_GATE_AT": "before,30",
            "PYTHONPATH": os.pathsep.join([str(gate), str(ROOT)])}
     proc = _cli("-m", *TINY, *REQUEUE, "trainer.seed=301", "hydra/launcher=submitit_local",
                 "hydra.launcher.timeout_min=60", f"hydra.sweep.dir={sweep}", f"paths.multirun_dir={tmp_path}", env=env)
-    try:  # however long the job takes to get there on a loaded machine, unless the sweep ends first
-        end = time.monotonic() + 1800
-        while not (gate / "paused").exists():
-            assert proc.poll() is None, f"the sweep ended before its job paused: {proc.communicate()[0]}"
-            assert time.monotonic() < end, "the job never reached its pause in 30 minutes"
-            time.sleep(0.05)
-        os.kill(int((gate / "paused").read_text()), signal.SIGUSR2)
-        time.sleep(0.2)  # the handler runs at once; the step goes on when the gate opens
+    try:
+        for k in range(2):  # however long the job takes to get there on a loaded machine, unless the sweep ends first
+            end = time.monotonic() + 1800
+            while not (gate / f"paused-{k}").exists():
+                assert proc.poll() is None, f"the sweep ended before its launch {k} paused: {proc.communicate()[0]}"
+                assert time.monotonic() < end, f"launch {k} never reached its pause in 30 minutes"
+                time.sleep(0.05)
+            os.kill(int((gate / f"paused-{k}").read_text()), signal.SIGUSR2)
+            time.sleep(0.2)  # the handler runs at once; the step goes on when the gate opens
+            (gate / f"go-{k}").write_text("")
     finally:
-        (gate / "go").write_text("")
+        for k in range(2):
+            (gate / f"go-{k}").write_text("")
     output, _ = proc.communicate(timeout=1800)
     assert proc.returncode == 0, output
     (job,) = {p.parent for p in sweep.glob("*/metrics.json")}
     log = (job / "train.log").read_text()
-    assert f"stopped by SIGUSR2 at step {stopped_at}" in log and f"resumed {job} at step {stopped_at}" in log
-    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
-    assert "Requeued job" in logs
-    assert _record(job)["status"] == "completed" and _record(job)["steps"] == 300
-    assert _record(job)["threads"]["intra_op"] == requeue_reference["threads"]["intra_op"] == 1
-    assert _record(job)["metrics"] == requeue_reference["metrics"]
+    for stopped_at in (0, 31):
+        assert f"stopped by SIGUSR2 at step {stopped_at}" in log and f"resumed {job} at step {stopped_at}" in log
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*")).splitlines()
+    assert sum(line.startswith("submitit") and "Requeued job" in line for line in logs) == 2  # its own log lines
+    reference = train_run(tmp_path / "reference", *TINY, *REQUEUE, name="uninterrupted")  # in-process, one thread
+    assert _record(job)["status"] == "completed" and _record(job)["steps"] == 60
+    assert _record(job)["threads"]["intra_op"] == reference["threads"]["intra_op"] == 1
+    assert _record(job)["metrics"] == reference["metrics"]
 
 
 def _nan_at(monkeypatch, step: int, module_name: str) -> None:

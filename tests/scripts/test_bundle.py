@@ -91,7 +91,7 @@ def test_the_bundle_is_latentstructs_requirements_the_gpu_image_lacks():
     bundled, image = bundle.plan()
     assert set(bundled) == {"hydra-core", "omegaconf", "antlr4-python3-runtime", "entmax", "hydra-joblib-launcher",
                             "hydra-submitit-launcher", "submitit"}
-    assert {"torch", "numpy", "scipy", "pandas", "scikit-learn", "matplotlib", "pyyaml", "packaging"} <= set(image)
+    assert {"torch", "numpy", "scipy", "pandas", "matplotlib", "pyyaml", "packaging"} <= set(image)
     assert "wandb" not in bundled and "wandb" not in image  # an optional extra
 
 
