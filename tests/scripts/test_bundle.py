@@ -31,14 +31,15 @@ def _index_reachable(tmp: Path) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def wheels(request, tmp_path_factory) -> Path:
+def wheels(tmp_path_factory) -> Path:
     """``make device-bundle``'s .device when it holds wheels (what the device is sent); else a bundle of wheels alone,
-    fetched into pytest's cache (kept for the next sessions; a temporary folder without the cache plugin) unless one
-    is there already; skipped when it must be fetched and the package index cannot be reached."""
+    fetched into the user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``, ``latentstruct/device-bundle``: kept for the
+    next sessions and every clone, as pip keeps its downloads; it took 40 s of a fresh clone's suite to fetch them and
+    build antlr4's wheel) unless they are there already; skipped when they must be fetched and the package index
+    cannot be reached."""
     if any((BUNDLE / "wheels").glob("*.whl")):
         return BUNDLE
-    cache = getattr(request.config, "cache", None)
-    out = cache.mkdir("device-bundle") if cache is not None else tmp_path_factory.mktemp("bundle")
+    out = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "latentstruct" / "device-bundle"
     have = {bundle._wheel_name(p) for p in (out / "wheels").glob("*.whl")}
     if have != set(bundle.plan()[0].items()):
         offline = _index_reachable(tmp_path_factory.mktemp("probe"))
