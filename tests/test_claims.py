@@ -70,7 +70,7 @@ def test_train_skips_a_run_another_process_is_running(tmp_path, caplog):
 @pytest.mark.slow
 def test_two_launchers_on_one_sweep_run_every_run_exactly_once(tmp_path):
     # Started together, both launchers reach run 1 at once: without claims both would train it.
-    sweep = [sys.executable, "-m", "latentstruct.train", "-m", "trainer.seed=1,2,3,4", "trainer.max_steps=400",
+    sweep = [sys.executable, "-m", "latentstruct.train", "-m", "trainer.seed=1,2,3,4", "trainer.max_steps=100",
              "dataset.n_train=200", "dataset.n_valid=100", "dataset.n_test=100", "trainer.threads=1",
              "trainer.progress=false", f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=${trainer.seed}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -78,7 +78,7 @@ def test_two_launchers_on_one_sweep_run_every_run_exactly_once(tmp_path):
                                   text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in launchers]
     assert [p.returncode for p in launchers] == [0, 0], outputs
-    trained = {seed: (tmp_path / "sweep" / str(seed) / "train.log").read_text().count(": training 400 steps")
+    trained = {seed: (tmp_path / "sweep" / str(seed) / "train.log").read_text().count(": training 100 steps")
                for seed in (1, 2, 3, 4)}
     assert trained == {1: 1, 2: 1, 3: 1, 4: 1}, outputs
     skipped = "".join(outputs).count("is being run by") + "".join(outputs).count("already completed; skipping")
