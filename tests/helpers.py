@@ -33,6 +33,15 @@ def train_run(folder: Path, *overrides: str, name: str = "run") -> dict:
     return train(compose("trainer.progress=false", f"paths.output_dir={folder / name}", *overrides))
 
 
+def one_epoch_per_phase(cfg: DictConfig) -> DictConfig:
+    """``cfg`` shortened in place to one epoch of each of its two phases (or one epoch without phases)."""
+    if cfg.trainer.phases:
+        cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
+    else:
+        cfg.trainer.max_epochs = 1
+    return cfg
+
+
 def final_model(run_dir: Path):
     """The model of a run's checkpoint (its final state), rebuilt from the configuration the checkpoint holds and
     its data, in eval mode; and the data."""

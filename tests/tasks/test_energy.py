@@ -35,7 +35,7 @@ from latentstruct.tasks.energy import MultiLabelEnergy
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import build_model, train
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, one_epoch_per_phase
 
 EXPERIMENTS = methods("mlc")
 TINY_TASK = ["+tuned.toy={feature_hidden:[16],global_hidden:4}"]  # the sizes of dataset.name=toy
@@ -344,10 +344,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
     for experiment in EXPERIMENTS:
         cfg = _toy_cfg(data_dir, tmp_path / experiment, experiment, "trainer.batch_size=16", "task.neumann_terms=2",
                        "task.spen_steps=3")
-        if cfg.trainer.phases:
-            cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
-        else:
-            cfg.trainer.max_epochs = 1
+        one_epoch_per_phase(cfg)
         record = train(cfg)
         assert record["status"] == "completed" and record["steps"] == 2 * (1 + bool(cfg.trainer.phases))
         assert set(record["metrics"]) == metrics

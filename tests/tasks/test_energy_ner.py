@@ -35,7 +35,7 @@ from latentstruct.models.masks import length_mask
 from latentstruct.tasks.energy_ner import SequenceLabelEnergy
 from latentstruct.train import train
 from tests.helpers import compose as _compose
-from tests.helpers import methods
+from tests.helpers import methods, one_epoch_per_phase
 from tests.tasks.test_energy import check_resume_in_the_method_phase
 
 EXPERIMENTS = methods("ner")
@@ -289,10 +289,7 @@ def test_every_experiment_runs_a_few_steps_on_generated_conll(tmp_path):
         features = bool(i % 2)
         out = tmp_path / f"{experiment}_{features}"
         cfg = _toy_cfg(data_dir, out, experiment, f"dataset.features={str(features).lower()}")
-        if cfg.trainer.phases:
-            cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
-        else:
-            cfg.trainer.max_epochs = 1
+        one_epoch_per_phase(cfg)
         record = train(cfg)
         assert record["status"] == "completed" and record["steps"] == 3 * (1 + bool(cfg.trainer.phases))
         assert set(record["metrics"]) == metrics
