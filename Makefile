@@ -78,7 +78,7 @@ campaign: install ## the reproduction campaign, each table at its pinned commit 
 	$(BIN)/python -m scripts.campaign $(or $(C),status)
 
 test: install ## install if needed, then run the fast test suite, one worker per core (< 8 min on 2 cores)
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=15
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --durations=15
 
 lint: install ## ruff on the package and the tests
 	$(BIN)/ruff check latentstruct tests reliability

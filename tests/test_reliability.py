@@ -26,7 +26,6 @@ def short_task(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("reliability")  # one worker: the module's uninterrupted reference run is made once
 def test_a_sigkilled_run_resumes_to_the_uninterrupted_end(workdir, short_task):
     fault = faults.kill_and_resume(short_task, "sigkill", 1, random.Random(3), workdir)
     assert fault.survived, fault.detail
@@ -34,7 +33,6 @@ def test_a_sigkilled_run_resumes_to_the_uninterrupted_end(workdir, short_task):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("reliability")
 def test_a_kill_during_a_checkpoint_write_leaves_the_one_before(workdir, short_task):
     fault = faults.kill_during_write(short_task, "checkpoint.pt", 2, workdir)
     assert fault.survived, fault.detail
