@@ -77,12 +77,8 @@ run: install ## install if needed, then run the default experiment (synthetic cl
 campaign: install ## the reproduction campaign, each table at its pinned commit (docs/reference.md#the-campaign): C='run spigot/table3_sst' (default: status)
 	$(BIN)/python -m scripts.campaign $(or $(C),status)
 
-# The suite starts about a hundred Python processes (CLI runs, sweeps, examples): bytecode is written even where the
-# environment says PYTHONDONTWRITEBYTECODE (each process would compile the package and pytest rewrite the tests
-# anew: 0.4-1 s a process, 7 s a worker's collection); __pycache__ is ignored by git. worksteal: a worker out of
-# tests takes half of the other's queue, and the slow tests go first (tests/conftest.py), so both end together.
 test: install ## install if needed, then run the fast test suite, one worker per core (< 8 min on 2 cores)
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal --durations=15
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --durations=15
 
 lint: install ## ruff on the package and the tests
 	$(BIN)/ruff check latentstruct tests reliability

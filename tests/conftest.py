@@ -77,9 +77,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the slow tests first (in their order): none starts when the other worker is nearly done (make test's
-    # --dist worksteal then evens out the fast ones)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     root = config.stash[_ROOT]
     no_cuda = pytest.mark.skip(reason="needs CUDA") if not torch.cuda.is_available() else None
     for item in items:

@@ -50,7 +50,6 @@ def test_a_claim_of_a_killed_process_is_taken_over(tmp_path):
         assert mine and mine.holder["pid"] == proc.pid  # the stale claim, taken over
 
 
-@pytest.mark.slow
 def test_train_skips_a_run_another_process_is_running(tmp_path, caplog):
     cfg = _compose("trainer.max_steps=5", "trainer.progress=false", f"paths.output_dir={tmp_path / 'run'}")
     proc = _holder(tmp_path / "run")

@@ -164,7 +164,6 @@ def test_an_unknown_key_is_refused_at_composition_with_or_without_plus(args):
         config.check_command_line(args)
 
 
-@pytest.mark.slow
 def test_the_command_line_check_lets_through_what_hydra_accepts():
     """A sweep (its first values are composed), --cfg, --help, a launcher, a deleted group, an added option, a sweep
     config, resumption into a given directory; and what Hydra refuses itself (an unknown option) is left to it."""

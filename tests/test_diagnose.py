@@ -25,7 +25,6 @@ def test_the_exact_gradient_of_a_softmax_with_a_linear_loss():
     torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.slow
 def test_sfe_mean_gradient_is_the_exact_one_within_monte_carlo_error():
     s, c, _, expected = _softmax_case()
     torch.manual_seed(0)

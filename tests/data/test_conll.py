@@ -344,7 +344,6 @@ def test_conll_dataset_errors(tmp_path):
 # --- real data (skipped when absent) -------------------------------------------------------------------------------
 
 @pytest.mark.real_data("conll2003")
-@pytest.mark.slow
 def test_real_conll2003(data_root):
     data = load_conll(data_root / "conll2003")
     sizes = {split: (len(s), sum(len(x.tokens) for x in s)) for split, s in data.items()}

@@ -61,7 +61,6 @@ def test_reference_trees_score_like_the_models(tmp_path):
 
 
 @pytest.mark.parametrize("seeds", [(1, 2)])
-@pytest.mark.slow
 def test_self_f1_is_written_for_runs_with_other_seeds_and_read_by_the_tables(tmp_path, seeds):
     root = tmp_path / "runs"
     for seed in seeds:

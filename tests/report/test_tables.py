@@ -693,7 +693,6 @@ def test_tree_runs_are_selected_by_their_records_not_their_directory_names(tmp_p
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
-@pytest.mark.slow
 def test_make_aliases_run_the_generic_target_and_refuse_the_old_variables():
     """`make -n <alias>` goes through `make table T=...` and prints the runner's commands; an old per-table variable
     stops make instead of silently running the full protocol."""

@@ -337,7 +337,6 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
                                      monkeypatch, steps=16)
 
 
-@pytest.mark.slow
 def test_every_experiment_runs_a_few_steps_on_generated_arff(tmp_path):
     data_dir = write_mlc(tmp_path / "data")
     metrics = {f"{s}/{m}" for s in ("valid", "test")

@@ -405,7 +405,6 @@ def test_resume_in_the_method_phase_matches_an_uninterrupted_run(tmp_path, monke
 
 @pytest.mark.real_data("conll2003")
 @pytest.mark.parametrize("experiment,features", [("cd", "false"), ("mbce", "true")])
-@pytest.mark.slow
 def test_real_conll_smoke_run(tmp_path, data_root, experiment, features):
     phases = ["trainer.phases.0.epochs=1"] if experiment != "mbce" else []  # 3 pretraining steps, then the method
     record = train(_compose(f"+experiment=ner_{experiment}", f"paths.data_dir={data_root}",

@@ -146,7 +146,6 @@ def test_batches_too_small_for_queries_and_k_are_refused():
         KNN(Flat(), Direct(), k=0, num_classes=3)
 
 
-@pytest.mark.slow
 def test_protocol_hyper_parameters():
     nets = {"mnist": (MnistConvNet, MnistSigmaNet, 900), "fashion_mnist": (ResNet18, MnistSigmaNet, 900),
             "cifar10": (ResNet18, CifarSigmaNet, 700)}
@@ -172,7 +171,6 @@ def test_protocol_hyper_parameters():
         ResNet18)
 
 
-@pytest.mark.slow
 def test_the_tuned_networks_take_only_sizes_from_the_data():
     """encoder=tuned and sigma_net=tuned carry no settings: each network the tuned table names takes only the sizes
     of the data (FROM_DATA), and every k-NN experiment passes the config check."""

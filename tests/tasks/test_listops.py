@@ -300,7 +300,6 @@ def _choice(cfg, group: str) -> str | None:
     return None if cfg.task[group] is None else cfg.task[group]._target_.rsplit(".", 1)[1]
 
 
-@pytest.mark.slow
 def test_experiments_carry_their_settings():
     """Each experiment is a choice of parts (scorer × structure × estimator × composer), the method chosen one way."""
     parts = ("scorer", "structure", "estimator", "composer")
@@ -395,7 +394,6 @@ def test_a_part_group_listops_does_not_read_is_refused(group, option):
 
 
 @pytest.mark.real_data("listops")
-@pytest.mark.slow
 def test_real_listops_smoke_run(tmp_path, data_root):
     """The official test file end to end with the LSTM (10,000 expressions of up to 939 tokens, in length buckets)."""
     record = train_run(tmp_path, "+experiment=listops_lstm", *SMALL, "dataset.n_train=40", "dataset.n_valid=8",

@@ -242,7 +242,6 @@ TABLE4 = {"sst": {"baseline": (2e-5, None), "marginals": (1e-4, None), "sparsema
 
 
 @pytest.mark.parametrize("task", ["sst", "snli"])
-@pytest.mark.slow
 def test_experiments_carry_table4_settings(task):
     batch, structure, eval_latent = {"sst": (32, "ProjectiveDepTree", "map"),
                                      "snli": (64, "NonProjectiveDepTree", "relaxed")}[task]

@@ -243,7 +243,6 @@ def test_every_estimator_trains_the_vae(data_dir, tmp_path, estimator):
 
 
 @pytest.mark.real_data("mnist")
-@pytest.mark.slow
 def test_real_mnist_smoke_run_learns_from_the_labels(tmp_path, data_root):
     record = train(_cfg(data_root, tmp_path / "run", "dataset.n_labelled=100", "dataset.n_valid=1000",
                         "trainer.batch_size=100", "trainer.phases.0.epochs=30", "trainer.max_steps=30",

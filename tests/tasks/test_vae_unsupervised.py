@@ -220,7 +220,6 @@ def test_the_runner_up_log_q_is_the_second_most_probable_code_by_enumeration(lat
     assert metrics["runner_up_log_q"] == pytest.approx(float(runner_up_log_q(task.vae.scores(x)).mean()))
 
 
-@pytest.mark.slow
 def test_every_run_of_the_sweeps_is_one_cell_of_the_table():
     """Each (experiment, size) the two sweeps launch falls in exactly one row and one setting of the spec."""
     repo = Path(__file__).resolve().parents[2]
