@@ -2,6 +2,7 @@
 
     python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
+    python -m scripts.campaign stop T [--grace 300]    # stop T's runs: each checkpoints its step, then exits
     python -m scripts.campaign save T                  # T's run records -> campaign/<paper>-<table>/ (to commit)
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
     python -m scripts.campaign table T                 # T's tables from its runs (make table ONLY=steps)
@@ -134,6 +135,21 @@ def _nice_session(pid: int, nice: int = NICE) -> None:
         pass
 
 
+def stop(table: str, grace: float) -> int:
+    """Stop ``table``'s runs (``run`` started them in a session of their own): every run checkpoints at its next step
+    and exits, then what is left of the session is killed (:func:`scripts.carry.stop_group`); ``run`` resumes them."""
+    pid = campaign_root() / f"{table.replace('/', '-')}.pid"
+    try:
+        pgid = os.getpgid(int(pid.read_text()))
+    except (OSError, ValueError):
+        print(f"campaign: {table} is not running")
+        return 0
+    carry.stop_group(pgid, campaign_root() / "runs", f"campaign stop {table}", grace,
+                     log=lambda line: print(f"campaign: {line}"))
+    print(f"campaign: {table} stopped; `python -m scripts.campaign save {table}` packs its records (then commit)")
+    return 0
+
+
 def save(table: str) -> dict:
     entry = plan(table)
     return carry.pack(table, campaign_root() / "runs", state_dir(table), weights=False, files=1,
@@ -193,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("table")
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--wait", action="store_true", help="wait for the runs (default: in the background)")
+    t = sub.add_parser("stop", help="stop a table's runs: each checkpoints its step and exits; `run` resumes them")
+    t.add_argument("table")
+    t.add_argument("--grace", type=float, default=300.0,
+                   help="seconds to wait for the runs' checkpoints before killing what is left (default 300)")
     for verb in ("save", "table"):
         sub.add_parser(verb).add_argument("table")
     sub.add_parser("status")
@@ -202,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(a.table, a.jobs, a.wait)
     if a.verb == "run":
         return run(a.table, a.jobs, a.wait)
+    if a.verb == "stop":
+        return stop(a.table, a.grace)
     if a.verb == "save":
         save(a.table)
         return 0

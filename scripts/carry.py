@@ -347,8 +347,11 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
     for rel in sorted(changed):
         log(f"  kept {rel}: completed here, {manifest['runs'][rel]['status']} in the pack")
     left = [rel for rel, v in manifest["runs"].items() if v["checkpoint"] == "left behind"]
+    here = [rel for rel in left if (sweep / rel / CHECKPOINT).is_file()]  # the packing machine's own (a campaign's)
+    lost = [rel for rel in left if rel not in here]
     log(f"unpacked {len(manifest['runs'])} runs of {manifest['table']} into {sweep} ({_counts(manifest)})"
-        + (f"; checkpoints left on the device (lost): {', '.join(left)}" if left else ""))
+        + (f"; checkpoints not in the pack but here (they resume): {', '.join(here)}" if here else "")
+        + (f"; checkpoints not in the pack nor here (lost: they start over): {', '.join(lost)}" if lost else ""))
     return manifest
 
 
@@ -468,20 +471,29 @@ def run_until(cmd: list[str], seconds: float, claims: Path, grace: float = 90.0,
         stopped = proc.poll() is None
         if stopped:
             why = signal.Signals(stop[0]).name if stop else f"the deadline ({seconds:.0f} s)"
-            _say(log, f"stopping the runs: {why}; each saves a checkpoint at its next step")
-            _signal_group(proc.pid, signal.SIGTERM)
-            end = time.monotonic() + grace
-            while (proc.poll() is None or held_claims(claims)) and time.monotonic() < end:
-                time.sleep(0.5)
-            if held_claims(claims):
-                _say(log, f"runs still holding their claims after {grace:.0f} s are killed: "
-                          f"{', '.join(str(p.parent) for p in held_claims(claims))}")
+            stop_group(proc.pid, claims, why, grace, log, until_ended=lambda: proc.poll() is not None)
         _signal_group(proc.pid, signal.SIGKILL)  # what is left: idle launcher workers, resource trackers
         code = proc.wait()
         return 124 if stopped else code
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def stop_group(pgid: int, claims: Path, why: str, grace: float = 90.0, log=print, until_ended=None) -> None:
+    """Stop the runs of process group ``pgid``: SIGTERM (each run saves a checkpoint at its next step, records
+    ``status: interrupted`` and exits), then wait until no run under ``claims`` holds its claim (and, given
+    ``until_ended``, until it says the group's command ended), at most ``grace`` seconds; then SIGKILL what is left
+    of the group (idle launcher workers, a sweep that would start its next run, resource trackers)."""
+    _say(log, f"stopping the runs: {why}; each saves a checkpoint at its next step")
+    _signal_group(pgid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while ((until_ended is not None and not until_ended()) or held_claims(claims)) and time.monotonic() < end:
+        time.sleep(0.5)
+    if held_claims(claims):
+        _say(log, f"runs still holding their claims after {grace:.0f} s are killed: "
+                  f"{', '.join(str(p.parent) for p in held_claims(claims))}")
+    _signal_group(pgid, signal.SIGKILL)
 
 
 def _say(log, line: str) -> None:

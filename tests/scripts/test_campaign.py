@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,55 @@ def test_the_campaigns_session_is_niced_not_only_its_processes():
     try:
         campaign._nice_session(proc.pid)
         assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == str(campaign.NICE) == "10"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+_SWEEP = """
+import fcntl, os, pathlib, signal, subprocess, sys, time
+run = pathlib.Path(sys.argv[1]) / "run"
+deaf = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                         "time.sleep(600)"])  # an idle launcher worker that ignores SIGTERM
+(run.parent / "deaf.pid").write_text(str(deaf.pid))
+stopping = []
+signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+run.mkdir()
+fd = os.open(run / "claim.json", os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+while not stopping:
+    time.sleep(0.05)
+(run / "metrics.json").write_text('{"status": "interrupted"}')  # its checkpoint and record, then the claim goes
+os.unlink(run / "claim.json")
+os.close(fd)
+time.sleep(600)  # a sweep that would go on to its next run
+"""
+
+
+def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places, capsys):
+    runs = places / "campaign" / "runs"
+    runs.mkdir(parents=True)
+    assert campaign.stop("spigot/table2", grace=60) == 0 and "is not running" in capsys.readouterr().out
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(runs)], start_new_session=True)
+    (places / "campaign" / "spigot-table2.pid").write_text(str(proc.pid))
+    try:
+        while not (runs / "run" / "claim.json").exists() or not (runs / "deaf.pid").exists():
+            assert proc.poll() is None
+            time.sleep(0.05)
+        assert campaign.stop("spigot/table2", grace=60) == 0
+        assert proc.wait(timeout=30) == -9  # killed once its run had checkpointed, not left to start another
+        assert json.loads((runs / "run" / "metrics.json").read_text())["status"] == "interrupted"
+        deaf = int((runs / "deaf.pid").read_text())
+        for _ in range(200):
+            if not Path(f"/proc/{deaf}").exists() or Path(f"/proc/{deaf}/stat").read_text().split(")")[-1].split()[
+                    0] in "ZX":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the deaf worker outlived the stop")
+        said = capsys.readouterr().out
+        assert "stopping the runs: campaign stop spigot/table2" in said and "campaign save spigot/table2" in said
+        assert "still holding" not in said
     finally:
         proc.kill()
         proc.wait()

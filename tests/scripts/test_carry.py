@@ -245,3 +245,16 @@ def test_a_run_never_resumes_from_the_final_weights_packed_for_a_report(tmp_path
         again = train(compose(*args))
     assert "holds only the final weights of a finished run; starting over" in caplog.text
     assert again["metrics"] == first["metrics"] and again["steps"] == 4
+
+
+def test_unpack_says_which_checkpoints_left_out_of_the_pack_are_here_and_which_are_lost(tmp_path):
+    """A campaign packs no checkpoint (``files=1``): on its own machine they are there and the runs resume; on a
+    fresh one they are not and the runs start over. The line says which, not "lost" for both."""
+    sweep = tmp_path / "here" / "spigot_sst"
+    _run(sweep, "stopped", "interrupted", 80, 3000)
+    carry.pack("spigot/table3_sst", tmp_path / "here", tmp_path / "out", weights=False, files=1, log=lambda _: None)
+    for root, fate in ((tmp_path / "here", "but here (they resume): stopped"),
+                       (tmp_path / "fresh", "nor here (lost: they start over): stopped")):
+        said = []
+        carry.unpack(tmp_path / "out", root, log=said.append)
+        assert said[-1].endswith(f"checkpoints not in the pack {fate}"), said[-1]
