@@ -141,6 +141,9 @@ def stop(table: str, grace: float) -> int:
     pid = campaign_root() / f"{table.replace('/', '-')}.pid"
     try:
         pgid = os.getpgid(int(pid.read_text()))
+        cmdline = Path(f"/proc/{pgid}/cmdline")  # a pid file outlives its process: the number may be another's now
+        if cmdline.exists() and b"latentstruct.report" not in cmdline.read_bytes():
+            raise ProcessLookupError
     except (OSError, ValueError):
         print(f"campaign: {table} is not running")
         return 0

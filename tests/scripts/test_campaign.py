@@ -114,7 +114,15 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
     runs = places / "campaign" / "runs"
     runs.mkdir(parents=True)
     assert campaign.stop("spigot/table2", grace=60) == 0 and "is not running" in capsys.readouterr().out
-    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(runs)], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    (places / "campaign" / "spigot-table2.pid").write_text(str(other.pid))  # a stale pid file: another program now
+    assert campaign.stop("spigot/table2", grace=60) == 0 and "is not running" in capsys.readouterr().out
+    assert other.poll() is None
+    other.kill()
+    other.wait()
+    # the campaign's leader runs latentstruct.report.reproduce (or .matrix): so does this stand-in, by its argv
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(runs), "latentstruct.report.reproduce"],
+                            start_new_session=True)
     (places / "campaign" / "spigot-table2.pid").write_text(str(proc.pid))
     try:
         while not (runs / "run" / "claim.json").exists() or not (runs / "deaf.pid").exists():
