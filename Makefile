@@ -55,7 +55,7 @@ BENCH_IMPLICIT_ARGS ?=
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-cpu bench-implicit \
+	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
@@ -165,6 +165,10 @@ bench-layers: install ## one training step of the SST / ListOps configurations -
 bench-cpu: install ## the CPU plan: every paper table's configurations timed on one thread, each in its own capped process (resumes) -> results/bench/cpu.md, cpu.json
 	nice -n 5 $(BIN)/python bench/tables.py --device cpu --threads 1 --resume --out results/bench/cpu.json $(BENCH_CPU_ARGS)
 	$(BIN)/python bench/tables.py --page results/bench/cpu.json > results/bench/cpu.md
+
+bench-suite: install ## .ci/run in a fresh clone of HEAD, idle and with one core busy (SUITE_ARGS='--conditions idle --pause-campaign') -> results/bench/suite.md
+	$(BIN)/python bench/suite.py $(SUITE_ARGS) --out results/bench/suite.json
+	$(BIN)/python bench/suite.py --page results/bench/suite.json > results/bench/suite.md
 
 # ---- a GPU machine through the device tool (docs/gpu.md)
 bench-implicit: install ## the energy methods' implicit gradient on NER, POS, bibtex: HVP, series, solvers' residuals and cost -> results/bench/implicit.md

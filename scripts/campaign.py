@@ -135,16 +135,30 @@ def _nice_session(pid: int, nice: int = NICE) -> None:
         pass
 
 
+def session(pid_file: Path) -> int | None:
+    """The process group of the campaign session whose leader ``pid_file`` names (``run`` started it in a session of
+    its own), or None when it is not running. A pid file outlives its process, and the number may be another
+    program's now: a leader that does not run ``latentstruct.report`` is not the campaign's."""
+    try:
+        pgid = os.getpgid(int(pid_file.read_text()))
+        cmdline = Path(f"/proc/{pgid}/cmdline")
+        if cmdline.exists() and b"latentstruct.report" not in cmdline.read_bytes():
+            return None
+        return pgid
+    except (OSError, ValueError):
+        return None
+
+
+def sessions() -> list[int]:
+    """The process groups of every running table of the campaign (``bench/suite.py`` pauses them)."""
+    return sorted({g for path in campaign_root().glob("*.pid") if (g := session(path)) is not None})
+
+
 def stop(table: str, grace: float) -> int:
     """Stop ``table``'s runs (``run`` started them in a session of their own): every run checkpoints at its next step
     and exits, then what is left of the session is killed (:func:`scripts.carry.stop_group`); ``run`` resumes them."""
-    pid = campaign_root() / f"{table.replace('/', '-')}.pid"
-    try:
-        pgid = os.getpgid(int(pid.read_text()))
-        cmdline = Path(f"/proc/{pgid}/cmdline")  # a pid file outlives its process: the number may be another's now
-        if cmdline.exists() and b"latentstruct.report" not in cmdline.read_bytes():
-            raise ProcessLookupError
-    except (OSError, ValueError):
+    pgid = session(campaign_root() / f"{table.replace('/', '-')}.pid")
+    if pgid is None:
         print(f"campaign: {table} is not running")
         return 0
     carry.stop_group(pgid, campaign_root() / "runs", f"campaign stop {table}", grace,
@@ -160,12 +174,7 @@ def save(table: str) -> dict:
 
 
 def _running(table: str) -> bool:
-    pid = campaign_root() / f"{table.replace('/', '-')}.pid"
-    try:
-        os.kill(int(pid.read_text()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
+    return session(campaign_root() / f"{table.replace('/', '-')}.pid") is not None
 
 
 def _manifest(saved: Path) -> dict:
