@@ -136,7 +136,15 @@ def run(conditions: list[str], pause_campaign: bool, out: Path) -> list[dict]:
 
 
 def page(records: list[dict]) -> str:
+    latest = {}
+    for r in sorted(records, key=lambda r: r["date"]):
+        latest[r["condition"]] = r
+    said = [f"{c} {r.get('pytest_seconds', '—')} s at {r['commit']} "
+            f"({'met' if (r.get('pytest_seconds') or 1e9) <= TARGETS[c] else 'missed'}: ≤ {TARGETS[c]} s)"
+            for c, r in sorted(latest.items(), key=lambda kv: kv[0] != "idle")]
     lines = ["# The test suite's time (`make bench-suite`)", "",
+             f"**Status:** the latest pytest wall time per condition: {'; '.join(said) or 'none measured'} — a "
+             "timing benchmark of CI's suite, not a paper table.", "",
              "`.ci/run` (`make test`: install, then `pytest -n <cores>`) in a fresh clone of the commit, as CI runs "
              "it. *idle*: nothing else running (the campaign paused where a row says so); *busy*: one CPU-bound "
              "process beside it in a session of its own (the suite gets about one core). Targets (issue #32): pytest "

@@ -64,3 +64,5 @@ def test_the_page_judges_each_row_against_its_condition_s_target():
     lines = [line for line in text.splitlines() if line.startswith("| 2026")]
     assert [line.split(" | ")[4] for line in lines] == ["met", "met", "**missed**"]  # newest first
     assert "abc busy: 700.0–730.0 s over 2 runs" in text
+    assert "**Status:** the latest pytest wall time per condition: idle 470.0 s at abc (met: ≤ 480 s); busy 700.0 s " \
+           "at abc (met: ≤ 720 s)" in text
