@@ -42,6 +42,19 @@ def one_epoch_per_phase(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T`` stopped, ``Z`` zombie...), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
 def final_model(run_dir: Path):
     """The model of a run's checkpoint (its final state), rebuilt from the configuration the checkpoint holds and
     its data, in eval mode; and the data."""

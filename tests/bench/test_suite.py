@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 from bench import suite
+from tests.helpers import process_state
 
 
 def test_pytest_summary_reads_the_counts_and_the_seconds():
@@ -15,10 +15,6 @@ def test_pytest_summary_reads_the_counts_and_the_seconds():
     assert suite.pytest_summary(out) == {"pytest_seconds": 346.53, "passed": 2670, "skipped": 204, "failed": 0}
     assert suite.pytest_summary("2 failed, 10 passed, 1 error in 3.5s")["failed"] == 3
     assert suite.pytest_summary("no summary") == {}
-
-
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
 
 
 _SPINNING = """
@@ -46,7 +42,7 @@ def test_the_busy_core_and_the_pause_last_exactly_as_long_as_the_command(tmp_pat
         record = suite.measure("busy", probe, tmp_path, tmp_path / "log", [campaign.pid])
         state, spinning = (tmp_path / "log").read_text().splitlines()[:2]
         assert state == "T" and int(spinning) == int(spinning_idle) + 1  # stopped, and one busy process beside it
-        assert _state(campaign.pid) != "T"  # continued after
+        assert process_state(campaign.pid) != "T"  # continued after
         assert record["condition"] == "busy" and record["exit"] == 0 and record["campaign_paused"] == 1
         assert record["pytest_seconds"] == 0.5 and record["passed"] == 3
     finally:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scripts import campaign
+from tests.helpers import alive
 
 
 @pytest.fixture
@@ -133,8 +134,7 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
         assert json.loads((runs / "run" / "metrics.json").read_text())["status"] == "interrupted"
         deaf = int((runs / "deaf.pid").read_text())
         for _ in range(200):
-            if not Path(f"/proc/{deaf}").exists() or Path(f"/proc/{deaf}/stat").read_text().split(")")[-1].split()[
-                    0] in "ZX":
+            if not alive(deaf):
                 break
             time.sleep(0.05)
         else:

@@ -22,7 +22,7 @@ import yaml
 from latentstruct.records import FINAL_WEIGHTS
 from latentstruct.train import train
 from scripts import carry
-from tests.helpers import compose
+from tests.helpers import alive, compose
 
 MIB_10 = 10 * carry.MIB
 
@@ -118,13 +118,6 @@ sys.exit(143)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
-
-
 @contextlib.contextmanager
 def _stop_when_claimed(root: Path, where: str, saved: bool = False):
     """Send this process SIGTERM (run_until's stop) once a run under ``root`` whose path holds ``where`` is claimed
@@ -164,10 +157,10 @@ def test_a_stop_reaches_the_runs_waits_for_their_checkpoints_then_kills_what_is_
     assert not carry.held_claims(tmp_path)
     straggler = int((tmp_path / "straggler.pid").read_text())
     for _ in range(600):  # SIGKILL was sent; its delivery takes a moment
-        if not _alive(straggler):
+        if not alive(straggler):
             break
         time.sleep(0.05)
-    assert not _alive(straggler)
+    assert not alive(straggler)
 
 
 def test_the_deadline_stops_a_command_that_would_not_end(tmp_path):
