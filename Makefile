@@ -48,8 +48,9 @@ BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
 # bench-cpu: more options of bench/tables.py, e.g. BENCH_CPU_ARGS='--tables listops/table --config-seconds 900'
 BENCH_CPU_ARGS ?=
-# bench-implicit: more options of bench/implicit.py (e.g. --datasets bibtex --rounds 5)
+# bench-implicit: more options of bench/implicit.py (e.g. --datasets bibtex --rounds 5), and the page it writes
 BENCH_IMPLICIT_ARGS ?=
+BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
@@ -172,7 +173,7 @@ bench-suite: install ## .ci/run in a fresh clone of HEAD, idle and with one core
 
 # ---- a GPU machine through the device tool (docs/gpu.md)
 bench-implicit: install ## the energy methods' implicit gradient on NER, POS, bibtex: HVP, series, solvers' residuals and cost -> results/bench/implicit.md
-	OMP_NUM_THREADS=1 $(BIN)/python bench/implicit.py --threads 1 $(BENCH_IMPLICIT_ARGS) --out results/bench/implicit.md
+	OMP_NUM_THREADS=1 $(BIN)/python bench/implicit.py --threads 1 $(BENCH_IMPLICIT_ARGS) --out $(BENCH_IMPLICIT_OUT)
 
 device-bundle: install ## the wheels a GPU machine with torch lacks, the bench references, the data, a commit stamp -> .device/ (git-ignored; needs the package index)
 	$(BIN)/python scripts/bundle.py build --out .device

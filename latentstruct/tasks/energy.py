@@ -124,9 +124,12 @@ class BilevelEnergyTask(Task):
             neumann_alpha), minres (MINRES on (H + solver_damping I) w = ∂L_prim/∂θ: H need not be positive
             definite) or cg (conjugate gradient on the same system; stops at a non-positive curvature);
             latentstruct.models.implicit. Our choice, minres: H is indefinite on the energy tasks, and MINRES
-            reaches the residual of the series' 20 terms in a few products (results/bench/implicit.md).
+            reaches the residual of the series' 20 terms in fewer products (results/bench/implicit.md; later in
+            training too, results/bench/implicit_trained.md).
         solver_tol: minres, cg: stop when the residual is at most solver_tol × ‖∂L_prim/∂θ‖; our choice: 0.2,
-            about the residual the seed's series reaches with 20 terms and α = 5e-3 (results/bench/implicit.md).
+            about the residual the seed's series reaches with 20 terms and α = 5e-3 early in training
+            (results/bench/implicit.md); later the series reaches only 0.17-0.43 on NER and 0.2 costs up to 18
+            products (results/bench/implicit_trained.md; docs/implicit_gradient.md).
         solver_max_iter: minres, cg: at most this many Hessian-vector products.
         solver_damping: minres, cg: μ ≥ 0 added to H's diagonal (0: the seed's system).
         hvp: implicit: how the solver's Hessian-vector products (and the mixed product) are made: double_backward
