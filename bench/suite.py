@@ -127,11 +127,11 @@ def run(conditions: list[str], pause_campaign: bool, out: Path) -> list[dict]:
                       "cpu": cpu_name(), "cores": os.cpu_count()}
             if record["exit"] != 0:
                 record["tail"] = log.read_text(errors="replace")[-2000:]
-        print(f"suite: {condition}: pytest {record.get('pytest_seconds')} s, .ci/run {record['ci_seconds']} s, "
-              f"CPU {record['cpu_user']} + {record['cpu_sys']} s, exit {record['exit']}", flush=True)
-        records.append(record)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(records, indent=1) + "\n")
+            print(f"suite: {condition}: pytest {record.get('pytest_seconds')} s, .ci/run {record['ci_seconds']} s, "
+                  f"CPU {record['cpu_user']} + {record['cpu_sys']} s, exit {record['exit']}", flush=True)
+            records.append(record)  # written before the clone (and its venv) is deleted, which takes minutes
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(records, indent=1) + "\n")
     return records
 
 
