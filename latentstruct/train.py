@@ -455,6 +455,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     # the task's timed parts of its steps (Task.timings: e.g. the implicit term), per phase, this process only
     parts_seconds: list[dict[str, float]] = [{} for _ in phases]
     parts_before = dict(model.timings())
+    counted: list[dict[str, int]] = [{} for _ in phases]  # the same for the task's counts (Task.counts)
+    counts_before = dict(model.counts())
 
     def mean_loss() -> float | None:  # since the last evaluation; for the progress lines (a host sync)
         return float(loss_sum) / loss_count if loss_count else None
@@ -540,6 +542,12 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
                         parts_seconds[index][name] = parts_seconds[index].get(name, 0.0) + spent
                         row[f"time/{name}_share"] = spent / seconds if seconds > 0 else None
                     parts_before = parts_now
+                    counts_now = dict(model.counts())
+                    for name, total in counts_now.items():
+                        made = total - counts_before.get(name, 0)
+                        counted[index][name] = counted[index].get(name, 0) + made
+                        row[f"count/{name}_per_step"] = made / (step - tick_step) if step > tick_step else None
+                    counts_before = counts_now
                     with _rng_untouched():
                         evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
                                                           tc.batch_size)
@@ -580,6 +588,9 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         # the share of the last phase's training time in each timed part of the task's steps (Task.timings)
         **{f"{name}_share": spent / phase_seconds[-1] if phase_seconds[-1] else None
            for name, spent in parts_seconds[-1].items()},
+        # the same phase's counts per step (Task.counts), e.g. the implicit gradient's Hessian-vector products
+        **{f"{name}_per_step": made / phase_steps[-1] if phase_steps[-1] else None
+           for name, made in counted[-1].items()},
         "steps": step,
         "length": _length(tc),
         "fingerprint": fingerprint(ident),

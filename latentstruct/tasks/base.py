@@ -30,6 +30,10 @@ the sizes the data dictates and its extras. ``train.py`` then only uses:
   (the energy tasks' ``implicit``: the implicit term of the gradient); ``train.py`` writes each part's share of the
   training time to the history (``time/<name>_share`` per evaluation window) and to the record (``<name>_share``,
   over the last phase); none by default;
+* ``counts()`` → ``{name: count}``: how many named operations the training steps have made so far, in this process
+  (the energy tasks' ``hvp``: the implicit gradient's Hessian-vector products); ``train.py`` writes each per step to
+  the history (``count/<name>_per_step`` per evaluation window) and to the record (``<name>_per_step``, over the last
+  phase); none by default;
 * ``train()`` / ``eval()`` / ``state_dict()`` / ``load_state_dict()`` / ``to()`` from ``nn.Module``.
 """
 
@@ -89,6 +93,11 @@ class Task(nn.Module):
     def timings(self) -> dict[str, float]:
         """Seconds spent so far (this process) in named parts of the training steps (module docstring); none by
         default."""
+        return {}
+
+    def counts(self) -> dict[str, int]:
+        """How many named operations the training steps have made so far (this process; module docstring), e.g.
+        an implicit gradient's Hessian-vector products; none by default."""
         return {}
 
     def evaluate_splits(

@@ -211,6 +211,7 @@ class BilevelEnergyTask(Task):
         self.solver_damping = float(solver_damping)
         self.hvp = hvp
         self._clock: dict[str, float] = {}  # seconds in the implicit term, this process (timings)
+        self._products = 0  # the solver's Hessian-vector products, this process (counts)
         self.pretrain = bool(pretrain)
         self._pretraining = False
         theta = self.inference_parameters()
@@ -318,6 +319,12 @@ class BilevelEnergyTask(Task):
         backward, ∇_θ L_aux, the solver and the mixed product; :func:`implicit_gradient`'s ``clock``)."""
         return {"implicit": self._clock.get("implicit", 0.0)} if self.method == "implicit" else {}
 
+    def counts(self) -> dict[str, int]:
+        """``hvp``: the solver's Hessian-vector products so far (``implicit`` method only; the series makes
+        ``neumann_terms`` a step, MINRES and CG as many as their stopping rule takes; the setup and the mixed product
+        are not counted)."""
+        return {"hvp": self._products} if self.method == "implicit" else {}
+
     def double_backward_context(self, batch: dict[str, torch.Tensor]):
         """The context a forward pass needs when it is differentiated twice (the implicit gradient's H v): none here;
         a task whose networks lack a second derivative on some backend says what to switch off."""
@@ -405,8 +412,12 @@ class BilevelEnergyTask(Task):
         aux = auxiliary_loss(nll, self.energy(batch, y_bar), self.lam)
         if self.method == "implicit":
             aux_fn = self.aux_function(batch) if self.hvp == "forward_over_reverse" else None
+            residuals: list[float] = []  # one per product (the Krylov solvers compute them anyway)
+            krylov = self.inverse_solver in ("cg", "minres")
             grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha,
-                                      inverse_hvp=self.inverse_hvp(), aux_fn=aux_fn, clock=self._clock)
+                                      inverse_hvp=self.inverse_hvp(residuals if krylov else None), aux_fn=aux_fn,
+                                      clock=self._clock)
+            self._products += len(residuals) if krylov else self.neumann_terms
         else:
             grads = [g.detach() for g in grad_or_zeros(prim, phi)]
         return EnergyOutput(_with_gradient(prim, phi, grads), prim.detach(), aux.detach())

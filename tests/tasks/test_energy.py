@@ -529,7 +529,7 @@ def test_the_hvp_setting_reaches_the_products_and_leaves_the_gradient(solver, mo
         _task("implicit", hvp="finite_difference", **settings)
 
 
-def test_the_record_and_the_history_carry_the_implicit_share(tmp_path):
+def test_the_record_and_the_history_carry_the_implicit_share_and_the_products(tmp_path):
     data_dir = write_mlc(tmp_path / "data")
     cfg = _toy_cfg(data_dir, tmp_path / "run", "cd", "trainer.batch_size=16", "task.neumann_terms=2")
     cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
@@ -538,6 +538,14 @@ def test_the_record_and_the_history_carry_the_implicit_share(tmp_path):
     assert history["time/implicit_share"].tolist()[0] == 0  # pretraining: no implicit term
     assert 0 < history["time/implicit_share"].tolist()[-1] < 1
     assert 0 < record["implicit_share"] < 1
+    # the solver's products per step: MINRES (the default) stops by its rule, at least one and at most its cap
+    assert history["count/hvp_per_step"].tolist()[0] == 0
+    assert 1 <= history["count/hvp_per_step"].tolist()[-1] <= cfg.task.solver_max_iter
+    assert record["hvp_per_step"] == history["count/hvp_per_step"].tolist()[-1]  # one window: the method phase
+    series = _toy_cfg(data_dir, tmp_path / "series", "cd", "trainer.batch_size=16", "task.neumann_terms=2",
+                      "task.inverse_solver=neumann")
+    series.trainer.phases[0].epochs = series.trainer.phases[1].epochs = 1
+    assert train(series)["hvp_per_step"] == 2  # the series: its terms, every step
     cfg = _toy_cfg(data_dir, tmp_path / "spen", "spen", "trainer.batch_size=16", "task.spen_steps=2")
     cfg.trainer.phases[0].epochs = cfg.trainer.phases[1].epochs = 1
-    assert "implicit_share" not in train(cfg)
+    assert "implicit_share" not in (spen := train(cfg)) and "hvp_per_step" not in spen
