@@ -226,6 +226,15 @@ def _check_same_run(saved: dict, current: dict, where: Path) -> None:
                           + "\nuse another run directory, or trainer.force=true to start over")
 
 
+def _since(now: dict[str, float], before: dict[str, float], into: dict[str, float]) -> dict[str, float]:
+    """Each running total of ``now`` (Task.timings, Task.counts) less its value ``before``, also added to ``into``
+    (the phase's sums)."""
+    added = {name: total - before.get(name, 0) for name, total in now.items()}
+    for name, amount in added.items():
+        into[name] = into.get(name, 0) + amount
+    return added
+
+
 def _length(tc: DictConfig) -> dict[str, int | None]:
     """The settings that say how long a run trains (records.LENGTH), as a record keeps them."""
     return {key.split(".")[-1]: tc.get(key.split(".")[-1]) for key in LENGTH}
@@ -536,18 +545,12 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
                     train_seconds += seconds
                     phase_seconds[index] += seconds  # the steps since the last evaluation (one phase, unless
                     phase_steps[index] += step - tick_step  # eval_every straddles a phase boundary)
-                    parts_now = dict(model.timings())
-                    for name, total in parts_now.items():
-                        spent = total - parts_before.get(name, 0.0)
-                        parts_seconds[index][name] = parts_seconds[index].get(name, 0.0) + spent
+                    parts_now, counts_now = dict(model.timings()), dict(model.counts())
+                    for name, spent in _since(parts_now, parts_before, parts_seconds[index]).items():
                         row[f"time/{name}_share"] = spent / seconds if seconds > 0 else None
-                    parts_before = parts_now
-                    counts_now = dict(model.counts())
-                    for name, total in counts_now.items():
-                        made = total - counts_before.get(name, 0)
-                        counted[index][name] = counted[index].get(name, 0) + made
+                    for name, made in _since(counts_now, counts_before, counted[index]).items():
                         row[f"count/{name}_per_step"] = made / (step - tick_step) if step > tick_step else None
-                    counts_before = counts_now
+                    parts_before, counts_before = parts_now, counts_now
                     with _rng_untouched():
                         evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
                                                           tc.batch_size)

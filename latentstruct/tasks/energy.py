@@ -304,10 +304,15 @@ class BilevelEnergyTask(Task):
         for p in theta:
             p.grad = None
 
+    @property
+    def _krylov(self) -> bool:
+        """Whether ``inverse_solver`` is a Krylov solver (a system solved to a tolerance, not the series)."""
+        return self.inverse_solver in ("cg", "minres")
+
     def inverse_hvp(self, history: list[float] | None = None):
         """The ``(∇_θ L_aux, θ, v) -> H⁻¹ v`` solver of ``inverse_solver`` with the task's settings (``history``: the
         solver's relative residuals, for the benchmark)."""
-        if self.inverse_solver in ("cg", "minres"):
+        if self._krylov:
             solver = cg_inverse_hvp if self.inverse_solver == "cg" else minres_inverse_hvp
             return functools.partial(solver, tol=self.solver_tol, max_iter=self.solver_max_iter,
                                      damping=self.solver_damping, history=history)
@@ -413,11 +418,10 @@ class BilevelEnergyTask(Task):
         if self.method == "implicit":
             aux_fn = self.aux_function(batch) if self.hvp == "forward_over_reverse" else None
             residuals: list[float] = []  # one per product (the Krylov solvers compute them anyway)
-            krylov = self.inverse_solver in ("cg", "minres")
             grads = implicit_gradient(prim, aux, theta, phi, terms=self.neumann_terms, alpha=self.neumann_alpha,
-                                      inverse_hvp=self.inverse_hvp(residuals if krylov else None), aux_fn=aux_fn,
-                                      clock=self._clock)
-            self._products += len(residuals) if krylov else self.neumann_terms
+                                      inverse_hvp=self.inverse_hvp(residuals if self._krylov else None),
+                                      aux_fn=aux_fn, clock=self._clock)
+            self._products += len(residuals) if self._krylov else self.neumann_terms
         else:
             grads = [g.detach() for g in grad_or_zeros(prim, phi)]
         return EnergyOutput(_with_gradient(prim, phi, grads), prim.detach(), aux.detach())
