@@ -182,8 +182,8 @@ gpu-check-dry: device-bundle ## scripts/gpu_check.sh --device cpu: the GPU check
 	out=$${OUT:-$$(mktemp -d)}; OUT=$$out PYTHON=$(BIN)/python scripts/gpu_check.sh --device cpu && echo "the check's files: $$out"
 
 gpu-results: ## results/bench/gpu.md and structures_cuda.md from the files gpu_check.sh brought back (FROM=<dir>; IMPLICIT=<implicit.json> of a later bench/implicit.py --device cuda call, where the check's step failed)
-	$(if $(FROM),,$(error usage: make gpu-results FROM=<the folder of gpu_check.sh's files> [IMPLICIT=<implicit.json>]))
-	$(BIN)/python scripts/gpu_report.py $(FROM) --out results/bench $(if $(IMPLICIT),--implicit $(IMPLICIT))
+	$(if $(FROM),,$(error usage: make gpu-results FROM=<the folder of gpu_check.sh's files> [IMPLICIT=<implicit.json>] [NAME=gpu_timing]))
+	$(BIN)/python scripts/gpu_report.py $(FROM) --out results/bench $(if $(IMPLICIT),--implicit $(IMPLICIT)) $(if $(NAME),--name $(NAME))
 
 gpu-unpack: ## the run records and checkpoints gpu_table.sh brought back into multirun/ (FROM=<dir>); then make table T=... ONLY=steps
 	$(if $(FROM),,$(error usage: make gpu-unpack FROM=<the folder of gpu_table.sh's files>))

@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -373,13 +374,13 @@ def implicit(device: str, seconds: float) -> dict:
     return {"status": status, "note": "; ".join(notes) or "no sheet", "sheet": sheet}
 
 
-def timing(device: str, out: Path, clock: Clock) -> dict:
+def timing(device: str, out: Path, clock: Clock, more: list[str] = ()) -> dict:
     """Step 7: bench/tables.py until the deadline (on the CPU: three configurations of the multi-label table, one of
-    them in two phases, two steps each)."""
+    them in two phases, two steps each); ``more``: options of bench/tables.py added last (``--timing-args``)."""
     small = [] if device == "cuda" else ["--tables", "energy/mlc", "--max-configs", "3", "--max-steps", "2",
                                          "--min-seconds", "0", "--warmup", "1", "--threads", "1"]
     cmd = [sys.executable, "bench/tables.py", "--device", device, "--out", str(out / "timing.json"),
-           "--deadline", f"{clock.deadline:.0f}", *small]
+           "--deadline", f"{clock.deadline:.0f}", *small, *more]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, timeout=max(30.0, clock.left() + 45))  # its sheet is written as it goes
     except subprocess.TimeoutExpired:
@@ -390,8 +391,10 @@ def timing(device: str, out: Path, clock: Clock) -> dict:
 # ----------------------------------------------------------------------------------------------------------- main
 
 
-def check(device: str, out: Path, deadline: float, bench_path: Path | None, bundle: Path) -> int:
-    """Every step in order (module docstring); env.json at the end, with each step's status and seconds."""
+def check(device: str, out: Path, deadline: float, bench_path: Path | None, bundle: Path,
+          only: set[str] | None = None, timing_args: list[str] = ()) -> int:
+    """Every step in order (module docstring), or the steps named in ``only``; env.json at the end, with each step's
+    status and seconds."""
     out.mkdir(parents=True, exist_ok=True)
     clock, steps = Clock(deadline), {}
     info = environment(device, bundle)
@@ -402,11 +405,16 @@ def check(device: str, out: Path, deadline: float, bench_path: Path | None, bund
         ("syncs", (lambda: syncs(out)) if device == "cuda" else None),
         ("structures", lambda: structures(device, out, bench_path, clock.share(0.3, 30))),
         ("implicit", lambda: implicit(device, clock.share(0.25, 60))),
-        ("timing", lambda: timing(device, out, clock)),
+        ("timing", lambda: timing(device, out, clock, timing_args)),
     ]
+    unknown = (only or set()) - {name for name, _ in plan}
+    if unknown:
+        raise SystemExit(f"error: --only names no step: {', '.join(sorted(unknown))}")
     for name, step in plan:
         started = time.time()
-        if step is None:
+        if only and name not in only:
+            steps[name] = {"status": "skipped", "note": "not asked for (--only)"}
+        elif step is None:
             steps[name] = {"status": "skipped", "note": "needs CUDA"}
         else:
             _log(f"{name}: starting ({clock.left():.0f} s left)")
@@ -438,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, help="a Unix time to be done by (default: 8 minutes from now)")
     parser.add_argument("--bench-path", type=Path, help="where the bench references were installed")
     parser.add_argument("--bundle", type=Path, default=ROOT / ".device")
+    parser.add_argument("--only", help="the steps to run, comma-separated (tests,experiments,syncs,structures,"
+                        "implicit,timing); the others are reported skipped")
+    parser.add_argument("--timing-args", default="", help="options added to the timing step's bench/tables.py "
+                        "(e.g. '--tables energy/ner --max-per-experiment 1')")
     args = parser.parse_args(argv)
     if args.command == "family":
         with contextlib.redirect_stdout(sys.stderr):
@@ -452,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --device cuda but torch sees no CUDA device (use --device cpu for the dry run)",
                   file=sys.stderr)
             return 2
-    return check(args.device, args.out, args.deadline or time.time() + 480, args.bench_path, args.bundle)
+    only = {name.strip() for name in args.only.split(",") if name.strip()} if args.only else None
+    return check(args.device, args.out, args.deadline or time.time() + 480, args.bench_path, args.bundle, only,
+                 shlex.split(args.timing_args))
 
 
 if __name__ == "__main__":

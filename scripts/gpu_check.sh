@@ -3,8 +3,10 @@
 # (.device, make device-bundle), then scripts/gpu_check.py's steps (CUDA tests, every experiment on the device, host
 # round trips, bench/structures, bench/implicit's two ways of making the energy methods' HVPs, the timing sheet). Everything goes to $OUT (8 files), the log to $OUT/check.log.
 #
-#   OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 8]
+#   OUT=<dir> scripts/gpu_check.sh [--device cuda|cpu] [--minutes 8] [--only timing] [--timing-args '...']
 #
+# --only: the steps to run, comma-separated (the others are reported skipped); --timing-args: options added to the
+# timing step's bench/tables.py (a session that only times the tables an earlier check did not reach).
 # --device cpu is the dry run here: every step but the CUDA ones, in a venv that sees only the GPU image's packages
 # (scripts/bundle.py venv) with the bundle installed into it. PYTHON: the interpreter to start from (default python3;
 # on the GPU machine, the one that has torch).
@@ -12,11 +14,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 device=cuda
 minutes=8  # the steps' deadline; the install before it and the files after it fit in 10
+only=
+timing_args=
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) device=$2; shift 2 ;;
     --minutes) minutes=$2; shift 2 ;;
-    *) echo "usage: OUT=<dir> $0 [--device cuda|cpu] [--minutes 8]" >&2; exit 2 ;;
+    --only) only=$2; shift 2 ;;
+    --timing-args) timing_args=$2; shift 2 ;;
+    *) echo "usage: OUT=<dir> $0 [--device cuda|cpu] [--minutes 8] [--only STEPS] [--timing-args '...']" >&2
+       exit 2 ;;
   esac
 done
 : "${OUT:?set OUT to the folder that collects the results}"
@@ -34,5 +41,6 @@ unset PYTHONPATH  # latentstruct and its requirements come from the install belo
   "$python" scripts/bundle.py install --bundle .device --bench-target "$work/bench"
   export LATENTSTRUCT_DATA="$PWD/.device/data" LATENTSTRUCT_GIT_COMMIT="$(cat .device/commit.txt)"
   export PYTHONUNBUFFERED=1
-  "$python" -m scripts.gpu_check --device "$device" --out "$OUT" --deadline "$deadline" --bench-path "$work/bench"
+  "$python" -m scripts.gpu_check --device "$device" --out "$OUT" --deadline "$deadline" --bench-path "$work/bench" \
+    ${only:+--only "$only"} --timing-args "$timing_args"
 } 2>&1 | tee "$OUT/check.log"

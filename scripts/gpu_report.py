@@ -77,7 +77,9 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
     bad = [f"{name} {s['status']}" for name, s in steps.items() if s["status"] not in ("ok", "skipped")]
     device = env.get("gpu") or "CPU (dry run)"
     lines = [
-        "# The GPU check",
+        "# The GPU check" + ("" if all(s["status"] != "skipped" or s.get("note") == "needs CUDA"
+                                       for s in steps.values()) else
+                             ": " + ", ".join(n for n, s in steps.items() if s["status"] != "skipped") + " alone"),
         "",
         f"**Status: {'every step ok' if not bad else 'not every step ok: ' + ', '.join(bad)}** — "
         f"`scripts/gpu_check.sh` on {device}, its results as it wrote them (docs/gpu.md: how to run it, how to read "
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/gpu_report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="the folder of gpu_check.sh's files")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    parser.add_argument("--name", default="gpu", help="the files' name: NAME.md, NAME.json (default gpu; "
+                        "gpu_timing for a call of gpu_check.sh --only timing, which must not replace the whole check)")
     parser.add_argument("--implicit", type=Path, help="the implicit.json of a later bench/implicit.py --device cuda "
                         "call, shown instead of the check's implicit step (where that step failed)")
     args = parser.parse_args(argv)
@@ -206,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     rerun = json.loads(args.implicit.read_text()) if args.implicit else None
-    (args.out / "gpu.md").write_text(scrub("\n".join(markdown(args.source, rerun)) + "\n"))
+    md, js = args.out / f"{args.name}.md", args.out / f"{args.name}.json"
+    md.write_text(scrub("\n".join(markdown(args.source, rerun)) + "\n"))
     raw = {name: _load(args.source, name) for name in ("env.json", "experiments.json", "syncs.json", "timing.json")}
     raw["implicit_rerun"] = rerun
-    (args.out / "gpu.json").write_text(scrub(json.dumps(raw, indent=1) + "\n"))
-    written = [args.out / "gpu.md", args.out / "gpu.json"]
+    js.write_text(scrub(json.dumps(raw, indent=1) + "\n"))
+    written = [md, js]
     for path in sorted(args.source.glob("structures_*.md")) + sorted(args.source.glob("structures_*.json")):
         written.append(args.out / path.name)
         written[-1].write_text(scrub(path.read_text()))

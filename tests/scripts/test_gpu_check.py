@@ -122,3 +122,28 @@ def test_a_family_cut_at_the_deadline_fails_the_step_only_if_a_run_was_lost(tmp_
     assert [r["experiment"] for r in sheet["runs"]] == ["a", "b", "c", "cut (family)"]
     assert sheet["repeats"] == [{"experiment": "a", "identical": None, "note": "not finished by the step's deadline"}]
     assert result["status"] == "failed" and result["note"].startswith("3 of 4 experiments")
+
+
+def test_only_runs_the_steps_asked_for_and_the_report_says_so(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(gpu_check, "environment", lambda device, bundle: {"gpu": "NVIDIA H200", "torch": "2.11",
+                                                                           "cuda": "13.0"})
+    monkeypatch.setattr(gpu_check, "timing", lambda device, out, clock, more: asked.append(more) or {"status": "ok"})
+    for step in ("cuda_tests", "experiments", "structures", "implicit"):
+        monkeypatch.setattr(gpu_check, step, lambda *a, step=step: asked.append(step) or {"status": "ok"})
+    assert gpu_check.check("cpu", tmp_path, 1e12, None, tmp_path, {"timing"}, ["--tables", "energy/ner"]) == 0
+    assert asked == [["--tables", "energy/ner"]]
+    steps = json.loads((tmp_path / "env.json").read_text())["steps"]
+    assert steps["tests"] == {"status": "skipped", "note": "not asked for (--only)", "seconds": 0.0}
+    assert steps["timing"]["status"] == "ok"
+    (tmp_path / "experiments.json").write_text("{}")
+    (tmp_path / "timing.json").write_text(json.dumps({"tables": [], "configs": []}))
+    assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "r"), "--name", "gpu_timing"]) == 0
+    assert (tmp_path / "r" / "gpu_timing.md").read_text().startswith("# The GPU check: timing alone\n")
+    assert not (tmp_path / "r" / "gpu.md").exists()
+    try:
+        gpu_check.check("cpu", tmp_path, 1e12, None, tmp_path, {"timeing"})
+    except SystemExit as err:
+        assert "timeing" in str(err)
+    else:
+        raise AssertionError("an unknown step must be refused")
