@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.tables import render as render_timing  # noqa: E402
 
-NEEDED = ("env.json", "experiments.json", "timing.json")
+NEEDED = ("env.json", "timing.json")  # experiments.json is absent where gpu_check.sh --only left that step out
 # The device machine's own paths (its checkout, its Python, $OUT) say nothing here and are no paths of this machine:
 # results name them by what they are.
 MACHINE_PATHS = ((re.compile(r"/[^\s\"'`(]*/\.device/data"), "$LATENTSTRUCT_DATA"),
@@ -101,13 +101,18 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
           f"{'; '.join(filter(None, [s.get('note', ''), _step_error(log, name) if s['status'] == 'failed' else '']))} |"
           for name, s in steps.items()],
     ]
-    counts, failures = tests_summary(source / "tests.xml")
-    lines += ["", "## CUDA tests (`pytest -m cuda`)", "",
-              f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped.", ""]
-    lines += [f"- FAILED {f}" for f in failures]
-    lines += _experiments(experiments)
-    lines += _syncs(syncs)
-    lines += _implicit((steps.get("implicit") or {}).get("sheet"), implicit, steps.get("implicit"))
+    def asked(step: str) -> bool:  # a step gpu_check.sh --only left out has no section
+        return (steps.get(step) or {}).get("note") != "not asked for (--only)"
+
+    if asked("tests"):
+        counts, failures = tests_summary(source / "tests.xml")
+        lines += ["", "## CUDA tests (`pytest -m cuda`)", "",
+                  f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped.", ""]
+        lines += [f"- FAILED {f}" for f in failures]
+    lines += _experiments(experiments) if asked("experiments") else []
+    lines += _syncs(syncs) if asked("syncs") else []
+    if asked("implicit"):
+        lines += _implicit((steps.get("implicit") or {}).get("sheet"), implicit, steps.get("implicit"))
     lines += ["", "## Timing sheet (`bench/tables.py`)", ""]
     if timing:
         lines += [f"One run at a time on {timing.get('hardware')}, torch {timing.get('torch')}; a run's device-seconds "

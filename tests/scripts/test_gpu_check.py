@@ -136,10 +136,10 @@ def test_only_runs_the_steps_asked_for_and_the_report_says_so(tmp_path, monkeypa
     steps = json.loads((tmp_path / "env.json").read_text())["steps"]
     assert steps["tests"] == {"status": "skipped", "note": "not asked for (--only)", "seconds": 0.0}
     assert steps["timing"]["status"] == "ok"
-    (tmp_path / "experiments.json").write_text("{}")
     (tmp_path / "timing.json").write_text(json.dumps({"tables": [], "configs": []}))
     assert gpu_report.main([str(tmp_path), "--out", str(tmp_path / "r"), "--name", "gpu_timing"]) == 0
     assert (tmp_path / "r" / "gpu_timing.md").read_text().startswith("# The GPU check: timing alone\n")
+    assert "## CUDA tests" not in (tmp_path / "r" / "gpu_timing.md").read_text()
     assert not (tmp_path / "r" / "gpu.md").exists()
     try:
         gpu_check.check("cpu", tmp_path, 1e12, None, tmp_path, {"timeing"})
