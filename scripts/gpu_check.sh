@@ -42,5 +42,5 @@ unset PYTHONPATH  # latentstruct and its requirements come from the install belo
   export LATENTSTRUCT_DATA="$PWD/.device/data" LATENTSTRUCT_GIT_COMMIT="$(cat .device/commit.txt)"
   export PYTHONUNBUFFERED=1
   "$python" -m scripts.gpu_check --device "$device" --out "$OUT" --deadline "$deadline" --bench-path "$work/bench" \
-    ${only:+--only "$only"} --timing-args "$timing_args"
+    ${only:+--only "$only"} --timing-args="$timing_args"
 } 2>&1 | tee "$OUT/check.log"

@@ -75,11 +75,13 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
     steps = env.get("steps", {})
     log = (source / "check.log").read_text(errors="replace") if (source / "check.log").is_file() else ""
     bad = [f"{name} {s['status']}" for name, s in steps.items() if s["status"] not in ("ok", "skipped")]
+
+    def asked(step: str) -> bool:  # a step gpu_check.sh --only left out: named in no title, no section of its own
+        return (steps.get(step) or {}).get("note") != "not asked for (--only)"
+
     device = env.get("gpu") or "CPU (dry run)"
     lines = [
-        "# The GPU check" + ("" if all(s["status"] != "skipped" or s.get("note") == "needs CUDA"
-                                       for s in steps.values()) else
-                             ": " + ", ".join(n for n, s in steps.items() if s["status"] != "skipped") + " alone"),
+        "# The GPU check" + ("" if all(map(asked, steps)) else ": " + ", ".join(filter(asked, steps)) + " alone"),
         "",
         f"**Status: {'every step ok' if not bad else 'not every step ok: ' + ', '.join(bad)}** — "
         f"`scripts/gpu_check.sh` on {device}, its results as it wrote them (docs/gpu.md: how to run it, how to read "
@@ -101,9 +103,6 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
           f"{'; '.join(filter(None, [s.get('note', ''), _step_error(log, name) if s['status'] == 'failed' else '']))} |"
           for name, s in steps.items()],
     ]
-    def asked(step: str) -> bool:  # a step gpu_check.sh --only left out has no section
-        return (steps.get(step) or {}).get("note") != "not asked for (--only)"
-
     if asked("tests"):
         counts, failures = tests_summary(source / "tests.xml")
         lines += ["", "## CUDA tests (`pytest -m cuda`)", "",
