@@ -69,6 +69,8 @@ TINY = {
 }
 #: the step outputs in $OUT (with gpu_check.sh's check.log: the 8 files the device tool brings back)
 FILES = ("env.json", "tests.xml", "experiments.json", "syncs.json", "timing.json")
+#: the note of a step --only left out (scripts/gpu_report.py gives such a step no section)
+NOT_ASKED = "not asked for (--only)"
 
 
 class Clock:
@@ -413,7 +415,7 @@ def check(device: str, out: Path, deadline: float, bench_path: Path | None, bund
     for name, step in plan:
         started = time.time()
         if only and name not in only:
-            steps[name] = {"status": "skipped", "note": "not asked for (--only)"}
+            steps[name] = {"status": "skipped", "note": NOT_ASKED}
         elif step is None:
             steps[name] = {"status": "skipped", "note": "needs CUDA"}
         else:

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.tables import render as render_timing  # noqa: E402
+from scripts.gpu_check import NOT_ASKED  # noqa: E402
 
 NEEDED = ("env.json", "timing.json")  # experiments.json is absent where gpu_check.sh --only left that step out
 # The device machine's own paths (its checkout, its Python, $OUT) say nothing here and are no paths of this machine:
@@ -77,7 +78,7 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
     bad = [f"{name} {s['status']}" for name, s in steps.items() if s["status"] not in ("ok", "skipped")]
 
     def asked(step: str) -> bool:  # a step gpu_check.sh --only left out: named in no title, no section of its own
-        return (steps.get(step) or {}).get("note") != "not asked for (--only)"
+        return (steps.get(step) or {}).get("note") != NOT_ASKED
 
     device = env.get("gpu") or "CPU (dry run)"
     lines = [
