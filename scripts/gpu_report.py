@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.tables import render as render_timing  # noqa: E402
+from bench.tables import render as render_timing, resumed_note  # noqa: E402
 from scripts.gpu_check import NOT_ASKED  # noqa: E402
 
 NEEDED = ("env.json", "timing.json")  # experiments.json is absent where gpu_check.sh --only left that step out
@@ -120,7 +120,8 @@ def markdown(source: Path, implicit: dict | None = None) -> list[str]:
                   "≈: estimated from the timed configurations of the same experiment. **sessions, at least**: the "
                   f"longest run over {timing.get('session_minutes')} minutes, or the device-hours over "
                   f"{timing.get('cpu_cores')} runs at once for {timing.get('session_minutes')} minutes, whichever is "
-                  f"more (a lower bound: runs at once share the GPU). Timed in {timing.get('seconds', 0):.0f} s.", ""]
+                  f"more (a lower bound: runs at once share the GPU). Timed in {timing.get('seconds', 0):.0f} s."
+                  + resumed_note(timing), ""]
         lines += render_timing(timing)
     else:
         lines.append("No timing sheet: the timing step did not run.")

@@ -133,3 +133,32 @@ def test_the_evaluation_can_be_timed_on_the_first_examples_and_scaled():
     cell.overrides += ["dataset.n_train=200", "dataset.n_valid=50", "dataset.n_test=50"]
     bench.time_cell(cell, torch.device("cpu"), {}, args)
     assert cell.status == "timed" and cell.eval_scale == 5.0
+
+
+def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_asked(monkeypatch, tmp_path):
+    """Resuming with other --tables keeps the earlier sheet's tables as measured (an earlier table's untimed
+    configurations stay untimed) and names the sheet it resumed."""
+    calls = []
+
+    def timed(cell, args, timeout):
+        calls.append(cell.table)
+        cell.status, cell.run_seconds = "timed", 60.0
+
+    monkeypatch.setattr(bench, "time_isolated", timed)
+    out = tmp_path / "timing.json"
+    args = argparse.Namespace(device="cpu", tables=["energy/mlc"], max_configs=1, deadline=None, out=out,
+                              skip=None, resume=False, max_per_experiment=None, config_seconds=600.0,
+                              warmup=2, min_seconds=1.0, max_steps=40, memory_gib=8.0, threads=1)
+    bench.run(args)
+    first = json.loads(out.read_text())
+    assert calls == ["energy/mlc"] and first["resumed"] == []
+    args.tables, args.resume, args.max_configs, calls[:] = ["direct/sorting"], True, 2, []
+    sheet = bench.run(args)
+    assert calls == ["direct/sorting"] * 2
+    assert [t["table"] for t in sheet["tables"]] == ["energy/mlc", "direct/sorting"]
+    def mlc(s):
+        return [c["status"] for c in s["configs"] if c["table"] == "energy/mlc"]
+
+    assert mlc(sheet) == mlc(first) and mlc(sheet).count("timed") == 1 and "untimed" in mlc(sheet)
+    assert sheet["resumed"] == [{k: first[k] for k in ("git_commit", "hardware", "generated")}]
+    assert first["git_commit"] in bench.resumed_note(sheet) and bench.resumed_note(first) == ""
