@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.tables import render as render_timing, resumed_note  # noqa: E402
+from bench.tables import render as render_timing  # noqa: E402
+from bench.tables import resumed_note  # noqa: E402
 from scripts.gpu_check import NOT_ASKED  # noqa: E402
 
 NEEDED = ("env.json", "timing.json")  # experiments.json is absent where gpu_check.sh --only left that step out
