@@ -3,7 +3,8 @@
     python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
     python -m scripts.campaign stop T [--grace 300]    # stop T's runs: each checkpoints its step, then exits
-    python -m scripts.campaign save T                  # T's run records -> campaign/<paper>-<table>/ (to commit)
+    python -m scripts.campaign save T [--checkpoints MIB]  # T's run records (+ interrupted runs' checkpoints)
+                                                       # -> campaign/<paper>-<table>/ (to commit)
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
     python -m scripts.campaign table T                 # T's tables from its runs (make table ONLY=steps)
 
@@ -14,7 +15,9 @@
 * ``plan.json`` — the pinned commit (HEAD when the table was started: a clean tree), the seeds and overrides
   (``make table``'s SEEDS and ARGS: the protocol, e.g. GloVe 6B 50d), the date;
 * ``records.tar.gz`` (its manifest ``pack.json`` inside) — every run's record (metrics.json, run.json, history.csv,
-  .hydra/, train.log; never a checkpoint), as ``scripts/carry.py pack`` writes them: kilobytes a run.
+  .hydra/, train.log), as ``scripts/carry.py pack`` writes them: kilobytes a run;
+* ``checkpoints.tar.000``, ... — with ``save --checkpoints MIB`` only: the interrupted runs' checkpoints (a run longer
+  than a session, e.g. SST's SparseMAP at 3-4 hours, would otherwise start over on every fresh machine).
 
 What is not: the runs themselves, under ``$LATENTSTRUCT_CAMPAIGN`` (default ``../campaign``, beside the checkout):
 ``runs/`` (the sweep directories, with the checkpoints of unfinished runs) and ``code-<commit>/`` (a git worktree
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -167,10 +171,15 @@ def stop(table: str, grace: float) -> int:
     return 0
 
 
-def save(table: str) -> dict:
+def save(table: str, checkpoints_mib: float = 0.0) -> dict:
+    """Pack ``table``'s records into ``campaign/<paper>-<table>/``; with ``checkpoints_mib``, also the checkpoints of
+    its interrupted runs (gzipped, the most advanced first) in ~16 MiB parts, as many as that many MiB round up to, so
+    that a run longer than a machine's life goes on from its step on a fresh one (``run`` unpacks them) instead of
+    starting over. A checkpoint that does not fit is left behind (the pack says which)."""
     entry = plan(table)
-    return carry.pack(table, campaign_root() / "runs", state_dir(table), weights=False, files=1,
-                      log=lambda line: print(f"campaign: {line}")) | {"commit": entry["commit"]}
+    parts = math.ceil(checkpoints_mib * carry.MIB / carry.PART_BYTES)
+    return carry.pack(table, campaign_root() / "runs", state_dir(table), weights=False, files=1 + parts,
+                      budget=2**40, log=lambda line: print(f"campaign: {line}")) | {"commit": entry["commit"]}
 
 
 def _running(table: str) -> bool:
@@ -225,8 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("table")
     t.add_argument("--grace", type=float, default=300.0,
                    help="seconds to wait for the runs' checkpoints before killing what is left (default 300)")
-    for verb in ("save", "table"):
-        sub.add_parser(verb).add_argument("table")
+    v = sub.add_parser("save", help="pack a table's run records (and, with --checkpoints, its interrupted runs' "
+                                    "checkpoints) into campaign/<paper>-<table>/, to commit")
+    v.add_argument("table")
+    v.add_argument("--checkpoints", type=float, default=0.0, metavar="MIB",
+                   help="also the interrupted runs' checkpoints, within MIB rounded up to 16 MiB parts "
+                        "(default 0: records only)")
+    sub.add_parser("table").add_argument("table")
     sub.add_parser("status")
     a = parser.parse_args(argv)
     if a.verb == "start":
@@ -237,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.verb == "stop":
         return stop(a.table, a.grace)
     if a.verb == "save":
-        save(a.table)
+        save(a.table, a.checkpoints)
         return 0
     if a.verb == "table":
         return table_steps(a.table)

@@ -1,10 +1,11 @@
 """scripts/campaign.py: a table is pinned once to a clean commit with its protocol, its sweeps run at that commit's
-code with the committed records restored first, and its records are saved without checkpoints."""
+code with the committed records restored first, and its records are saved without checkpoints unless asked for."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,6 +50,31 @@ def test_save_packs_records_without_checkpoints(places, monkeypatch):
     monkeypatch.setattr(campaign.carry, "pack", lambda table, runs, out, **kw: calls.update(kw) or {"runs": {}})
     assert campaign.save("spigot/table2")["commit"] == "b" * 40
     assert calls["weights"] is False and calls["files"] == 1  # no room for a checkpoint part
+    campaign.save("spigot/table2", checkpoints_mib=20)  # two parts of ~16 MiB
+    assert calls["weights"] is False and calls["files"] == 3
+
+
+def test_saved_checkpoints_of_interrupted_runs_come_back_on_a_fresh_machine(places):
+    """save --checkpoints packs an interrupted run's checkpoint beside the records; a fresh machine's run restores
+    both, so the run resumes from its step (records alone: it would start over)."""
+    state = places / "state" / "spigot-table2"
+    state.mkdir(parents=True)
+    (state / "plan.json").write_text(json.dumps({"table": "spigot/table2", "commit": "b" * 40}))
+    runs = places / "campaign" / "runs"
+    sweep = campaign.carry.sweep_dir("spigot/table2", runs)
+    run = sweep / "+experiment=a,trainer.seed=301"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- +experiment=a\n- trainer.seed=301\n")
+    (run / "metrics.json").write_text(json.dumps({"status": "interrupted", "step": 7}))
+    (run / "checkpoint.pt").write_bytes(os.urandom(4096))
+    campaign.save("spigot/table2")
+    assert not list(state.glob("checkpoints.tar.*"))
+    campaign.save("spigot/table2", checkpoints_mib=1)
+    assert [p.name for p in state.glob("checkpoints.tar.*")] == ["checkpoints.tar.000"]
+    saved = (run / "checkpoint.pt").read_bytes()
+    shutil.rmtree(places / "campaign")  # a fresh machine
+    campaign._restore("spigot/table2", runs)
+    assert (run / "checkpoint.pt").read_bytes() == saved and json.loads((run / "metrics.json").read_text())["step"] == 7
 
 
 def test_status_counts_the_completed_runs_of_the_committed_records(places, monkeypatch):
