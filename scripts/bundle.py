@@ -336,8 +336,8 @@ def install(bundle: Path, python: str = sys.executable, project: Path = ROOT, ex
     wheels = Path(bundle) / "wheels"
     if not any(wheels.glob("*.whl")):
         raise BundleError(f"no wheels in {wheels}: run make device-bundle first")
-    cmd = [python, "-m", "pip", "install", "-q", "--no-compile", "--no-index", "--find-links", str(wheels), "--no-build-isolation",
-           "-e", f"{project}[{','.join(extras)}]"]
+    cmd = [python, "-m", "pip", "install", "-q", "--no-compile", "--no-index", "--find-links", str(wheels),
+           "--no-build-isolation", "-e", f"{project}[{','.join(extras)}]"]
     _check(subprocess.run(cmd, env=pip_env(env), capture_output=True, text=True), "installing latentstruct")
     if bench_target is not None:
         cmd = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(bench_target),

@@ -140,6 +140,9 @@ def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_as
     configurations stay untimed) and names the sheet it resumed."""
     calls = []
 
+    def mlc(sheet):
+        return [c["status"] for c in sheet["configs"] if c["table"] == "energy/mlc"]
+
     def timed(cell, args, timeout):
         calls.append(cell.table)
         cell.status, cell.run_seconds = "timed", 60.0
@@ -156,9 +159,6 @@ def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_as
     sheet = bench.run(args)
     assert calls == ["direct/sorting"] * 2
     assert [t["table"] for t in sheet["tables"]] == ["energy/mlc", "direct/sorting"]
-    def mlc(s):
-        return [c["status"] for c in s["configs"] if c["table"] == "energy/mlc"]
-
     assert mlc(sheet) == mlc(first) and mlc(sheet).count("timed") == 1 and "untimed" in mlc(sheet)
     assert sheet["resumed"] == [{k: first[k] for k in ("git_commit", "hardware", "generated")}]
     assert first["git_commit"] in bench.resumed_note(sheet) and bench.resumed_note(first) == ""
