@@ -178,6 +178,7 @@ def save(table: str, checkpoints_mib: float = 0.0) -> dict:
     starting over. A checkpoint that does not fit is left behind (the pack says which)."""
     entry = plan(table)
     parts = math.ceil(checkpoints_mib * carry.MIB / carry.PART_BYTES)
+    # the number of parts is the limit here (a commit, not a device call's 64 MiB way back): no byte budget
     return carry.pack(table, campaign_root() / "runs", state_dir(table), weights=False, files=1 + parts,
                       budget=2**40, log=lambda line: print(f"campaign: {line}")) | {"commit": entry["commit"]}
 
