@@ -5,6 +5,14 @@ Fixtures and hooks built on them (the data root, the ``real_data`` marker) live 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
+import runpy
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 from hydra import compose as hydra_compose
@@ -31,6 +39,63 @@ def train_run(folder: Path, *overrides: str, name: str = "run") -> dict:
     from latentstruct.train import train
 
     return train(compose("trainer.progress=false", f"paths.output_dir={folder / name}", *overrides))
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+            script: Path | None = None) -> subprocess.CompletedProcess:
+    """``python -m latentstruct.train ARGS`` (or ``python SCRIPT ARGS``) run from ``cwd`` with the environment
+    ``env`` (default: this one), in this process: its exit status, stdout and stderr, as ``subprocess.run`` would
+    give them. A new interpreter
+    costs ~5 CPU-s before the command does anything (importing torch and ``torch._dynamo``, which every optimizer
+    step imports); here they are loaded already. For what the command line answers — refusals, exit statuses,
+    records, directories; what needs a process of its own (signals, launchers, claims) starts one.
+
+    What a run changes of the process is put back: the working directory, ``sys.argv``, the environment, Hydra's
+    global state and the logging configuration Hydra installs (its handlers closed)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    saved_logging = [(lg, lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    saved = os.getcwd(), sys.argv[:], dict(os.environ)
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    try:
+        os.chdir(cwd)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        os.environ.setdefault("HYDRA_FULL_ERROR", "0")
+        sys.argv = [str(script or ROOT / "latentstruct" / "train.py"), *args]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "'latentstruct.train' found in sys.modules", RuntimeWarning)  # runpy's
+            try:
+                if script:
+                    runpy.run_path(str(script), run_name="__main__")
+                else:
+                    runpy.run_module("latentstruct.train", run_name="__main__")
+            except SystemExit as stop:
+                code = stop.code
+                if isinstance(code, str):  # sys.exit("message"): said on stderr, status 1
+                    print(code, file=sys.stderr)
+                    code = 1
+    finally:
+        GlobalHydra.instance().clear()
+        for lg, handlers, level, propagate, disabled in saved_logging:
+            for handler in set(lg.handlers) - set(handlers):
+                handler.close()
+            lg.handlers[:], lg.level, lg.propagate, lg.disabled = handlers, level, propagate, disabled
+        for lg in logging.Logger.manager.loggerDict.values():  # loggers the run made: as if never configured
+            if isinstance(lg, logging.Logger) and lg not in loggers:
+                for handler in lg.handlers:
+                    handler.close()
+                lg.handlers.clear()
+        os.chdir(saved[0])
+        sys.argv = saved[1]
+        os.environ.clear()
+        os.environ.update(saved[2])
+    return subprocess.CompletedProcess([str(script or "latentstruct.train"), *args], code or 0, out.getvalue(),
+                                       err.getvalue())
 
 
 def one_epoch_per_phase(cfg: DictConfig) -> DictConfig:

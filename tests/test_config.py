@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from omegaconf import MISSING
 
 import latentstruct.config as config
 from tests.helpers import compose as _compose
+from tests.helpers import run_cli
 
 CONFIGS = config.CONFIG_DIR
 # Groups whose options are whole compositions (package _global_), not instances of one schema.
@@ -79,13 +78,9 @@ def test_help_texts_read_args_sections_through_the_class_hierarchy():
 
 @pytest.mark.slow
 def test_option_lists_hold_no_internal_names():
-    out = subprocess.run(
-        [sys.executable, "-m", "latentstruct.train", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=CONFIGS.parent,
-        check=True,
-    ).stdout
+    done = run_cli("--help", cwd=CONFIGS.parent)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     groups = out.split("== Groups (group=option) ==")[1].split("== Settings")[0]
     assert "base_" not in groups and "common" not in groups
     settings = out.split("== Settings")[1]

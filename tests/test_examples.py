@@ -1,17 +1,15 @@
-"""Every script of ``examples/`` runs as a user would run it (a subprocess, from another directory), exits 0 and prints
-what its docstring promises; so do the code blocks of ``docs/library.md``, one after the other."""
+"""Every script of ``examples/`` runs as a user would run it (``python <script>``, from another directory), exits 0
+and prints what its docstring promises; so do the code blocks of ``docs/library.md``, one after the other. In the test
+process (:func:`tests.helpers.run_cli`): a new interpreter would add seconds of imports to each."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_cli
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 NUMBER = r"(\d+\.\d+)"
@@ -59,10 +57,8 @@ SMALL = {"custom_model.py": ["--steps", "20"], "compare_estimators.py": ["--step
 
 
 def _run(path, cwd, *args: str) -> str:
-    """Run a Python file as ``python <path> <args>`` from ``cwd``; its stdout (it must exit 0)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, str(path), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    """Run a Python file as ``python <path> <args>`` would from ``cwd``; its stdout (it must exit 0)."""
+    done = run_cli(*args, cwd=cwd, script=path)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

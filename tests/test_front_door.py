@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,13 @@ from latentstruct.data.files import DataMissing, data_missing
 from latentstruct.records import load_model_weights, model_weights
 from latentstruct.report import figures
 from latentstruct.train import train
-from tests.helpers import ROOT, compose, final_model
+from tests.helpers import ROOT, compose, final_model, run_cli
 from tests.tasks.test_text import WORDS, write_glove, write_sst
 
 
 def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "LATENTSTRUCT_DATA"}
-    return subprocess.run([sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
+    return run_cli(*args, cwd=cwd, env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import torch
 
 import latentstruct.train as train_module
 from latentstruct.guards import Interrupted, NonFinite
-from tests.helpers import ROOT, train_run
+from tests.helpers import ROOT, run_cli, train_run
 from tests.test_train import TINY
 
 # a stochastic estimator, mini-batches of 64 of 200 (4 per epoch), evaluations every 10 steps: a stop at step 13 is
@@ -175,9 +175,8 @@ def test_cli_sigterm_exits_143_with_an_interrupted_record_and_the_rerun_finishes
     record = _record(tmp_path)
     assert record["status"] == "interrupted" and record["step"] > 0 and "Traceback" not in output
     assert f"stopped by SIGTERM at step {record['step']:,}" in (tmp_path / "train.log").read_text()
-    again = _cli(*args, f"trainer.max_steps={record['step'] + 5}")
-    output, _ = again.communicate(timeout=120)
-    assert again.returncode == 0, output
+    again = run_cli(*args, f"trainer.max_steps={record['step'] + 5}", cwd=ROOT)  # the rerun needs no process of its own
+    assert again.returncode == 0, again.stdout + again.stderr
     assert _record(tmp_path)["steps"] == record["step"] + 5
     assert f"resumed {tmp_path} at step {record['step']}" in (tmp_path / "train.log").read_text()
 
@@ -330,8 +329,8 @@ def test_a_non_finite_gradient_fails_naming_the_parameter(tmp_path, monkeypatch)
 def test_cli_non_finite_single_run_says_one_line_and_exits_1(tmp_path):
     """A temperature so small that the relaxed scores overflow (inf - inf = NaN in the softmax)."""
     overrides = ["estimator=gumbel_softmax", "task.estimator.tau=1e-45"]
-    proc = _cli(*TINY, *overrides, "trainer.max_steps=5", f"hydra.run.dir={tmp_path}")
-    output, _ = proc.communicate(timeout=120)
+    proc = run_cli(*TINY, *overrides, "trainer.max_steps=5", f"hydra.run.dir={tmp_path}", cwd=ROOT)
+    output = proc.stdout + proc.stderr
     assert proc.returncode == 1
     lines = [line for line in output.splitlines() if "non-finite" in line]
     assert len(lines) == 1 and "output of estimator (GumbelSoftmax)" in lines[0], output

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -13,6 +11,7 @@ import latentstruct.config as config
 from latentstruct.ranges import Above, AtLeast, Between, NonNegative, NonZero, Positive, Probability, constraint_of
 from reliability import values
 from tests.helpers import compose as _compose
+from tests.helpers import run_cli
 
 CONFIGS = config.CONFIG_DIR
 
@@ -89,10 +88,8 @@ def test_a_sweep_is_refused_up_front_for_any_of_its_jobs():
 def test_the_command_line_refuses_before_hydra_and_reads_no_data(tmp_path):
     """``sst_spigot`` reads its data from paths.data_dir: an empty folder would fail the run, but the range check
     comes first, in one line, with exit status 2, and no run directory is made."""
-    out = subprocess.run(
-        [sys.executable, "-m", "latentstruct.train", "+experiment=sst_spigot", f"paths.data_dir={tmp_path}/none",
-         "optim.lr=-1e-3"], capture_output=True, text=True, cwd=tmp_path,
-        env={"PYTHONPATH": str(CONFIGS.parent), "PATH": ""})
+    out = run_cli("+experiment=sst_spigot", f"paths.data_dir={tmp_path}/none", "optim.lr=-1e-3", cwd=tmp_path,
+                  env={"PYTHONPATH": str(CONFIGS.parent), "PATH": ""})
     assert out.returncode == 2
     assert out.stderr == "error: optim.lr = -0.001 is out of range: must be > 0\n"
     assert list(tmp_path.iterdir()) == []

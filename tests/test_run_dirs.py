@@ -6,9 +6,6 @@ and the tables refuse a directory whose record and configuration disagree."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +25,7 @@ from latentstruct.records import (
     write_json,
 )
 from latentstruct.report.tables import load_runs
-from tests.helpers import CONFIGS, ROOT, train_run
+from tests.helpers import CONFIGS, run_cli, train_run
 from tests.test_train import TINY
 
 STEPS = ["trainer.eval_every=10", "estimator=sfe", "trainer.batch_size=64"]  # stochastic, mini-batches
@@ -38,25 +35,19 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in [*folder.glob("*"), *folder.glob(".hydra/*")] if p.is_file()}
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
 def test_the_cli_finds_the_same_directory_for_the_same_configuration_and_refuses_another(tmp_path):
     args = [*TINY, "trainer.max_steps=10", "estimator=ste_i"]
-    first = _cli(*args, cwd=tmp_path)
+    first = run_cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     # sorted, without what cannot change the result (progress) or how long it trains (max_steps)
     folder = tmp_path / "outputs" / "dataset.n_test=100,dataset.n_train=200,dataset.n_valid=100,estimator=ste_i"
     assert json.loads((folder / "metrics.json").read_text())["steps"] == 10
     assert (folder / ".hydra" / "config.yaml").is_file() and (folder / RUN_FILE).is_file()
     before = _files(folder)
-    again = _cli(*args, cwd=tmp_path)  # the same command: the same directory, the run skipped
+    again = run_cli(*args, cwd=tmp_path)  # the same command: the same directory, the run skipped
     assert again.returncode == 0 and "already completed; skipping" in again.stdout, again.stderr
-    other = _cli(*args[:-1], "estimator=spigot", f"hydra.run.dir='{folder}'", cwd=tmp_path)  # quoted: its commas
+    other = run_cli(*args[:-1], "estimator=spigot", f"hydra.run.dir='{folder}'", cwd=tmp_path)  # quoted: its commas
     assert other.returncode == 2
     assert "holds the run of another configuration" in other.stderr, other.stderr
     assert "task.estimator._target_: latentstruct.estimators.SteI → latentstruct.estimators.Spigot" in other.stderr

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
-import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -24,7 +23,7 @@ from latentstruct.records import flatten
 from latentstruct.tasks import Task
 from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
-from tests.helpers import CONFIGS, ROOT, train_run
+from tests.helpers import CONFIGS, ROOT, run_cli, train_run
 from tests.helpers import compose as _compose
 from tests.tasks.test_energy import write_mlc
 from tests.tasks.test_energy_ner import write_conll
@@ -187,16 +186,9 @@ def test_latent_none_requires_a_latent_free_decoder(tmp_path):
         train_run(tmp_path, *TINY, "latent=none", "trainer.max_steps=2")
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [sys.executable, "-m", "latentstruct.train", *args], cwd=cwd, env=env, capture_output=True, text=True
-    )
-
-
 @pytest.mark.slow
 def test_cli_failed_record(tmp_path):  # a completed CLI run: the logging test below
-    bad = _cli(*TINY, "trainer.device=cuda", f"hydra.run.dir={tmp_path / 'bad'}", cwd=ROOT)
+    bad = run_cli(*TINY, "trainer.device=cuda", f"hydra.run.dir={tmp_path / 'bad'}", cwd=ROOT)
     if bad.returncode == 0:
         pytest.skip("a CUDA device is present")
     record = json.loads((tmp_path / "bad" / "metrics.json").read_text())
@@ -266,7 +258,7 @@ def test_cli_run_logs_to_the_console_and_train_log_without_bar_frames(tmp_path):
     metrics table; the run directory's train.log holds the same lines as the console, each once. The run's record
     and its composed config are written."""
     data = [o for o in TINY if not o.startswith("trainer.progress")]
-    run = _cli(*data, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.log_seconds=0",
+    run = run_cli(*data, "trainer.max_steps=20", "trainer.eval_every=10", "trainer.log_seconds=0",
                f"hydra.run.dir={tmp_path / 'run'}", cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["status"] == "completed"
@@ -293,7 +285,7 @@ def test_cli_run_logs_to_the_console_and_train_log_without_bar_frames(tmp_path):
 @pytest.mark.slow
 def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
     args = (*TINY, "trainer.max_steps=4", "estimator=ste_i,spigot", f"paths.multirun_dir={tmp_path}")
-    result = _cli("-m", *args, "hydra.sweep.dir=" + str(tmp_path / "sweep"), cwd=ROOT)
+    result = run_cli("-m", *args, "hydra.sweep.dir=" + str(tmp_path / "sweep"), cwd=ROOT)
     assert result.returncode == 0, result.stderr
     runs = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/metrics.json"))
     assert len(runs) == 2 and all("estimator=" in r for r in runs)
@@ -302,12 +294,29 @@ def test_cli_multirun_sweeps_into_deterministic_directories(tmp_path):
         assert f"{run}: training 4 steps" in log and "test/acc" in log and log.count("training") == 1
 
 
+def test_run_cli_puts_back_what_a_run_changes(tmp_path):
+    """tests.helpers.run_cli runs the command line in the test process: the directory, arguments, environment,
+    Hydra's global state and the logging configuration are as before it."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    def state():
+        loggers = [logging.getLogger(), logging.getLogger("latentstruct")]
+        return os.getcwd(), sys.argv[:], dict(os.environ), [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+
+    before = state()
+    done = run_cli(*TINY, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+                   env={**os.environ, "SOMETHING_ELSE": "1"})
+    assert done.returncode == 0 and "test/acc" in done.stdout, done.stderr
+    assert (tmp_path / "run" / "train.log").read_text() == done.stdout  # Hydra's logging, to the captured console
+    assert state() == before and not GlobalHydra.instance().is_initialized()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("typo", ["trainer.max_step=10", "+trainer.max_step=10"])
 def test_cli_refuses_an_unknown_key_with_or_without_plus(tmp_path, typo):
     """Hydra's own answer to the first is "To append to your config use +trainer.max_step=10", and it accepted the
     second: the run trained its full length."""
-    result = _cli(typo, "trainer.max_steps=1", f"hydra.run.dir={tmp_path}", cwd=ROOT)
+    result = run_cli(typo, "trainer.max_steps=1", f"hydra.run.dir={tmp_path}", cwd=ROOT)
     assert result.returncode == 2
     assert "unknown key 'trainer.max_step'; did you mean trainer.max_steps" in result.stderr
     assert "To append" not in result.stderr and not (tmp_path / "metrics.json").exists()

@@ -2,6 +2,7 @@
 
 import json
 import math
+import subprocess
 
 import pandas as pd
 import pytest
@@ -9,7 +10,7 @@ import yaml
 
 from latentstruct.report import matrix
 from latentstruct.report.tables import load_runs, load_spec
-from tests.helpers import ROOT, compose
+from tests.helpers import ROOT, compose, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +163,15 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
     path.write_text(yaml.safe_dump(small))
     monkeypatch.setattr(matrix, "LAUNCHER", ("hydra/launcher=basic", "trainer.threads=1", "trainer.progress=false",
                                              "trainer.resume=true"))
+    launched, real = [], subprocess.run
+
+    def launch(argv, *args, **kwargs):  # a launch runs as `python -m latentstruct.train ...` would, in this process
+        if argv[1:3] != ["-m", "latentstruct.train"]:
+            return real(argv, *args, **kwargs)
+        launched.append(run_cli(*argv[3:], cwd=tmp_path))
+        return launched[-1]
+
+    monkeypatch.setattr(subprocess, "run", launch)
     tiny = ("dataset.n_train=60 dataset.n_valid=20 dataset.n_test=20 trainer.max_steps=3 trainer.eval_every=3 "
             "trainer.batch_size=30")
     argv = ["--spec", str(path), "--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "res"),
@@ -169,6 +179,7 @@ def test_the_command_runs_the_grid_then_the_seeds_and_skips_what_is_done(spec, t
     assert matrix.main(argv) == 0
     said = capsys.readouterr().out
     assert "topk grid: 2 runs to go in 1 launches" in said and "seed 302: 1 runs to go" in said
+    assert [done.returncode for done in launched] == [0, 0]
     runs = load_runs(tmp_path / "runs" / small["sweep_dir"])
     assert len(runs) == 3 and runs["completed"].all()
     assert set(runs["choices.decoder"]) == {"known_readout"} and set(runs["task.estimator.lam"]) == {1.0, 10.0}
