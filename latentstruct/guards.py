@@ -41,6 +41,9 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {signal.Signals(signum).name} at step {step:,}")
         self.signum, self.step, self.previous = signum, step, previous
 
+    def __reduce__(self):  # pickled (a sweep's worker process) without the handler, which is this process's
+        return type(self), (self.signum, self.step)
+
     def hand_on(self) -> None:
         """Call the handler the signal had before the run, when it was a function of some program (submitit's
         checkpoint-and-requeue, which exits); the default handlers and Python's own SIGINT handler are skipped."""
@@ -86,7 +89,10 @@ class NonFinite(FloatingPointError):
 
     def __init__(self, step: int, tensor: str, where: str = ""):
         super().__init__(f"non-finite value at step {step:,}: {tensor}{f' ({where})' if where else ''}")
-        self.step, self.tensor = step, tensor
+        self.step, self.tensor, self.where = step, tensor, where
+
+    def __reduce__(self):  # a sweep's failed job comes back to the launcher pickled (joblib's worker processes)
+        return type(self), (self.step, self.tensor, self.where)
 
 
 def _describe(t: torch.Tensor) -> str:
