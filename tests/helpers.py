@@ -45,10 +45,10 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
             script: Path | None = None) -> subprocess.CompletedProcess:
     """``python -m latentstruct.train ARGS`` (or ``python SCRIPT ARGS``) run from ``cwd`` with the environment
     ``env`` (default: this one), in this process: its exit status, stdout and stderr, as ``subprocess.run`` would
-    give them. A new interpreter
-    costs ~5 CPU-s before the command does anything (importing torch and ``torch._dynamo``, which every optimizer
-    step imports); here they are loaded already. For what the command line answers — refusals, exit statuses,
-    records, directories; what needs a process of its own (signals, launchers, claims) starts one.
+    give them. A new interpreter costs ~5 CPU-s before the command does anything (importing torch and
+    ``torch._dynamo``, which every optimizer step imports); here they are loaded already. For what the command line
+    answers — refusals, exit statuses, records, directories; what needs a process of its own (signals, launchers,
+    claims) starts one.
 
     What a run changes of the process is put back: the working directory, ``sys.argv``, the environment, Hydra's
     global state and the logging configuration Hydra installs (its handlers closed)."""
