@@ -27,7 +27,7 @@ from tests.tasks.test_text import WORDS, write_glove, write_sst
 
 def _train(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k != "LATENTSTRUCT_DATA"}
-    return run_cli(*args, cwd=cwd, env={**base, "PYTHONPATH": str(ROOT), "HYDRA_FULL_ERROR": "0", **env})
+    return run_cli(*args, cwd=cwd, env={**base, **env})
 
 
 @pytest.mark.slow

@@ -13,8 +13,6 @@ from reliability import values
 from tests.helpers import compose as _compose
 from tests.helpers import run_cli
 
-CONFIGS = config.CONFIG_DIR
-
 
 @pytest.mark.parametrize(("allowed", "text", "inside", "outside"), [
     (Positive, "> 0", [1e-9, 1, 3.5], [0, 0.0, -1e-3, math.nan]),
@@ -89,7 +87,7 @@ def test_the_command_line_refuses_before_hydra_and_reads_no_data(tmp_path):
     """``sst_spigot`` reads its data from paths.data_dir: an empty folder would fail the run, but the range check
     comes first, in one line, with exit status 2, and no run directory is made."""
     out = run_cli("+experiment=sst_spigot", f"paths.data_dir={tmp_path}/none", "optim.lr=-1e-3", cwd=tmp_path,
-                  env={"PYTHONPATH": str(CONFIGS.parent), "PATH": ""})
+                  env={"PATH": ""})
     assert out.returncode == 2
     assert out.stderr == "error: optim.lr = -0.001 is out of range: must be > 0\n"
     assert list(tmp_path.iterdir()) == []
