@@ -157,6 +157,18 @@ def test_every_multirun_ends_with_the_summary(tmp_path):
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "summary.csv").is_file()
 
 
+def test_run_files_read_as_safe_load_reads_them(tmp_path):
+    """summary.read_yaml (libyaml's parser, what the summaries and tables read a thousand runs' .hydra/ files with)
+    gives the objects yaml.safe_load gives, on a composed configuration with its Hydra node (interpolations, floats
+    such as 1e-3, nulls, lists of overrides) as a run writes it."""
+    cfg = compose("+experiment=sst_spigot", "optim.lr=1e-3", hydra=True)
+    path = tmp_path / "hydra.yaml"
+    path.write_text(OmegaConf.to_yaml(cfg))
+    assert "${" in path.read_text()  # interpolations stay strings: none is resolved
+    assert summary.read_yaml(path) == yaml.safe_load(path.read_text())
+    assert summary.read_yaml(tmp_path / "missing.yaml") is None
+
+
 def test_the_readme_links_only_inside_the_checkout():
     """It pointed at ../shared/DESIGN.md and ../shared/seeds/, which a user's clone has neither of."""
     text = (ROOT / "README.md").read_text()

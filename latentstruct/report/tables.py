@@ -29,6 +29,7 @@ import yaml
 
 from latentstruct.records import RUN_FILE, flatten, nested
 from latentstruct.report import status
+from latentstruct.summary import read_yaml
 
 __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs", "aggregate", "metric_id",
            "build_table", "legend", "notes", "groups", "write_markdown", "parse_provenance", "parse_cells",
@@ -41,7 +42,7 @@ _RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "torc
 
 def _read_yaml(path: Path) -> dict:
     # safe_load keeps `${...}` interpolations as plain strings; resolving them could call arbitrary resolvers.
-    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    return read_yaml(path) or {}
 
 
 def _threads(recorded: dict | None) -> str | None:
