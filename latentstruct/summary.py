@@ -28,8 +28,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 __all__ = ["MAX_METRICS", "read_yaml", "runs", "per_run", "per_setting", "markdown", "write", "summarize",
-           "SweepSummary",
-           "main"]
+           "SweepSummary", "main"]
 
 MAX_METRICS = 4
 SEED = "trainer.seed"
