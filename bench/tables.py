@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this tree's latentstruct
 
 CONFIGS = ROOT / "configs"
+LAB_COST = ROOT / "results" / "lab" / "matrix.json"  # what the lab matrix cost (make table-lab-matrix writes it)
 #: the tables in the runbook's order (docs/gpu.md); any other table with a reproduce block follows
 ORDER = ("spigot/table3_sst", "energy/ner", "energy/pos", "energy/mlc", "listops/table", "direct/knn", "direct/vae",
          "spigot/table3_snli", "direct/sorting", "direct/sorting_time", "spigot/table2", "spigot/figure3_inner_steps")
@@ -612,12 +613,19 @@ def _lab_plan() -> list[str]:
     more = len(set(spec["seeds"]) - {spec["select"]["seed"]})  # the selection seed's run is the grid's
     runs = sum(len(matrix.grid_points(spec, c)) + more for c in cells)
     plan = spec.get("cpu_plan") or {}
+    measured = json.loads(LAB_COST.read_text()) if LAB_COST.is_file() else {}
+    said = (f" Measured (results/lab/matrix.md, `make table-lab-matrix`, commit(s) {', '.join(measured['commits'])}): "
+            f"{measured['runs']:,} runs ({measured['completed']:,} completed), "
+            f"{measured['wall_seconds'] / 3600:.1f} hours of training summed over the runs (each run's own wall clock,"
+            " two at a time beside other work; the processes' start-up and the sweeps' bookkeeping not counted)."
+            if measured else "")
     return ["", "## The lab", "",
             f"The estimator × structure matrix (experiments/lab_matrix.yaml, issue #38; `python -m scripts.campaign "
             f"start lab_matrix`): {len(cells)} cells, {runs:,} runs (each cell's grid points at the selection seed, "
             f"then the other {more} seeds at the chosen point), "
             f"{_num(plan.get('cpu_hours'), 1)} CPU-hours — {plan.get('run', 'no cpu_plan in the spec')}. It shares the "
-            "cores with the campaign: it runs after the campaign's first four items, or on cores they leave idle."]
+            "cores with the campaign: it runs after the campaign's first four items, or on cores they leave idle."
+            + said]
 
 
 def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:

@@ -23,7 +23,8 @@ runs at all). Step 1 goes a structure at a time; step 3 a seed at a time over ev
 part-way leaves every cell with the same number of seeds. Then the table:
 ``results/lab/matrix.md`` (median ± s.e. of test accuracy and recovery ×100 per cell, best per column in bold, the
 recovery a latent unrelated to z* gets — the MAP of random scores —, seed 001's findings tested per structure),
-``matrix.csv`` (every cell with its chosen point and per-seed values) and ``matrix.png`` (the recovery heat map).
+``matrix.csv`` (every cell with its chosen point and per-seed values), ``matrix.png`` (the recovery heat map) and
+``matrix.json`` (its runs and their summed wall time, which results/bench/cpu.md reports).
 """
 
 from __future__ import annotations
@@ -472,7 +473,8 @@ def figure(table: pd.DataFrame, spec: dict, path: Path) -> Path:
 
 
 def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: float, command: str) -> Path:
-    """results/lab/matrix.md, .csv and .png from the runs (module docstring)."""
+    """results/lab/matrix.md, .csv, .png and .json (its runs and their summed wall time) from the runs (module
+    docstring)."""
     table, random = summarize(spec, runs, seeds), chance(spec, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
@@ -504,6 +506,10 @@ def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: 
             f"{r.row} × {r.setting} ({r.selected_by})" for r in empty.itertuples())]
     lines += notes(spec)
     out.write_text("\n".join(lines) + "\n")
+    commits = sorted({str(c) for c in runs["git_commit"].dropna()}) if len(runs) else []
+    out.with_suffix(".json").write_text(json.dumps({  # what the lab cost, for results/bench/cpu.md (bench/tables.py)
+        "runs": len(runs), "completed": int(runs["completed"].sum()) if len(runs) else 0,
+        "wall_seconds": round(wall, 1), "commits": commits}, indent=1) + "\n")
     return out
 
 

@@ -89,7 +89,7 @@ def test_a_configuration_killed_for_time_is_estimated_from_its_steps_and_rendere
     assert lines[-1].endswith("| 1.5 | ~ 9.2 (over 300 s (1 phase(s) timed); phase 2: 2 step(s) in 20 s) |")
 
 
-def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(monkeypatch):
+def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(monkeypatch, tmp_path):
     timed = bench.Cell("spigot/table2", "s", ["+experiment=a"], 4, "a", status="timed", steps=[100], per_epoch=[10],
                        s_per_step=[0.9], evaluations=2, s_eval=5.0, run_seconds=100.0, peak_rss_gib=0.5,
                        load=[3.0, 7.5])
@@ -107,6 +107,13 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
     lab = lines[lines.index("## The lab") + 2]  # the lab's runs counted from its grid, its hours from its spec
     assert "1,375 runs" in lab and "3.1 CPU-hours" in lab
+    cost = tmp_path / "matrix.json"  # and what it cost, when make table-lab-matrix has written it
+    monkeypatch.setattr(bench, "LAB_COST", cost)
+    assert "Measured" not in bench.page(sheet)[lines.index("## The lab") + 2]
+    cost.write_text(json.dumps({"runs": 1375, "completed": 1370, "wall_seconds": 19800.0, "commits": ["abc"]}))
+    lab = bench.page(sheet)[lines.index("## The lab") + 2]
+    assert "Measured (results/lab/matrix.md, `make table-lab-matrix`, commit(s) abc): 1,375 runs (1,370 completed), " \
+           "5.5 hours of training summed over the runs" in lab
 
 
 def test_one_configuration_per_experiment_is_timed_its_siblings_estimated_and_skipped_ones_left(monkeypatch):

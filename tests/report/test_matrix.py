@@ -151,6 +151,10 @@ def test_the_table_marks_the_best_and_the_cells_with_fewer_seeds(spec, tmp_path)
     table = pd.read_csv(out.with_suffix(".csv"))
     assert list(table["point"]) == ["lr 0.1", "lr 0.01", "lr 0.01, η 1"]  # linear: its best valid/acc
     assert out.with_suffix(".png").stat().st_size > 1000
+    runs = load_runs(tmp_path)
+    cost = json.loads(out.with_suffix(".json").read_text())  # results/bench/cpu.md's lab line reads it
+    assert cost["runs"] == len(runs) == 10 and cost["completed"] == int(runs["completed"].sum())
+    assert cost["wall_seconds"] == pytest.approx(runs["wall_seconds"].fillna(0).sum(), abs=0.1)
 
 
 @pytest.mark.slow
