@@ -602,6 +602,20 @@ def _plan_of(table: str) -> dict:
         return {}
 
 
+def _plan_hours(configs: list[dict], table: str, plan: dict) -> float | None:
+    """The CPU-hours of what the campaign runs of ``table``: the spec's ``cpu_plan.cpu_hours`` where it states a
+    number; else from the sheet, the configurations that match one of its ``only`` patterns (fnmatch on the
+    overrides; default: every one), ``seeds`` runs each where it says (default: the protocol's); None while one of
+    them has no time (untimed, failed, over a limit) or the spec has no plan."""
+    if not plan or isinstance(plan.get("cpu_hours"), (int, float)):
+        return plan.get("cpu_hours")
+    mine = [c for c in configs if c["table"] == table
+            and any(fnmatch(" ".join(c["overrides"]), p) for p in plan.get("only") or ["*"])]
+    if not mine or any(c["status"] not in ("timed", "estimated") or c["run_seconds"] is None for c in mine):
+        return None
+    return sum(c["run_seconds"] * plan.get("seeds", c["seeds"]) for c in mine) / 3600
+
+
 def _lab_plan() -> list[str]:
     """The lab's matrix (experiments/lab_matrix.yaml, not a paper table): its runs, counted from its grid, and the
     spec's ``cpu_plan`` (what they cost here, estimated from the first matrix's measured run times)."""
@@ -657,8 +671,9 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         f"{options.get('config_seconds', 0):.0f} s was stopped and its run estimated from the steps it took (~). "
         f"Peak resident memory of a timing process: up to {max(peaks, default=0):.1f} GiB.",
         "",
-        "**What we will run** is the spec's `cpu_plan` block (`run`: the reduced budget in words, `cpu_hours`: its "
-        "cost) where the spec states one; — where it does not yet.",
+        "**What we will run** is the spec's `cpu_plan` block where the spec states one (— where it does not): `run`, "
+        "the budget in words; its CPU-hours from the configurations below that the plan runs (its `only` patterns, "
+        "`seeds` runs each where it says), or the plan's own `cpu_hours`; — while one of them has no time.",
         "",
         "| table | runs | timed / estimated / failed / over memory / over time / untimed runs | CPU-hours, paper's "
         "protocol (one run at a time) | longest run (h) | what we will run | its CPU-hours |",
@@ -670,7 +685,7 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         longest = None if t["longest_run_minutes"] is None else t["longest_run_minutes"] / 60
         counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
         lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(longest, 2)} | "
-                     f"{plan.get('run', '—')} | {_num(plan.get('cpu_hours'), 1)} |")
+                     f"{plan.get('run', '—')} | {_num(_plan_hours(configs, t['table'], plan), 1)} |")
     over = [c for c in configs if c["status"] in ("memory", "time", "failed")]
     lines += ["", "## What the full protocol cannot do here", ""]
     lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {'failed: ' if c['status'] == 'failed' else ''}"

@@ -116,6 +116,22 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
            "5.5 hours of training summed over the runs" in lab
 
 
+def test_the_plan_hours_come_from_the_configurations_the_plan_runs():
+    """A spec's cpu_plan: its own cpu_hours where it states a number, else the sheet's times of the configurations
+    its `only` patterns match, `seeds` runs each where it says; unknown while one of them has no time."""
+    def config(table, overrides, status="timed", seconds=3600.0, seeds=3):
+        return {"table": table, "overrides": overrides, "status": status, "run_seconds": seconds, "seeds": seeds}
+
+    configs = [config("a/t", ["+experiment=x_crf"]), config("a/t", ["+experiment=x_cd"], seconds=36000.0),
+               config("b/t", ["+experiment=y"], status="memory", seconds=None)]
+    assert bench._plan_hours(configs, "a/t", {"run": "all"}) == 33.0
+    assert bench._plan_hours(configs, "a/t", {"run": "crf", "only": ["*x_crf*"]}) == 3.0
+    assert bench._plan_hours(configs, "a/t", {"run": "crf", "only": ["*x_crf*"], "seeds": 20}) == 20.0
+    assert bench._plan_hours(configs, "a/t", {"run": "said", "cpu_hours": 1.5}) == 1.5
+    assert bench._plan_hours(configs, "b/t", {"run": "all"}) is None  # over memory: no time
+    assert bench._plan_hours(configs, "a/t", {}) is None  # no plan
+
+
 def test_one_configuration_per_experiment_is_timed_its_siblings_estimated_and_skipped_ones_left(monkeypatch):
     def timed(cell, args, timeout):
         cell.status, cell.run_seconds = "timed", 60.0
