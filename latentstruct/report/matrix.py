@@ -165,9 +165,15 @@ def launches(jobs) -> list[list[tuple[str, str]]]:
 
 def _split(fixed, keys, members) -> list[list[tuple[str, str]]]:
     values = {k: list(dict.fromkeys(m[k] for m in members)) for k in keys}
-    if math.prod(len(v) for v in values.values()) == len(members):
+    product = math.prod(len(v) for v in values.values()) == len(members)
+    # Hydra composes a multirun's configuration first without its sweeps, with the default estimator: a key of the
+    # estimators' own (task.estimator.tau) given one value beside several estimators is refused there (the
+    # default, SPIGOT, has no τ) and the whole launch fails; such a launch goes an estimator at a time
+    lone = len(values.get("estimator", ())) > 1 and any(k.startswith("task.estimator.") and len(values[k]) == 1
+                                                         for k in keys)
+    if product and not lone:
         return [fixed + [(k, ",".join(values[k])) for k in keys]]
-    key = min((k for k in keys if len(values[k]) > 1), key=lambda k: len(values[k]))  # the fewest launches
+    key = "estimator" if product else min((k for k in keys if len(values[k]) > 1), key=lambda k: len(values[k]))
     return [launch for value in values[key]
             for launch in _split(fixed + [(key, value)], [k for k in keys if k != key],
                                  [m for m in members if m[key] == value])]
