@@ -228,10 +228,13 @@ def _run(todo, runs_dir: Path, jobs: int, args: list[str], dry: bool, what: str)
             print("*** some runs of this launch failed: the table lists them", flush=True)
 
 
+#: the grid keys as the page names them
+_NAMES = {"optim.lr": "lr", "task.estimator.eta": "η", "task.estimator.lam": "λ", "task.estimator.tau": "τ",
+          "task.estimator.sigma": "σ", "task.estimator.samples": "M"}
+
+
 def _point_text(point) -> str:
-    names = {"optim.lr": "lr", "task.estimator.eta": "η", "task.estimator.lam": "λ", "task.estimator.tau": "τ",
-             "task.estimator.sigma": "σ", "task.estimator.samples": "M"}
-    return ", ".join(f"{names.get(k, k)} {float(v):g}" for k, v in point) if point else "—"
+    return ", ".join(f"{_NAMES.get(k, k)} {float(v):g}" for k, v in point) if point else "—"
 
 
 def summarize(spec: dict, runs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
@@ -329,6 +332,24 @@ def _point_table(table: pd.DataFrame, spec: dict) -> list[str]:
                   for s in spec["settings"]]
         lines.append(f"| {row.get('label', row['name'])} | " + " | ".join(cells_) + " |")
     return lines
+
+
+def edges(spec: dict, runs: pd.DataFrame) -> list[str]:
+    """Per grid key, how many chosen points sit at its smallest or largest value (of the cells that tune it over
+    more than one value): there the grid may not bracket the best setting."""
+    low, high, tuned = {}, {}, {}
+    for cell in cells(spec):
+        point = select(spec, cell, runs)[0]
+        own = dict(cell.values)
+        for key, value in point or ():
+            values = sorted(float(v) for v in own.get(key, spec["grid"][key]))
+            if len(values) < 2:
+                continue
+            tuned[key] = tuned.get(key, 0) + 1
+            low[key] = low.get(key, 0) + (float(value) == values[0])
+            high[key] = high.get(key, 0) + (float(value) == values[-1])
+    return [f"{_NAMES.get(key, key)}: {high[key]} at the largest value, {low[key]} at the smallest, of {n} cells"
+            for key, n in tuned.items()]
 
 
 def _cell(table: pd.DataFrame, row: str, setting: str):
@@ -507,6 +528,10 @@ def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: 
              "two medians are more than twice their combined s.e. apart (✓: it holds on that structure).", "",
              *findings(table, spec, random),
              "", "## The grid point chosen on validation", "", *_point_table(table, spec)]
+    edge = edges(spec, runs) if len(runs) else []
+    if edge:
+        lines += ["", "Chosen at an edge of its grid (there the best setting may lie beyond the grid): "
+                  + "; ".join(edge) + "."]
     if len(empty):
         lines += ["", "Cells without a completed run: " + "; ".join(
             f"{r.row} × {r.setting} ({r.selected_by})" for r in empty.itertuples())]

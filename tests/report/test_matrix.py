@@ -172,6 +172,8 @@ def test_the_table_marks_the_best_and_the_cells_with_fewer_seeds(spec, tmp_path)
     assert "SPIGOT recovers the latent worse" in text and "| SPIGOT | lr 0.01, η 1 |" in text
     table = pd.read_csv(out.with_suffix(".csv"))
     assert list(table["point"]) == ["lr 0.1", "lr 0.01", "lr 0.01, η 1"]  # linear: its best valid/acc
+    assert "an edge of its grid (there the best setting may lie beyond the grid): lr: 1 at the largest value, 2 at " \
+           "the smallest, of 3 cells." in text  # a grid of two learning rates; η, one value, is not tuned
     assert out.with_suffix(".png").stat().st_size > 1000
     runs = load_runs(tmp_path)
     cost = json.loads(out.with_suffix(".json").read_text())  # results/bench/cpu.md's lab line reads it
