@@ -237,13 +237,18 @@ def _point_text(point) -> str:
     return ", ".join(f"{_NAMES.get(k, k)} {float(v):g}" for k, v in point) if point else "—"
 
 
-def summarize(spec: dict, runs: pd.DataFrame, seeds: list[int]) -> pd.DataFrame:
-    """One line per applicable cell: its chosen point and why, and per metric (the setting's own metric, else the
-    metric's ``default``) the median, s.e. and per-seed values over the completed runs of ``seeds`` there."""
+def chosen(spec: dict, runs: pd.DataFrame) -> dict[Cell, tuple]:
+    """Every applicable cell's :func:`select`: its chosen point and why (the page's tables and edges read it)."""
+    return {cell: select(spec, cell, runs) for cell in cells(spec)}
+
+
+def summarize(spec: dict, runs: pd.DataFrame, seeds: list[int], picked: dict | None = None) -> pd.DataFrame:
+    """One line per applicable cell: its chosen point and why (``picked``, :func:`chosen`'s, computed when not
+    given), and per metric (the setting's own metric, else the metric's ``default``) the median, s.e. and per-seed
+    values over the completed runs of ``seeds`` there."""
     settings = {s["name"]: s for s in spec["settings"]}
     out = []
-    for cell in cells(spec):
-        point, why = select(spec, cell, runs)
+    for cell, (point, why) in (picked or chosen(spec, runs)).items():
         line = {"row": cell.row, "setting": cell.setting, "point": _point_text(point), "selected_by": why,
                 "n": 0, "n_failed": 0, "wall_seconds": math.nan}
         found = find(runs, (*cell.overrides, *point)) if point is not None else runs.iloc[0:0]
@@ -334,12 +339,11 @@ def _point_table(table: pd.DataFrame, spec: dict) -> list[str]:
     return lines
 
 
-def edges(spec: dict, runs: pd.DataFrame) -> list[str]:
-    """Per grid key, how many chosen points sit at its smallest or largest value (of the cells that tune it over
-    more than one value): there the grid may not bracket the best setting."""
+def edges(spec: dict, picked: dict) -> list[str]:
+    """Per grid key, how many chosen points (``picked``: :func:`chosen`'s) sit at its smallest or largest value (of
+    the cells that tune it over more than one value): there the grid may not bracket the best setting."""
     low, high, tuned = {}, {}, {}
-    for cell in cells(spec):
-        point = select(spec, cell, runs)[0]
+    for cell, (point, _) in picked.items():
         own = dict(cell.values)
         for key, value in point or ():
             values = sorted(float(v) for v in own.get(key, spec["grid"][key]))
@@ -502,7 +506,8 @@ def figure(table: pd.DataFrame, spec: dict, path: Path) -> Path:
 def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: float, command: str) -> Path:
     """results/lab/matrix.md, .csv, .png and .json (its runs and their summed wall time) from the runs (module
     docstring)."""
-    table, random = summarize(spec, runs, seeds), chance(spec, runs)
+    picked = chosen(spec, runs)
+    table, random = summarize(spec, runs, seeds, picked), chance(spec, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out.with_suffix(".csv"), index=False)
     figure(table, spec, out.with_suffix(".png"))
@@ -528,7 +533,7 @@ def write(spec: dict, runs: pd.DataFrame, seeds: list[int], out: Path, seconds: 
              "two medians are more than twice their combined s.e. apart (✓: it holds on that structure).", "",
              *findings(table, spec, random),
              "", "## The grid point chosen on validation", "", *_point_table(table, spec)]
-    edge = edges(spec, runs) if len(runs) else []
+    edge = edges(spec, picked)
     if edge:
         lines += ["", "Chosen at an edge of its grid (there the best setting may lie beyond the grid): "
                   + "; ".join(edge) + "."]
