@@ -405,7 +405,8 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     spec = load_spec(spec) if isinstance(spec, str | Path) else spec
     head = []
     if spec:
-        data = status.sidecar(spec, out.with_suffix(".md"), status.facts(used), [])
+        gaps = [f"not drawn: {'; '.join(missing)}"] if missing else []
+        data = status.sidecar(spec, out.with_suffix(".md"), status.facts(used), [], gaps=gaps)
         status.write_sidecar(out.with_suffix(".md"), data)
         head = [data["status_line"], ""]
     lines = provenance(used, (spec or {}).get("command", "make spigot-inner-steps"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -190,8 +191,9 @@ def _headline(cells: list[dict], spec: dict) -> str:
     )
 
 
-def summary(found: dict, proto: dict, cells: list[dict], spec: dict) -> dict:
-    """Status (``full`` / ``reduced`` / ``blocked``), what differs, what was not recorded, cell counts, headline."""
+def summary(found: dict, proto: dict, cells: list[dict], spec: dict, gaps: Sequence[str] = ()) -> dict:
+    """Status (``full`` / ``reduced`` / ``blocked``), what differs, what was not recorded, cell counts, headline.
+    ``gaps``: what a figure could not draw (its cells are not table cells), each a difference from the paper."""
     counts = _counts(cells)
     if not counts["with_runs"] and not (not cells and found.get("runs_completed")):
         why = [re.sub(r"/(?:[\w.-]+/)+([\w.-]+)", r"…/\1", e) for e in found.get("errors") or []]
@@ -204,6 +206,7 @@ def summary(found: dict, proto: dict, cells: list[dict], spec: dict) -> dict:
             "headline": "no completed run",
         }
     differs, unknown = _differs(found, proto, cells, spec.get("sections"))
+    differs += list(gaps)
     return {
         "status": "reduced" if differs else "full",
         "differs": differs,
@@ -265,11 +268,13 @@ def _json(x):
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def sidecar(spec: dict, markdown: str | Path, found: dict, cells: list[dict], source: str = "run records") -> dict:
+def sidecar(spec: dict, markdown: str | Path, found: dict, cells: list[dict], source: str = "run records",
+            gaps: Sequence[str] = ()) -> dict:
     """Everything results/README.md says about one table (a spec of :func:`latentstruct.report.tables.load_spec`),
-    computed from what the runs were (:func:`facts`) and its cells (the long table's records), never hand-written."""
+    computed from what the runs were (:func:`facts`) and its cells (the long table's records), never hand-written.
+    ``gaps``: the points a figure could not draw (:func:`summary`)."""
     proto = protocol(spec)
-    result = summary(found, proto, cells, spec)
+    result = summary(found, proto, cells, spec, gaps)
     result["code"] = code.verdict(found.get("commits") or [], found.get("dirty_commits") or [])
     keep = ("row", "setting", "metric", "ours", "ours_err", "n_runs", "n_failed", "paper", "paper_err", "agrees")
     return {

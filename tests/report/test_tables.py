@@ -318,10 +318,18 @@ def test_inner_steps_skips_points_whose_eta_grid_is_incomplete(tmp_path):
             if (steps, eta) == (5, 1.0):
                 continue  # the run that would have won k = 5 has not finished
             _run(tmp_path / "sweep", f"r_{steps}_{eta}", "synthetic_ste_i", k=10, steps=steps, eta=eta)
-    picked = figures.inner_steps(tmp_path / "sweep", tmp_path / "inner.png")
+    spec = {"paper": "spigot", "table": "figure3_inner_steps", "paper_protocol": {"runs": 1},
+            "reproduce": {"steps": [{"figure": "inner-steps", "out": str(tmp_path / "inner.png")}]}}
+    (tmp_path / "f3.yaml").write_text(yaml.safe_dump(spec))
+    picked = figures.inner_steps(tmp_path / "sweep", tmp_path / "inner.png", spec=tmp_path / "f3.yaml")
     assert list(picked["k"]) == [1]
     text = (tmp_path / "inner.md").read_text()
     assert "STE-I, k=5: η completed [0.1] of [0.1, 1.0]" in text and "SPIGOT: no completed run" in text
+    # the protocol's runs were all there, but a figure with points missing is not the paper's figure
+    status = json.loads((tmp_path / "inner.json").read_text())
+    assert status["status"] == "reduced" and status["differs"] == [
+        "not drawn: STE-I, k=5: η completed [0.1] of [0.1, 1.0]; SPIGOT: no completed run; "
+        "SPIGOT-CE: no completed run; SPIGOT-EG: no completed run"]
 
 
 def test_record_fields_as_metrics_without_reference_or_verdict(tmp_path):
