@@ -56,7 +56,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-cpu bench-implicit bench-suite \
+	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
@@ -162,6 +162,9 @@ bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs Su
 bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
 	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \
 		--out results/bench/layers.md
+
+bench-replay: install ## ListOps' Tree-LSTM replays (gold trees, PPO's composer): every pair vs the merged pair, one process -> results/bench/replay.md
+	$(BIN)/python bench/replay.py --out results/bench/replay.md
 
 bench-cpu: install ## the CPU plan: every paper table's configurations timed on one thread, each in its own capped process (resumes) -> results/bench/cpu.md, cpu.json
 	nice -n 5 $(BIN)/python bench/tables.py --device cpu --threads 1 --resume --out results/bench/cpu.json $(BENCH_CPU_ARGS)

@@ -7,7 +7,8 @@ leaves built by n − 1 merges of adjacent nodes and composed by a binary Tree-L
   Tree-LSTM), ``sample`` (for the score-function estimators), ``argmax`` (also eval mode of the first two),
   ``given`` (follow given actions or a tree: teacher forcing). It returns a :class:`Parse`: the root state, the
   actions with their log-probabilities and entropies, and the tree ``[B, n, n]`` in the layout of
-  :class:`~latentstruct.structures.BinaryTree`. O(B n² dim²) time per batch.
+  :class:`~latentstruct.structures.BinaryTree`. O(B n² dim²) time per batch; ``given`` with ``scores=False``
+  composes only the given merges, O(B n dim²), for a composer that replays a tree and reads only its root.
 * :func:`tree_actions`: the merge actions that build a given tree.
 * :class:`SpanScorer`: span scores ``[B, n, n]`` for :class:`~latentstruct.structures.BinaryTree` from the
   LSTM-minus features of a BiLSTM, s[i, j] = vᵀ tanh(W [f_j − f_{i−1}; b_i − b_{j+1}] + c).
@@ -49,8 +50,9 @@ class Parse:
     * ``h``, ``c`` ``[B, dim]`` — the root state (a single leaf's state when the length is 1).
     * ``actions`` ``[B, T]`` long — a_t, the index of the left node of the merged pair in the step-t list (0 where
       masked).
-    * ``log_probs`` ``[B, T]`` — log π(a_t | r^t) under the current scores, differentiable (0 where masked).
-    * ``entropy`` ``[B, T]`` — H(π(· | r^t)), differentiable (0 where masked).
+    * ``log_probs`` ``[B, T]`` — log π(a_t | r^t) under the current scores, differentiable (0 where masked); None
+      from a replay that scored nothing (``scores=False``).
+    * ``entropy`` ``[B, T]`` — H(π(· | r^t)), differentiable (0 where masked); None where ``log_probs`` is.
     * ``mask`` ``[B, T]`` bool.
     * ``z`` ``[B, n, n]`` — the tree, 0/1 in x's dtype, BinaryTree layout (n − 1 ones per full-length example).
     """
@@ -58,8 +60,8 @@ class Parse:
     h: torch.Tensor
     c: torch.Tensor
     actions: torch.Tensor
-    log_probs: torch.Tensor
-    entropy: torch.Tensor
+    log_probs: torch.Tensor | None
+    entropy: torch.Tensor | None
     mask: torch.Tensor
     z: torch.Tensor
 
@@ -77,7 +79,9 @@ class MergeParser(nn.Module):
     become ``argmax``. ``estimate`` needs the §5 ``estimator`` that makes each merge. ``given`` needs exactly one of
     ``actions`` ``[B, n-1]`` (entries at masked steps are ignored) or ``tree`` ``[B, n, n]`` (a binary bracketing per
     example, replayed via :func:`tree_actions`; a ValueError if the replay does not reproduce it). ``generator``
-    seeds the noise of ``sample``.
+    seeds the noise of ``sample``. ``scores=False`` (``given`` only) skips the pairs that are not merged: one cell per
+    example and step instead of one per adjacent pair, the same root (up to the float rounding of a smaller matrix
+    product), and ``log_probs`` and ``entropy`` None (nothing was scored).
 
     One :class:`BinaryTreeLSTMCell` (``dim_in = input_dim``) builds the candidates and composes, as in Choi et al.
     (2018); a second parser replaying the first one's merges (``mode="given"``) composes with parameters of its own,
@@ -107,9 +111,12 @@ class MergeParser(nn.Module):
         tree: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
         estimator: nn.Module | None = None,
+        scores: bool = True,
     ) -> Parse:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not scores and mode != "given":
+            raise ValueError(f"scores=False composes given merges only (mode='given'), not {mode!r}")
         if not self.training and mode in ("estimate", "sample"):
             mode = "argmax"
         if mode == "estimate" and estimator is None:
@@ -146,27 +153,34 @@ class MergeParser(nn.Module):
         for t in range(n - 1):
             m = n - t
             active = t < lengths - 1  # [B]: examples with at least two nodes left
-            parent_h, parent_c = self.cell(h[:, :-1], c[:, :-1], h[:, 1:], c[:, 1:])  # [B, m-1, dim]
             pairs = torch.arange(m - 1, device=device)
-            # Finished examples keep pair 0 allowed: an all −inf row would put NaN into the softmax's backward.
-            valid = pairs.view(1, -1) < (lengths - 1 - t).clamp_min(1).view(-1, 1)  # [B, m-1]
-            scores = self.score(parent_h).masked_fill(~valid, float("-inf"))
-            log_p = scores.log_softmax(-1)
-            entropies.append(-(log_p.exp() * log_p.masked_fill(~valid, 0.0)).sum(-1))
-            if mode == "estimate":
-                select = estimator(scores, _PAIRS)
-                a = select.detach().argmax(-1)
-            else:
-                if mode == "sample":
-                    a = (scores.detach() + gumbel_like(scores, generator)).argmax(-1)
-                elif mode == "argmax":
-                    a = scores.detach().argmax(-1)
-                else:
-                    a = actions[:, t]
+            if not scores:  # the merged pair alone: [B, 1, dim], which the update below broadcasts to its place
+                a = actions[:, t]
+                at = a.view(-1, 1, 1).expand(-1, 1, self.dim)
+                left, right = (h.gather(1, at), c.gather(1, at)), (h.gather(1, at + 1), c.gather(1, at + 1))
+                parent_h, parent_c = self.cell(*left, *right)
                 select = F.one_hot(a, m - 1).to(x.dtype)
+            else:
+                parent_h, parent_c = self.cell(h[:, :-1], c[:, :-1], h[:, 1:], c[:, 1:])  # [B, m-1, dim]
+                # Finished examples keep pair 0 allowed: an all −inf row would put NaN into the softmax's backward.
+                valid = pairs.view(1, -1) < (lengths - 1 - t).clamp_min(1).view(-1, 1)  # [B, m-1]
+                pair_scores = self.score(parent_h).masked_fill(~valid, float("-inf"))
+                log_p = pair_scores.log_softmax(-1)
+                entropies.append(-(log_p.exp() * log_p.masked_fill(~valid, 0.0)).sum(-1))
+                if mode == "estimate":
+                    select = estimator(pair_scores, _PAIRS)
+                    a = select.detach().argmax(-1)
+                else:
+                    if mode == "sample":
+                        a = (pair_scores.detach() + gumbel_like(pair_scores, generator)).argmax(-1)
+                    elif mode == "argmax":
+                        a = pair_scores.detach().argmax(-1)
+                    else:
+                        a = actions[:, t]
+                    select = F.one_hot(a, m - 1).to(x.dtype)
+                log_probs.append(log_p.gather(1, a.masked_fill(~active, 0).view(-1, 1)).squeeze(1))
             a = a.masked_fill(~active, 0)
             taken.append(a)
-            log_probs.append(log_p.gather(1, a.view(-1, 1)).squeeze(1))
 
             # r_i ← (1 − C_i) r_i + y_i p_i + (C_i − y_i) r_{i+1}: exactly the merged list for a one-hot y.
             cum = select.cumsum(-1)
@@ -195,8 +209,8 @@ class MergeParser(nn.Module):
             h=h[:, 0],
             c=c[:, 0],
             actions=stacked(taken, torch.long).masked_fill(~step_mask, 0),
-            log_probs=stacked(log_probs, x.dtype).masked_fill(~step_mask, 0.0),
-            entropy=stacked(entropies, x.dtype).masked_fill(~step_mask, 0.0),
+            log_probs=stacked(log_probs, x.dtype).masked_fill(~step_mask, 0.0) if scores else None,
+            entropy=stacked(entropies, x.dtype).masked_fill(~step_mask, 0.0) if scores else None,
             mask=step_mask,
             z=z,
         )

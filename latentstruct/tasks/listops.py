@@ -303,13 +303,13 @@ class ListOps(Task):
         """The root state along ``parse``'s merges: the parser's own, or the separate composer's replay."""
         if self.composer is None:
             return parse.h
-        return self.composer(emb, lengths, mode="given", actions=parse.actions).h
+        return self.composer(emb, lengths, mode="given", actions=parse.actions, scores=False).h
 
     def _merge(self, batch, ids, lengths, emb, y) -> ListOpsOutput:
         composer = self.composer if self.composer is not None else self.parser
         if self.latent == "gold":
             tree = _gold(batch, ids.shape[1], emb)
-            logits = self.classifier(composer(emb, lengths, mode="given", tree=tree).h)
+            logits = self.classifier(composer(emb, lengths, mode="given", tree=tree, scores=False).h)
             return ListOpsOutput(logits, F.cross_entropy(logits, y), None if self.training else tree)
         pemb = self.parser_embedding(ids) if self.parser_embedding is not None else emb
         if not self.training or not self.estimator.policy_gradient:

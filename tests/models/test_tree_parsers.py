@@ -183,6 +183,31 @@ def test_given_gold_tree_reproduces_bracketing_and_composition():
     torch.testing.assert_close(out.h, chart(x, lengths, gold))
 
 
+def test_a_replay_without_scores_composes_the_same_root_with_one_cell_per_step():
+    """``scores=False`` (the composer of Havrylov et al., the gold trees) computes only the merged pair at each step:
+    the same root, tree and gradients as the replay that scores every pair, O(n) cells instead of O(n²)."""
+    parser = make_parser(input_dim=3, dim=5)
+    x, lengths, gold = listops_inputs(["[SM 3 4 ]", "[MAX 2 9 [MIN 4 7 ] 0 ]", "5", "[MED 1 [SM 2 3 ] ]"], 3)
+    x.requires_grad_(True)
+    full = parser(x, lengths, mode="given", tree=gold)
+    calls = []
+    hook = parser.cell.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[1]))
+    try:
+        replay = parser(x, lengths, mode="given", tree=gold, scores=False)
+    finally:
+        hook.remove()
+    assert calls == [1] * (x.shape[1] - 1)  # one pair a step, for the whole batch
+    torch.testing.assert_close(replay.h, full.h)
+    torch.testing.assert_close(replay.c, full.c)
+    assert torch.equal(replay.z, full.z) and torch.equal(replay.actions, full.actions)
+    assert replay.log_probs is None and replay.entropy is None
+    weights = torch.randn_like(full.h)
+    params = [x, *parser.cell.parameters()]
+    torch.testing.assert_close(grads((replay.h * weights).sum(), params), grads((full.h * weights).sum(), params))
+    with pytest.raises(ValueError, match="scores=False composes given merges only"):
+        parser(x, lengths, mode="argmax", scores=False)
+
+
 def test_tree_actions_round_trip():
     n = 6
     left, right = left_branching(n, DT), right_branching(n, DT)
