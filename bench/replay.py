@@ -130,7 +130,8 @@ def main(argv=None) -> int:
                             text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "latentstruct", "bench"],
                            capture_output=True, text=True).stdout.strip()
-    sheet = {"commit": commit + (" (dirty)" if dirty else ""), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    sheet = {"commit": commit + (" (dirty)" if dirty else ""),
+             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
              "torch": torch.__version__, "steps": args.steps, "repeats": args.repeats, "overrides": args.override,
              "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
              "rows": [measure(e, args.steps, args.repeats, args.override) for e in args.experiments]}
