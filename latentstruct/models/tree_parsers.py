@@ -178,9 +178,10 @@ class MergeParser(nn.Module):
                     else:
                         a = actions[:, t]
                     select = F.one_hot(a, m - 1).to(x.dtype)
-                log_probs.append(log_p.gather(1, a.masked_fill(~active, 0).view(-1, 1)).squeeze(1))
             a = a.masked_fill(~active, 0)
             taken.append(a)
+            if scores:
+                log_probs.append(log_p.gather(1, a.view(-1, 1)).squeeze(1))
 
             # r_i ← (1 − C_i) r_i + y_i p_i + (C_i − y_i) r_{i+1}: exactly the merged list for a one-hot y.
             cum = select.cumsum(-1)
