@@ -56,7 +56,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
 	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
-	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-cpu bench-implicit bench-suite \
+	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-compose bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
 
@@ -165,6 +165,9 @@ bench-layers: install ## one training step of the SST / ListOps configurations -
 
 bench-replay: install ## ListOps' Tree-LSTM replays (gold trees, PPO's composer): every pair vs the merged pair, one process -> results/bench/replay.md
 	$(BIN)/python bench/replay.py --out results/bench/replay.md
+
+bench-compose: install ## one Hydra composition, as Hydra comes and with latentstruct.compose_cache, one process -> results/bench/compose.md
+	$(BIN)/python bench/compose.py --out results/bench/compose.md
 
 bench-cpu: install ## the CPU plan: every paper table's configurations timed on one thread, each in its own capped process (resumes) -> results/bench/cpu.md, cpu.json
 	nice -n 5 $(BIN)/python bench/tables.py --device cpu --threads 1 --resume --out results/bench/cpu.json $(BENCH_CPU_ARGS)

@@ -220,3 +220,35 @@ def test_the_option_reference_is_current():
     assert (CONFIGS.parent / "docs" / "configs.md").read_text() == config.reference(), (
         "docs/configs.md is stale: python -m latentstruct.config > docs/configs.md"
     )
+
+
+def test_composition_without_hydras_fixed_costs_gives_what_hydra_gives():
+    """latentstruct.compose_cache (installed on import) keeps each config file's load and shares the ConfigStore:
+    the configurations it composes, the ``hydra`` node included, are Hydra's own — composed in an order where a
+    load that one composition changed would show in the next (each experiment family's first, the sweeps')."""
+    from omegaconf import OmegaConf
+
+    from latentstruct import compose_cache
+
+    cases = [[f"+experiment={names[0]}"] for names in config.experiments().values()]
+    cases += [["+sweep=spigot_sst"], ["estimator=sfe", "trainer.seed=3"], []]
+    ours = [OmegaConf.to_yaml(_compose(*c, hydra=True)) for c in cases + cases[::-1]]
+    with compose_cache.uninstalled():
+        hydras = [OmegaConf.to_yaml(_compose(*c, hydra=True)) for c in cases + cases[::-1]]
+    assert ours == hydras
+
+
+def test_an_edited_config_file_is_read_again(tmp_path):
+    """A config file kept by compose_cache is read again once it changes (its size, time or inode)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.yaml").write_text("defaults:\n  - model: small\n  - _self_\n")
+    (tmp_path / "model" / "small.yaml").write_text("width: 8\n")
+
+    def width() -> int:
+        with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            return compose("train").model.width
+
+    assert width() == 8
+    assert width() == 8  # kept
+    (tmp_path / "model" / "small.yaml").write_text("width: 16\n")
+    assert width() == 16
