@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from bench.trees import stamp, write_sheet  # noqa: E402
 from latentstruct import compose_cache  # noqa: E402  (installed when latentstruct.config is imported)
 from latentstruct.config import CONFIG_DIR, experiments  # noqa: E402
 
@@ -92,18 +88,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     import hydra
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "latentstruct", "bench", "configs"],
-                           capture_output=True, text=True).stdout.strip()
-    sheet = {"commit": commit + (" (dirty)" if dirty else ""),
-             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "hydra": hydra.__version__,
-             "rounds": args.rounds, "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    sheet = {**stamp("latentstruct", "bench", "configs"), "hydra": hydra.__version__, "rounds": args.rounds,
              "row": measure(args.rounds, args.cases)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
-    args.out.write_text(page(sheet))
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    write_sheet(args.out, sheet, page(sheet))
     return 0
 
 

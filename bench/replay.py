@@ -19,14 +19,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -35,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.tables import Cell, _batches, _train_step, build_cell  # noqa: E402
+from bench.trees import stamp, write_sheet  # noqa: E402
 from latentstruct.models.tree_parsers import MergeParser  # noqa: E402
 
 EXPERIMENTS = ("listops_gold", "listops_ppo")  # the two that replay: the true trees, the disjoint composer
@@ -112,19 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--override", nargs="*", default=[], help="config overrides for every experiment")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "latentstruct", "bench"],
-                           capture_output=True, text=True).stdout.strip()
-    sheet = {"commit": commit + (" (dirty)" if dirty else ""),
-             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-             "torch": torch.__version__, "steps": args.steps, "repeats": args.repeats, "overrides": args.override,
-             "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    sheet = {**stamp("latentstruct", "bench"), "torch": torch.__version__, "steps": args.steps,
+             "repeats": args.repeats, "overrides": args.override,
              "rows": [measure(e, args.steps, args.repeats, args.override) for e in args.experiments]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
-    args.out.write_text(page(sheet))
-    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    write_sheet(args.out, sheet, page(sheet))
     return 0
 
 

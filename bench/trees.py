@@ -8,12 +8,14 @@ subprocess run with ``PYTHONPATH=<tree>`` and the tree as its working directory 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,3 +82,20 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def stamp(*paths: str) -> dict[str, str]:
+    """What a one-process benchmark's sheet records of where it ran: this checkout's commit ("(dirty)" when any of
+    ``paths`` has uncommitted changes), the machine and the time."""
+    dirty = git("status", "--porcelain", *paths)
+    return {"commit": git("rev-parse", "--short=12", "HEAD") + (" (dirty)" if dirty else ""),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def write_sheet(out: Path, sheet: dict, page: str) -> None:
+    """The sheet as ``out`` with ``.json``, its Markdown page as ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(sheet, indent=1) + "\n")
+    out.write_text(page)
+    print(f"wrote {out} and {out.with_suffix('.json')}")
