@@ -1,9 +1,9 @@
 """Hydra's composition made cheaper, with the same result.
 
-Hydra 1.3 spends about half of each ``compose`` on work that does not depend on the overrides: it deep-copies its
+Hydra 1.3 spends about a third of each ``compose`` on work that does not depend on the overrides: it deep-copies its
 config repository (and with it every structured config in the ``ConfigStore``, ours included) and reads, parses and
 wraps every config file again. Composition runs more often than it seems — twice per ``python -m latentstruct.train``
-(the command-line check, then Hydra), once per job of a sweep before the sweep starts, and some 950 times in the
+(the command-line check, then Hydra), once per job of a sweep (up to a cap) before it starts, some 950 times in the
 test suite — so :func:`install` (run when :mod:`latentstruct.config` is imported) removes both costs:
 
 * the ``ConfigStore`` is shared, not copied, by the copies of the repository: Hydra's own ``ConfigStore.load``
@@ -12,8 +12,9 @@ test suite — so :func:`install` (run when :mod:`latentstruct.config` is import
   path, size, modification time and inode, and each load gets a deep copy of it: an edited file is read again, and
   no composition can change what another one reads. Structured configs and missing files are not kept.
 
-``tests/test_config.py`` checks that every experiment composes to the same configuration (its ``hydra`` node
-included) with and without these. ``bench`` numbers: ``make bench-compose`` (results/bench/compose.md).
+``tests/test_config.py`` checks that each experiment family's first experiment, a sweep and the default compose to
+the same configuration (its ``hydra`` node included) with and without these, and that an edited file is read again.
+The time saved: ``make bench-compose`` (results/bench/compose.md).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ _loaded: dict[tuple, Any] = {}  # (source, config path, file stat) -> Hydra's Co
 
 
 def _file_key(source: Any, config_path: str) -> tuple | None:
-    """What identifies the contents of ``config_path`` in ``source``: its file's path and stat for a directory of
-    config files, the package and name for an installed package's (Hydra's own, which do not change while a process
-    runs); ``None`` for any other source (structured configs), which is not kept. (Sources are told apart by
-    their scheme: Hydra loads its plugin modules a second time, so their classes are not the ones importable.)"""
+    """What identifies what ``config_path`` loads to from ``source``: the source's provider and search path (Hydra
+    records both in the result), then the file's path and stat for a directory of config files, the package and name
+    for an installed package's (Hydra's own, which do not change while a process runs); ``None`` for any other source
+    (structured configs), which is not kept. (Sources are told apart by their scheme: Hydra loads its plugin modules
+    a second time, so their classes are not the ones importable.)"""
     name = source._normalize_file_name(config_path)
     if source.scheme() == "file":
         path = os.path.realpath(os.path.join(source.path, name))
@@ -44,9 +46,9 @@ def _file_key(source: Any, config_path: str) -> tuple | None:
             st = os.stat(path)
         except OSError:
             return None
-        return "file", path, st.st_size, st.st_mtime_ns, st.st_ino
+        return "file", source.provider, source.path, path, st.st_size, st.st_mtime_ns, st.st_ino
     if source.scheme() == "pkg":
-        return "pkg", source.path, name
+        return "pkg", source.provider, source.path, name
     return None
 
 
