@@ -40,15 +40,20 @@ def per_compose(overrides: list[list[str]]) -> float:
         return (time.process_time() - began) / len(overrides)
 
 
+def way(label: str) -> contextlib.AbstractContextManager:
+    """Hydra as it comes ("hydra") or with the cache, which is installed already ("cached")."""
+    return compose_cache.uninstalled() if label == "hydra" else contextlib.nullcontext()
+
+
 def measure(rounds: int, first: int | None = None) -> dict:
     runs = {"hydra": [], "cached": []}
     todo = cases()[:first]
     for label in runs:  # untimed: imports, first loads
-        with (compose_cache.uninstalled() if label == "hydra" else contextlib.nullcontext()):
+        with way(label):
             per_compose(todo[:2])
     for r in range(rounds):
         for label in (("hydra", "cached") if r % 2 == 0 else ("cached", "hydra")):
-            with (compose_cache.uninstalled() if label == "hydra" else contextlib.nullcontext()):
+            with way(label):
                 runs[label].append(per_compose(todo))
             print(f"round {r + 1}: {label} {runs[label][-1]:.3f} CPU-s per composition", flush=True)
     hydra, cached = statistics.median(runs["hydra"]), statistics.median(runs["cached"])

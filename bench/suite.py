@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.trees import cpu_name  # noqa: E402
+from bench.trees import cpu_name, git  # noqa: E402
 
 #: issue #32's targets for pytest's wall time, seconds, per condition
 TARGETS = {"idle": 8 * 60, "busy": 12 * 60}
@@ -102,14 +102,10 @@ def measure(condition: str, command: list[str], cwd: Path, log: Path, pause: lis
             "campaign_paused": len(stopped)}
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
-
-
 def run(conditions: list[str], pause_campaign: bool, out: Path) -> list[dict]:
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    if git("status", "--porcelain", "--untracked-files=no"):
         print("warning: uncommitted changes are not measured: the clone is HEAD's", file=sys.stderr)
-    commit = _git("rev-parse", "--short=12", "HEAD")
+    commit = git("rev-parse", "--short=12", "HEAD")
     groups = []
     if pause_campaign:
         from scripts import campaign
