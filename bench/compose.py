@@ -1,5 +1,6 @@
 """Benchmark: one Hydra composition of ``configs/train.yaml``, as Hydra 1.3 comes and with
-``latentstruct.compose_cache`` (the ConfigStore shared, each config file's load kept), in one process, interleaved.
+``latentstruct.compose_cache`` (the ConfigStore shared, each config file's load kept, the interpolation map built only
+where read), in one process, interleaved.
 
     python bench/compose.py --out results/bench/compose.md [--rounds 5] [--cases N]
 
@@ -78,7 +79,9 @@ def page(sheet: dict) -> str:
         "",
         "compose_cache shares the ConfigStore among Hydra's per-composition copies of its repository (Hydra "
         "deep-copies it, and with it every structured config stored) and keeps what each config file loads to, "
-        "handing out a deep copy per load (keyed by the file's path, size, time and inode). A run composes twice "
+        "handing out a deep copy per load (keyed by the file's path, size, time and inode), and builds Hydra's map of "
+        "choices, which resolves interpolated defaults, only for a defaults list that has one (Hydra builds it for "
+        "every config of the tree). A run composes twice "
         "(the command-line check, then Hydra), a sweep once per job before it starts, the test suite about 950 "
         "times.",
         "",

@@ -4,13 +4,16 @@ Hydra 1.3 spends about a third of each ``compose`` on work that does not depend 
 config repository (and with it every structured config in the ``ConfigStore``, ours included) and reads, parses and
 wraps every config file again. Composition runs more often than it seems — twice per ``python -m latentstruct.train``
 (the command-line check, then Hydra), once per job of a sweep (up to a cap) before it starts, some 950 times in the
-test suite — so :func:`install` (run when :mod:`latentstruct.config` is imported) removes both costs:
+test suite — so :func:`install` (run when :mod:`latentstruct.config` is imported) removes both costs, and a third:
 
 * the ``ConfigStore`` is shared, not copied, by the copies of the repository: Hydra's own ``ConfigStore.load``
   already hands out a deep copy of what it stores, so nothing reached through the repository can change it;
 * what a config *file* loads to (its parsed config, header and defaults list) is kept per file, keyed by the file's
   path, size, modification time and inode, and each load gets a deep copy of it: an edited file is read again, and
-  no composition can change what another one reads. Structured configs and missing files are not kept.
+  no composition can change what another one reads. Structured configs and missing files are not kept;
+* the map that resolves interpolated defaults (``- model: ${task}``) is built only for a defaults list that has one:
+  Hydra builds it, an ``OmegaConf`` of every choice made so far, for every config of the tree (some 35 per
+  composition), and reads it only to resolve such a default.
 
 ``tests/test_config.py`` checks that each experiment family's first experiment, a sweep and the default compose to
 the same configuration (its ``hydra`` node included) with and without these, and that an edited file is read again.
@@ -25,11 +28,12 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from hydra._internal import defaults_list
 from hydra._internal.config_repository import CachingConfigRepository, ConfigRepository
 from hydra.core.config_store import ConfigStore
 from hydra.core.object_type import ObjectType
 
-_HYDRA = ConfigRepository.load_config, CachingConfigRepository.__init__  # Hydra's own
+_HYDRA = ConfigRepository.load_config, CachingConfigRepository.__init__, defaults_list._create_interpolation_map
 _loaded: dict[tuple, Any] = {}  # (source, config path, file stat) -> Hydra's ConfigResult, never handed out itself
 
 
@@ -68,18 +72,31 @@ def _copy_sharing_the_store(self: CachingConfigRepository, delegate: ConfigRepos
     self.cache = {}
 
 
+def _interpolation_map_if_read(overrides: Any, defaults: list, self_added: bool) -> Any:
+    """Hydra's map of the choices made so far, or ``None`` where no default in ``defaults`` is interpolated: Hydra's
+    ``_create_defaults_tree_impl`` reads the map only to resolve those (the same defaults, met as its children)."""
+    if not any(d.is_interpolation() for d in defaults):
+        return None
+    return _HYDRA[2](overrides, defaults, self_added)
+
+
+_OURS = _load_config, _copy_sharing_the_store, _interpolation_map_if_read
+
+
+def _set(functions: tuple) -> None:
+    ConfigRepository.load_config, CachingConfigRepository.__init__, defaults_list._create_interpolation_map = functions
+
+
 def install() -> None:
-    """Make every later composition in this process use the two shortcuts above (idempotent)."""
-    ConfigRepository.load_config = _load_config
-    CachingConfigRepository.__init__ = _copy_sharing_the_store
+    """Make every later composition in this process use the three shortcuts above (idempotent)."""
+    _set(_OURS)
 
 
 @contextlib.contextmanager
 def uninstalled() -> Iterator[None]:
     """Hydra as it comes, inside the block (for the test that compares the two, and the benchmark)."""
-    ours = ConfigRepository.load_config, CachingConfigRepository.__init__
-    ConfigRepository.load_config, CachingConfigRepository.__init__ = _HYDRA
+    _set(_HYDRA)
     try:
         yield
     finally:
-        ConfigRepository.load_config, CachingConfigRepository.__init__ = ours
+        _set(_OURS)

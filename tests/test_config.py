@@ -252,3 +252,23 @@ def test_an_edited_config_file_is_read_again(tmp_path):
     assert width() == 8  # kept
     (tmp_path / "model" / "small.yaml").write_text("width: 16\n")
     assert width() == 16
+
+
+def test_an_interpolated_default_is_still_resolved(tmp_path):
+    """compose_cache builds Hydra's map of choices only for a defaults list with an interpolated default; where there
+    is one, it resolves as Hydra resolves it (the choice overridden on the command line included)."""
+    from latentstruct import compose_cache
+
+    for group, options in {"data": ["a", "b"], "model": ["for_a", "for_b"]}.items():
+        (tmp_path / group).mkdir()
+        for option in options:
+            (tmp_path / group / f"{option}.yaml").write_text(f"name: {option}\n")
+    (tmp_path / "train.yaml").write_text("defaults:\n  - data: a\n  - model: for_${data}\n  - _self_\n")
+
+    def models() -> list[str]:
+        with initialize_config_dir(config_dir=str(tmp_path), version_base="1.3"):
+            return [compose("train", overrides=o).model.name for o in ([], ["data=b"])]
+
+    assert models() == ["for_a", "for_b"]
+    with compose_cache.uninstalled():
+        assert models() == ["for_a", "for_b"]
