@@ -6,7 +6,8 @@ idle and with one core busy (issue #32's targets: pytest at most 8 minutes on 2 
 
 Per condition: a fresh ``git clone`` of this checkout's HEAD (what is committed: uncommitted changes are not
 measured, and a warning says so) in a temporary folder, then ``bash .ci/run`` there (``make test``: the install, then
-``pytest -n <cores>``), with ``LATENTSTRUCT_DATA`` as this process has it. *busy*: a CPU-bound process
+``pytest -n <cores>``), with ``LATENTSTRUCT_DATA`` as this process has it, else ``../shared/data`` beside this
+checkout (where CI finds it: the clone's own ``..`` is the temporary folder). *busy*: a CPU-bound process
 (``python -c 'while True: pass'``) runs beside it in a session of its own — its own scheduler autogroup on Linux, so
 the suite gets about one core of two — from before the clone to the end. ``--pause-campaign``: the campaign's running
 tables (``scripts/campaign.py``) are stopped with SIGSTOP for the measurement and continued with SIGCONT after
@@ -112,6 +113,7 @@ def run(conditions: list[str], pause_campaign: bool, out: Path) -> list[dict]:
 
         groups = campaign.sessions()
     records = json.loads(out.read_text()) if out.is_file() else []
+    os.environ.setdefault("LATENTSTRUCT_DATA", str(ROOT.parent / "shared" / "data"))  # CI's, not the clone's ..
     for condition in conditions:
         with tempfile.TemporaryDirectory(prefix="suite-") as tmp:
             clone = Path(tmp) / "clone"
