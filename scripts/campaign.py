@@ -2,6 +2,7 @@
 
     python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
+    python -m scripts.campaign run T1 T2 ... [--jobs 2]  # one table after another, each once the one before completes
     python -m scripts.campaign stop T [--grace 300]    # stop T's runs: each checkpoints its step, then exits
     python -m scripts.campaign save T [--checkpoints MIB]  # T's run records (+ interrupted runs' checkpoints)
                                                        # -> campaign/<paper>-<table>/ (to commit)
@@ -127,6 +128,35 @@ def run(table: str, jobs: int, wait: bool) -> int:
     return proc.wait() if wait else 0
 
 
+def queue(tables: list[str], jobs: int, wait: bool) -> int:
+    """Run ``tables`` one after another, each started once every run of the one before has completed, so that the
+    machine goes on between sessions. A table that stops short (``stop``, a failed run: its sweep's exit status is
+    not 0, or a run of it is not completed) ends the queue there. Without ``wait``, the queue itself waits in the
+    background (a session of its own, its log ``queue.log``); ``stop`` of its current table ends it."""
+    if len(tables) == 1:
+        return run(tables[0], jobs, wait)
+    for table in tables:
+        plan(table)  # every table is started (pinned) before any runs
+    if not wait:
+        log = campaign_root() / "queue.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "scripts.campaign", "run", *tables, "--jobs", str(jobs),
+                                     "--wait"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        print(f"campaign: queue {' -> '.join(tables)} (pid {proc.pid}); log {log}")
+        return 0
+    for k, table in enumerate(tables):
+        code = run(table, jobs, wait=True)
+        left = [r for r in carry.find_runs(carry.sweep_dir(table, campaign_root() / "runs"))
+                if r.status != "completed"]
+        if code != 0 or left:
+            print(f"campaign: {table} stopped short (exit {code}, {len(left)} runs not completed); the queue ends "
+                  f"there: {' '.join(tables[k + 1:]) or 'nothing'} not started", flush=True)
+            return code or 1
+        print(f"campaign: {table} complete", flush=True)
+    return 0
+
+
 def _nice_session(pid: int, nice: int = NICE) -> None:
     """Give the campaign's session the niceness its processes have. Linux orders processes by nice only within one
     autogroup (a session's, with ``sched_autogroup_enabled``, the default), and the campaign runs in its own session:
@@ -227,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--args", default="")
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--wait", action="store_true")
-    r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit")
-    r.add_argument("table")
+    r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit; several tables: one "
+                                   "after another, each once the one before has completed")
+    r.add_argument("table", nargs="+")
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--wait", action="store_true", help="wait for the runs (default: in the background)")
     t = sub.add_parser("stop", help="stop a table's runs: each checkpoints its step and exits; `run` resumes them")
@@ -248,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"campaign: pinned {json.dumps(start(a.table, a.seeds, a.args))}")
         return run(a.table, a.jobs, a.wait)
     if a.verb == "run":
-        return run(a.table, a.jobs, a.wait)
+        return queue(a.table, a.jobs, a.wait)
     if a.verb == "stop":
         return stop(a.table, a.grace)
     if a.verb == "save":

@@ -171,3 +171,43 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_queue_runs_its_tables_in_order_and_ends_at_one_that_stops_short(places, monkeypatch, capsys):
+    """run T1 T2 T3: each table starts once every run of the one before has completed; a table stopped (its sweep's
+    exit status, or a run of it left unfinished) ends the queue there; an unstarted table is refused before any
+    runs."""
+    from types import SimpleNamespace
+
+    tables = ["spigot/table2", "direct/sorting", "energy/mlc"]
+    for t in tables:
+        state = places / "state" / t.replace("/", "-")
+        state.mkdir(parents=True)
+        (state / "plan.json").write_text(json.dumps({"table": t, "commit": "e" * 40}))
+    ran, exits, left = [], {}, {}
+    monkeypatch.setattr(campaign, "run",
+                        lambda table, jobs, wait: ran.append((table, jobs, wait)) or exits.get(table, 0))
+    monkeypatch.setattr(campaign.carry, "sweep_dir", lambda table, runs: table)
+    monkeypatch.setattr(campaign.carry, "find_runs", lambda sweep: [
+        SimpleNamespace(status="completed"), *[SimpleNamespace(status=None)] * left.get(sweep, 0)])
+    assert campaign.queue(tables, 2, wait=True) == 0
+    assert ran == [(t, 2, True) for t in tables]
+    ran.clear()
+    left["direct/sorting"] = 1  # stopped: a run checkpointed and exited, the sweep itself exited 0
+    assert campaign.queue(tables, 2, wait=True) == 1
+    assert [t for t, *_ in ran] == tables[:2] and "energy/mlc not started" in capsys.readouterr().out
+    ran.clear()
+    left.clear()
+    exits["spigot/table2"] = 143
+    assert campaign.queue(tables, 2, wait=True) == 143 and [t for t, *_ in ran] == tables[:1]
+    ran.clear()
+    with pytest.raises(SystemExit, match="not started"):
+        campaign.queue([*tables, "spigot/table3_sst"], 2, wait=True)
+    assert ran == []
+    started = []  # in the background: the queue is this command again, waiting, in a session of its own
+    monkeypatch.setattr(campaign.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw)) or
+                        SimpleNamespace(pid=1))
+    assert campaign.queue(tables, 2, wait=False) == 0 and ran == []
+    ((argv, kw),) = started
+    assert argv[1:] == ["-m", "scripts.campaign", "run", *tables, "--jobs", "2", "--wait"]
+    assert kw["start_new_session"] and (places / "campaign" / "queue.log").is_file()
