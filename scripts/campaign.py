@@ -39,6 +39,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -112,8 +113,16 @@ def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
     return argv, env, code
 
 
-def run(table: str, jobs: int, wait: bool) -> int:
+def run(table: str, jobs: int, wait: bool, poll: float = 60.0) -> int:
+    """Launch ``table``'s missing runs at its pinned code (``wait``: until they end; its exit status). A table running
+    already is not launched again: ``wait`` waits for that session to end (a queue's check then says whether it
+    completed or was stopped)."""
     entry = plan(table)
+    if _running(table):
+        print(f"campaign: {table} is running already{'; waiting for it' if wait else ''}", flush=True)
+        while wait and _running(table):
+            time.sleep(poll)
+        return 0
     runs = campaign_root() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     _restore(table, runs)

@@ -211,3 +211,17 @@ def test_a_queue_runs_its_tables_in_order_and_ends_at_one_that_stops_short(place
     ((argv, kw),) = started
     assert argv[1:] == ["-m", "scripts.campaign", "run", *tables, "--jobs", "2", "--wait"]
     assert kw["start_new_session"] and (places / "campaign" / "queue.log").is_file()
+
+
+def test_a_table_running_already_is_not_launched_again_and_waiting_waits_for_it(places, monkeypatch, capsys):
+    (places / "state" / "direct-sorting").mkdir(parents=True)
+    (places / "state" / "direct-sorting" / "plan.json").write_text(json.dumps({"table": "direct/sorting",
+                                                                               "commit": "f" * 40}))
+    monkeypatch.setattr(campaign.subprocess, "Popen", lambda *a, **kw: pytest.fail("launched a second time"))
+    monkeypatch.setattr(campaign, "_running", lambda table: True)
+    assert campaign.run("direct/sorting", 2, wait=False) == 0
+    assert "running already" in capsys.readouterr().out
+    answers = iter([True, True, True, False])  # the check, then two polls while it runs
+    monkeypatch.setattr(campaign, "_running", lambda table: next(answers))
+    assert campaign.run("direct/sorting", 2, wait=True, poll=0.01) == 0
+    assert next(answers, "drained") == "drained"
