@@ -49,6 +49,11 @@ another like the slowest so far, or ``--max-configs`` are done. A configuration 
 timed ones of the same experiment in the same table (their median run-seconds, marked ``≈``); one without such a
 sibling stays unknown, and its table's device-hours are then a lower bound. A configuration that fails (missing
 data: SNLI's training split) says why.
+
+**Against the runs.** The page (``--page``) sets what the campaign's committed runs took (their records' wall clocks,
+``campaign/<paper>-<table>/records.tar.gz``) against what the sheet plans for the same configurations, and lists the
+configurations more than twice off (:func:`campaign_spent`): an estimate copied from a sibling that costs less (a
+sorting run's time grows with the sequence length d) shows there.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ sys.path.insert(0, str(ROOT))  # this tree's latentstruct
 
 CONFIGS = ROOT / "configs"
 LAB_COST = ROOT / "results" / "lab" / "matrix.json"  # what the lab matrix cost (make table-lab-matrix writes it)
+CAMPAIGN = ROOT / "campaign"  # scripts/campaign.py's committed state: each table's plan.json and records.tar.gz
 #: the tables in the runbook's order (docs/gpu.md); any other table with a reproduce block follows
 ORDER = ("spigot/table3_sst", "energy/ner", "energy/pos", "energy/mlc", "listops/table", "direct/knn", "direct/vae",
          "spigot/table3_snli", "direct/sorting", "direct/sorting_time", "spigot/table2", "spigot/figure3_inner_steps")
@@ -642,6 +648,77 @@ def _lab_plan() -> list[str]:
             + said]
 
 
+def campaign_runs(state: Path) -> list[dict]:
+    """The completed runs in a campaign table's committed records (``<state>/records.tar.gz``): each one's overrides
+    and wall-clock seconds, as its record says."""
+    import tarfile
+
+    import yaml
+
+    pack, runs = state / "records.tar.gz", {}
+    if not pack.is_file():
+        return []
+    with tarfile.open(pack, "r:gz") as tar:
+        for member in tar.getmembers():
+            folder, name = member.name.rsplit("/", 1) if "/" in member.name else ("", member.name)
+            if name == "metrics.json":
+                runs.setdefault(folder, {})["record"] = json.loads(tar.extractfile(member).read())
+            elif name == "overrides.yaml" and folder.endswith("/.hydra"):
+                runs.setdefault(folder.removesuffix("/.hydra"), {})["overrides"] = yaml.safe_load(
+                    tar.extractfile(member).read())
+    return [{"overrides": r.get("overrides") or [], "seconds": r["record"]["wall_seconds"]} for r in runs.values()
+            if r.get("record", {}).get("status") == "completed" and r["record"].get("wall_seconds") is not None]
+
+
+def _planned(configs: list[dict], table: str, overrides: list[str]) -> dict | None:
+    """The sheet's configuration of ``table`` that a run with ``overrides`` ran: the one with the most overrides,
+    all of them among the run's (the run adds its seed, the protocol's arguments, its directories)."""
+    mine = [c for c in configs if c["table"] == table and set(c["overrides"]) <= set(overrides)]
+    return max(mine, key=lambda c: len(c["overrides"]), default=None)
+
+
+def campaign_spent(configs: list[dict], state: Path = CAMPAIGN) -> list[str]:
+    """What the campaign's committed runs took, beside what this sheet planned for the same runs: per table, then the
+    configurations whose runs took more than twice (or less than half) the plan."""
+    rows, off = [], []
+    for plan_file in sorted(state.glob("*/plan.json")):
+        table = json.loads(plan_file.read_text())["table"]
+        runs = campaign_runs(plan_file.parent)
+        if not runs:
+            continue
+        spent = sum(r["seconds"] for r in runs) / 3600
+        by_config: dict[int, list] = {}
+        for r in runs:
+            c = _planned(configs, table, r["overrides"])
+            by_config.setdefault(id(c), [c, []])[1].append(r["seconds"])
+        known = [(c, took) for c, took in by_config.values() if c is not None and c.get("run_seconds")]
+        planned = (sum(c["run_seconds"] * len(took) for c, took in known) / 3600
+                   if len(known) == len(by_config) else None)
+        rows.append(f"| {table} | {len(runs):,} | {spent:.1f} | {_num(planned, 1)} | "
+                    f"{_num(None if not planned else spent / planned, 1, '×')} |")
+        for c, took in known:
+            ratio = statistics.median(took) / c["run_seconds"]
+            if not 0.5 <= ratio <= 2:
+                off.append((ratio, f"| {table} `{' '.join(c['overrides'])}` | {len(took)} | "
+                                   f"{statistics.median(took):,.0f} | {c['run_seconds']:,.0f} ({c['status']}) | "
+                                   f"{ratio:.1f}× |"))
+    if not rows:
+        return []
+    lines = ["", "## What the campaign's runs took, against this plan", "",
+             "From the committed records (`campaign/<paper>-<table>/records.tar.gz`, `python -m scripts.campaign "
+             "save`): each completed run's own wall clock (`wall_seconds`: one thread, two runs at a time beside "
+             "other work, evaluations included; a run paused by `make bench-suite --pause-campaign` counts its "
+             "pause), against the run time this sheet gives the configuration the run ran (timed, or *estimated* "
+             "from a timed sibling).", "",
+             "| table | completed runs | their hours | this plan's hours for the same runs | took / plan |",
+             "|---|---|---|---|---|", *rows]
+    if off:
+        lines += ["", "Configurations whose runs took more than twice, or less than half, the plan (median run):", "",
+                  "| configuration | runs | median run (s) | the plan's run (s) | took / plan |",
+                  "|---|---|---|---|---|", *[row for _, row in sorted(off, reverse=True)]]
+    return lines
+
+
 def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
     """results/bench/cpu.md: per table the CPU-hours of the paper's protocol (one run at a time, one thread), its
     longest run, what does not fit here, and what the campaign runs (the spec's ``cpu_plan``), then the sheet."""
@@ -698,7 +775,7 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
-    return lines + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
+    return lines + campaign_spent(configs) + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
 
 
 def main(argv=None) -> int:

@@ -185,3 +185,37 @@ def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_as
     assert mlc(sheet) == mlc(first) and mlc(sheet).count("timed") == 1 and "untimed" in mlc(sheet)
     assert sheet["resumed"] == [{k: first[k] for k in ("git_commit", "hardware", "generated")}]
     assert first["git_commit"] in bench.resumed_note(sheet) and bench.resumed_note(first) == ""
+
+
+def test_the_campaigns_runs_are_set_against_the_plan_for_the_same_configurations(tmp_path):
+    """cpu.md's campaign section: each completed run in a table's committed records is matched to the sheet's
+    configuration it ran (its overrides among the run's), and its wall clock summed against that configuration's
+    planned run; a configuration more than twice off is listed; an interrupted run is not counted."""
+    import io
+    import tarfile
+
+    state = tmp_path / "direct-sorting"
+    state.mkdir()
+    (state / "plan.json").write_text(json.dumps({"table": "direct/sorting", "commit": "a" * 40}))
+    method = "+experiment=sorting_direct_sigma0"
+    runs = {"d5,s1": ([method, "dataset.num_items=5", "trainer.seed=1"], "completed", 10),
+            "d5,s2": ([method, "dataset.num_items=5", "trainer.seed=2"], "completed", 14),
+            "d100,s1": ([method, "dataset.num_items=100", "trainer.seed=1"], "completed", 300),
+            "d100,s2": ([method, "dataset.num_items=100", "trainer.seed=2"], "interrupted", 9999)}
+    with tarfile.open(state / "records.tar.gz", "w:gz") as tar:
+        for name, (overrides, status, seconds) in runs.items():
+            for path, text in ((f"runs/{name}/metrics.json", json.dumps({"status": status, "wall_seconds": seconds})),
+                               (f"runs/{name}/.hydra/overrides.yaml", "".join(f"- {o}\n" for o in overrides))):
+                info = tarfile.TarInfo(path)
+                info.size = len(text.encode())
+                tar.addfile(info, io.BytesIO(text.encode()))
+    configs = [{"table": "direct/sorting", "overrides": [method], "run_seconds": 1.0,
+                "status": "timed"}]  # matches too, with fewer overrides: the closer configuration wins
+    configs += [{"table": "direct/sorting", "overrides": [method, f"dataset.num_items={d}"],
+                 "run_seconds": 12.0, "status": "timed" if d == 5 else "estimated"} for d in (5, 100)]
+    lines = bench.campaign_spent(configs, state=tmp_path)
+    row = next(line for line in lines if line.startswith("| direct/sorting |"))
+    assert row == f"| direct/sorting | 3 | {324 / 3600:.1f} | {36 / 3600:.1f} | 9.0× |"
+    (off,) = [line for line in lines if "num_items=" in line]  # d=5 took 12 s, as planned
+    assert "num_items=100` | 1 | 300 | 12 (estimated) | 25.0× |" in off
+    assert bench.campaign_spent(configs, state=tmp_path / "none") == []
