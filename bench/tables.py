@@ -41,7 +41,8 @@ run is then estimated (``~``) from the phases it had timed and the steps it had 
 (which can over-estimate), without the later phases and the evaluations (which under-estimates). The child writes
 what it has done after each step it takes untimed and each chunk it times, with its peak resident memory; the parent
 records the load average (``os.getloadavg``) before and after each configuration: on a shared machine the timings
-are upper bounds under that load. The data are loaded again for each configuration (not counted).
+are taken under that load (and the campaign's runs took longer still: see "Against the runs"). The data are loaded
+again for each configuration (not counted).
 
 **Budget.** ``--max-per-experiment N`` times only the first N configurations of each experiment of a table (the
 others are estimated, below). Configurations run in order until ``--deadline`` (a Unix time) would be passed by
@@ -52,7 +53,7 @@ data: SNLI's training split) says why.
 
 **Against the runs.** The page (``--page``) sets what the campaign's committed runs took (their records' wall clocks,
 ``campaign/<paper>-<table>/records.tar.gz``) against what the sheet plans for the same configurations, and lists the
-configurations more than twice off (:func:`campaign_spent`): an estimate copied from a sibling that costs less (a
+configurations more than twice off (:func:`campaign_costs`): an estimate copied from a sibling that costs less (a
 sorting run's time grows with the sequence length d) shows there.
 """
 
@@ -677,16 +678,16 @@ def _planned(configs: list[dict], table: str, overrides: list[str]) -> dict | No
     return max(mine, key=lambda c: len(c["overrides"]), default=None)
 
 
-def campaign_spent(configs: list[dict], state: Path = CAMPAIGN) -> list[str]:
-    """What the campaign's committed runs took, beside what this sheet planned for the same runs: per table, then the
-    configurations whose runs took more than twice (or less than half) the plan."""
-    rows, off = [], []
+def campaign_costs(configs: list[dict], state: Path = CAMPAIGN) -> list[dict]:
+    """Per campaign table with committed records: its completed runs, the hours they took (their wall clocks), the
+    hours this sheet plans for the same runs (None while one of their configurations has no time), and per
+    configuration the median run against the planned run."""
+    tables = []
     for plan_file in sorted(state.glob("*/plan.json")):
-        table = json.loads(plan_file.read_text())["table"]
         runs = campaign_runs(plan_file.parent)
         if not runs:
             continue
-        spent = sum(r["seconds"] for r in runs) / 3600
+        table = json.loads(plan_file.read_text())["table"]
         by_config: dict[int, list] = {}
         for r in runs:
             c = _planned(configs, table, r["overrides"])
@@ -694,16 +695,20 @@ def campaign_spent(configs: list[dict], state: Path = CAMPAIGN) -> list[str]:
         known = [(c, took) for c, took in by_config.values() if c is not None and c.get("run_seconds")]
         planned = (sum(c["run_seconds"] * len(took) for c, took in known) / 3600
                    if len(known) == len(by_config) else None)
-        rows.append(f"| {table} | {len(runs):,} | {spent:.1f} | {_num(planned, 1)} | "
-                    f"{_num(None if not planned else spent / planned, 1, '×')} |")
-        for c, took in known:
-            ratio = statistics.median(took) / c["run_seconds"]
-            if not 0.5 <= ratio <= 2:
-                off.append((ratio, f"| {table} `{' '.join(c['overrides'])}` | {len(took)} | "
-                                   f"{statistics.median(took):,.0f} | {c['run_seconds']:,.0f} ({c['status']}) | "
-                                   f"{ratio:.1f}× |"))
-    if not rows:
+        spent = sum(r["seconds"] for r in runs) / 3600
+        tables.append({"table": table, "runs": len(runs), "hours": spent, "planned": planned,
+                       "ratio": spent / planned if planned else None,
+                       "configs": [{"config": c, "runs": len(took), "median": statistics.median(took),
+                                    "ratio": statistics.median(took) / c["run_seconds"]} for c, took in known]})
+    return tables
+
+
+def campaign_spent(costs: list[dict]) -> list[str]:
+    """cpu.md's section of :func:`campaign_costs`: per table, then the configurations whose runs took more than twice
+    (or less than half) the plan."""
+    if not costs:
         return []
+    off = sorted((k for t in costs for k in t["configs"] if not 0.5 <= k["ratio"] <= 2), key=lambda k: -k["ratio"])
     lines = ["", "## What the campaign's runs took, against this plan", "",
              "From the committed records (`campaign/<paper>-<table>/records.tar.gz`, `python -m scripts.campaign "
              "save`): each completed run's own wall clock (`wall_seconds`: one thread, two runs at a time beside "
@@ -711,11 +716,16 @@ def campaign_spent(configs: list[dict], state: Path = CAMPAIGN) -> list[str]:
              "pause), against the run time this sheet gives the configuration the run ran (timed, or *estimated* "
              "from a timed sibling).", "",
              "| table | completed runs | their hours | this plan's hours for the same runs | took / plan |",
-             "|---|---|---|---|---|", *rows]
+             "|---|---|---|---|---|",
+             *[f"| {t['table']} | {t['runs']:,} | {t['hours']:.1f} | {_num(t['planned'], 1)} | "
+               f"{_num(t['ratio'], 1, '×')} |" for t in costs]]
     if off:
         lines += ["", "Configurations whose runs took more than twice, or less than half, the plan (median run):", "",
                   "| configuration | runs | median run (s) | the plan's run (s) | took / plan |",
-                  "|---|---|---|---|---|", *[row for _, row in sorted(off, reverse=True)]]
+                  "|---|---|---|---|---|",
+                  *[f"| {k['config']['table']} `{' '.join(k['config']['overrides'])}` | {k['runs']} | "
+                    f"{k['median']:,.0f} | {k['config']['run_seconds']:,.0f} ({k['config']['status']}) | "
+                    f"{k['ratio']:.1f}× |" for k in off]]
     return lines
 
 
@@ -731,7 +741,12 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
               f"{counts['memory']} over {options.get('memory_gib', '?'):g} GiB, {counts['time']} over "
               f"{options.get('config_seconds', 0):.0f} s, {counts['untimed']} not reached) on "
               f"{sheet.get('cpu_cores', '?')} shared CPU cores, load average "
-              f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}: every time is an upper bound under that load.")
+              f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}, each time taken under that load.")
+    costs = campaign_costs(configs)
+    longer = [f"{t['table']} {t['ratio']:.1f}×" for t in costs if t["ratio"] and t["ratio"] > 1]
+    if longer:
+        status += (f" **The campaign's runs took longer than planned** ({', '.join(longer)}: below); the CPU-hours "
+                   "of this plan are lower bounds.")
     lines = [
         "# The CPU plan: what each paper table costs on this CPU", "", status, "",
         f"Generated by `{command}` (`bench/tables.py --device cpu --threads 1`, rendered with `--page`) on "
@@ -775,7 +790,7 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
-    return lines + campaign_spent(configs) + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
+    return lines + campaign_spent(costs) + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
 
 
 def main(argv=None) -> int:
