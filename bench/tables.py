@@ -478,7 +478,8 @@ def run(args) -> dict:
         earlier = json.loads(args.out.read_text())
         # its tables stay in the sheet (first, in its order), timed only where asked again
         chosen = list(dict.fromkeys([t["table"] for t in earlier["tables"]] + chosen))
-        resumed = [{k: earlier.get(k) for k in ("git_commit", "hardware", "generated")}, *earlier.get("resumed", [])]
+        resumed = [{k: earlier.get(k) for k in ("git_commit", "hardware", "cpu", "generated")},
+                   *earlier.get("resumed", [])]
         before = {(c["table"], tuple(c["overrides"])): c for c in earlier["configs"]
                   if c["status"] not in ("untimed", "estimated")}
     all_cells = [c for t in chosen for c in cells(t)]
@@ -524,12 +525,13 @@ def run(args) -> dict:
 def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, resumed: list | None = None) -> dict:
     """The sheet of ``all_cells`` as timed so far, the untimed ones estimated (on copies); ``resumed``: the earlier
     sheets whose configurations it kept (their commit, hardware, date), newest first."""
+    from bench.trees import cpu_name
     from latentstruct.records import environment
 
     cells = [Cell(**asdict(c)) for c in all_cells]
     _estimate(cells)
     return {"device": device.type, **environment(device), "torch_threads": torch.get_num_threads(),
-            "cpu_cores": os.cpu_count(),
+            "cpu_cores": os.cpu_count(), "cpu": cpu_name(),  # the model: a sheet of another machine reads otherwise
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
             "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",
@@ -555,7 +557,8 @@ def _num(x, digits=1, unit=""):
 
 def resumed_note(sheet: dict) -> str:
     """A sentence naming the earlier sheets a resumed sheet kept configurations of ('' for none)."""
-    earlier = [f"{r.get('git_commit') or '?'} on {r.get('hardware') or '?'} ({r.get('generated') or '?'})"
+    earlier = [f"{r.get('git_commit') or '?'} on {r.get('hardware') or '?'} ({r.get('cpu') or 'CPU model not recorded'}"
+               f", {r.get('generated') or '?'})"
                for r in sheet.get("resumed") or ()]
     return f" It resumes the sheet(s) timed at {'; '.join(earlier)}: their configurations are kept as timed there." \
         if earlier else ""
@@ -740,7 +743,8 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
     status = (f"**Status: {counts['timed']} of {len(configs)} configurations timed** ({counts['failed']} failed, "
               f"{counts['memory']} over {options.get('memory_gib', '?'):g} GiB, {counts['time']} over "
               f"{options.get('config_seconds', 0):.0f} s, {counts['untimed']} not reached) on "
-              f"{sheet.get('cpu_cores', '?')} shared CPU cores, load average "
+              f"{sheet.get('cpu_cores', '?')} shared CPU cores ({sheet.get('cpu') or 'CPU model not recorded'}), "
+              "load average "
               f"{min(loads, default=0):.1f}–{max(loads, default=0):.1f}, each time taken under that load.")
     costs = campaign_costs(configs)
     longer = [f"{t['table']} {t['ratio']:.1f}×" for t in costs if t["ratio"] and t["ratio"] > 1]
