@@ -183,7 +183,7 @@ def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_as
     assert calls == ["direct/sorting"] * 2
     assert [t["table"] for t in sheet["tables"]] == ["energy/mlc", "direct/sorting"]
     assert mlc(sheet) == mlc(first) and mlc(sheet).count("timed") == 1 and "untimed" in mlc(sheet)
-    assert sheet["resumed"] == [{k: first[k] for k in ("git_commit", "hardware", "generated")}]
+    assert sheet["resumed"] == [{k: first[k] for k in ("git_commit", "hardware", "cpu", "generated")}]
     assert first["git_commit"] in bench.resumed_note(sheet) and bench.resumed_note(first) == ""
 
 
