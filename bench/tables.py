@@ -681,12 +681,12 @@ def _planned(configs: list[dict], table: str, overrides: list[str]) -> dict | No
     return max(mine, key=lambda c: len(c["overrides"]), default=None)
 
 
-def campaign_costs(configs: list[dict], state: Path = CAMPAIGN) -> list[dict]:
+def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]:
     """Per campaign table with committed records: its completed runs, the hours they took (their wall clocks), the
     hours this sheet plans for the same runs (None while one of their configurations has no time), and per
     configuration the median run against the planned run."""
     tables = []
-    for plan_file in sorted(state.glob("*/plan.json")):
+    for plan_file in sorted((state or CAMPAIGN).glob("*/plan.json")):
         runs = campaign_runs(plan_file.parent)
         if not runs:
             continue

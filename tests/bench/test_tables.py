@@ -96,12 +96,14 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     hog = bench.Cell("spigot/table2", "s", ["+experiment=b"], 4, "b", status="memory", error="over 8 GiB",
                      peak_rss_gib=8.1, load=[7.5, 2.0])
     monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25})
+    monkeypatch.setattr(bench, "CAMPAIGN", tmp_path / "no campaign")
     cells = [timed, hog]
-    sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2,
+    sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2, "cpu": "AMD EPYC",
              "options": {"memory_gib": 8.0, "config_seconds": 600.0}, "git_commit": "abc", "seconds": 60}
     lines = bench.page(sheet)
     assert lines[2].startswith("**Status: 1 of 2 configurations timed** (0 failed, 1 over 8 GiB, 0 over 600 s, "
-                               "0 not reached) on 2 shared CPU cores, load average 2.0–7.5")
+                               "0 not reached) on 2 shared CPU cores (AMD EPYC), load average 2.0–7.5")
+    assert "## What the campaign's runs took, against this plan" not in lines  # none here
     row = next(line for line in lines if line.startswith("| spigot/table2 |"))
     assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
     assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
