@@ -432,7 +432,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     _write_hydra_files(out, cfg)
     logger = instantiate(cfg.logger)(output_dir=str(out), run_config=config)
 
-    step, history, elapsed = 0, [], 0.0
+    step, history, elapsed, cpu_elapsed = 0, [], 0.0, 0.0
     loss_sum, loss_count = 0.0, 0  # since the last evaluation, summed on the device: no host sync per step
     window = (0.0, 0)  # the same sums, of the steps up to the last evaluation
     evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
@@ -441,6 +441,7 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         load_model_weights(model, ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
+        cpu_elapsed = ckpt.get("cpu_seconds")  # None: a checkpoint from before runs counted it
         # a run gone on to a longer length keeps the evaluations that a run of that length makes, not its old end,
         # and the training loss of the steps before that end counts into the next evaluation's, as it would have;
         # else the loss since the last evaluation goes on (a checkpoint written between evaluations: a stop signal,
@@ -459,6 +460,10 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     # ---- loop
     log.info("%s: %s", out, _describe_plan(tc, phases, max_steps, step))
     start = time.perf_counter() - elapsed
+    cpu_start = time.process_time()
+
+    def cpu_seconds() -> float | None:  # this run's process CPU time, summed over the processes that resumed it
+        return None if cpu_elapsed is None else cpu_elapsed + time.process_time() - cpu_start
     first_step, train_seconds = step, 0.0  # time in training steps (evaluations excluded), this process only
     phase_seconds, phase_steps, tick_step = [0.0] * len(phases), [0] * len(phases), step  # the same, per phase
     # the task's timed parts of its steps (Task.timings: e.g. the implicit term), per phase, this process only
@@ -479,7 +484,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         save_checkpoint(ckpt_path, {"model": model_weights(model), "optimizer": optimizer.state_dict(), "step": step,
                                     "history": history, "loss_sum": loss_sum, "loss_count": loss_count,
                                     "window": window,
-                                    "wall_seconds": time.perf_counter() - start, "rng": _rng_state(),
+                                    "wall_seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds(),
+                                    "rng": _rng_state(),
                                     "config": config})
         saved = time.perf_counter()
 
@@ -502,7 +508,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
                     checkpoint()
                     write_json(out / "metrics.json", {
                         "status": "interrupted", "signal": signal.Signals(stop.signum).name, "step": step,
-                        "seed": tc.seed, **env, "wall_seconds": time.perf_counter() - start})
+                        "seed": tc.seed, **env, "wall_seconds": time.perf_counter() - start,
+                        "cpu_seconds": cpu_seconds()})
                     log.info("%s: stopped by %s at step %s; its checkpoint is saved and the next run of it resumes "
                              "there", out, signal.Signals(stop.signum).name, f"{step:,}")
                     raise stop.interrupted(step)
@@ -585,6 +592,9 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         "seed": tc.seed,
         **env,
         "wall_seconds": time.perf_counter() - start,
+        # the process's CPU time over the same span: about wall_seconds × threads for a run alone on its cores, well
+        # below it for a run that other work starved
+        "cpu_seconds": cpu_seconds(),
         "seconds_per_step": train_seconds / (step - first_step) if step > first_step else None,
         # per epoch of the last phase (the only one without trainer.phases), from that phase's steps
         "seconds_per_epoch": phase_seconds[-1] / phase_steps[-1] * phases[-1].per_epoch if phase_steps[-1] else None,

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import latentstruct.train as train_module
 from latentstruct.config import ConfigError, TrainerConf, validate
 from latentstruct.data.images import DATASETS
-from latentstruct.records import flatten
+from latentstruct.records import flatten, load_checkpoint, save_checkpoint
 from latentstruct.tasks import Task
 from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
@@ -105,9 +106,10 @@ def test_run_record_contract(tmp_path):
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk == record
     assert on_disk["status"] == "completed"
-    for key in ("metrics", "best_epoch", "seed", "git_commit", "hardware", "torch", "wall_seconds"):
+    for key in ("metrics", "best_epoch", "seed", "git_commit", "hardware", "torch", "wall_seconds", "cpu_seconds"):
         assert key in on_disk
     assert on_disk["hardware"] == "cpu"
+    assert 0 < on_disk["cpu_seconds"] <= on_disk["wall_seconds"] * on_disk["threads"]["intra_op"] + 0.5
     history = pd.read_csv(run / "history.csv")
     assert list(history["step"]) == [10, 20, 30]
     assert {"train/loss", "valid/acc", "test/acc", "test/v_measure"} <= set(history.columns)
@@ -143,8 +145,12 @@ def test_resume_after_a_crash_matches_an_uninterruptedrun(tmp_path, *TINY, monke
     monkeypatch.setattr(train_module, "write_history", real_write_history)
     crashed = json.loads((tmp_path / "crashed" / "metrics.json").read_text())  # train() records it, then raises
     assert crashed["status"] == "failed" and crashed["error"] == "KeyboardInterrupt: killed"
+    ckpt_path = tmp_path / "crashed" / "checkpoint.pt"  # the CPU time before the crash counts into the resumed run's
+    ckpt = load_checkpoint(ckpt_path, torch.device("cpu"))
+    save_checkpoint(ckpt_path, {**ckpt, "cpu_seconds": 1000.0})
     resumed = train_run(tmp_path, *TINY, *common, "trainer.resume=true", name="crashed")
     assert resumed["metrics"] == full["metrics"]
+    assert 1000 < resumed["cpu_seconds"] < 1000 + resumed["wall_seconds"]
     h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns="wall_seconds")
     h_resumed = pd.read_csv(tmp_path / "crashed" / "history.csv").drop(columns="wall_seconds")
     pd.testing.assert_frame_equal(h_full, h_resumed)

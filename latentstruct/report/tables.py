@@ -36,8 +36,8 @@ __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs",
            "committed_tables", "main"]
 
 _RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "torch", "threads", "fingerprint",
-                  "wall_seconds", "seconds_per_step", "seconds_per_epoch", "implicit_share", "steps", "best_epoch",
-                  "best_step", "error")
+                  "wall_seconds", "cpu_seconds", "seconds_per_step", "seconds_per_epoch", "implicit_share", "steps",
+                  "best_epoch", "best_step", "error")
 
 
 def _read_yaml(path: Path) -> dict:
@@ -281,7 +281,7 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
             f"- seeds: {values('seed')}",
             f"- runs: {_run_counts(used, len(done))}",
             f"- training steps per run: {values('steps')}",
-            f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run",
+            f"- wall seconds: {_fmt(wall.sum())} total, {_fmt(wall.median())} median per run{_cpu_share(done)}",
             f"- generated: {now}",
             f"- regenerate with: `{command}`"]
 
@@ -397,6 +397,17 @@ def _float(text: str | None) -> float:
 def _values(text: str) -> list:
     items = [v.strip() for v in re.sub(r" \(paper: .*\)$", "", text).split(",")]
     return [int(v) if v.isdigit() else v for v in items if v and v != "—"]
+
+
+def _cpu_share(done: pd.DataFrame) -> str:
+    """'; CPU seconds: ... (x of the wall clock)' over the runs that recorded theirs ('' where none did): a share
+    well below the threads per run says that other work on the machine slowed the runs."""
+    both = done[["wall_seconds", "cpu_seconds"]].dropna().astype(float) if "cpu_seconds" in done else None
+    if both is None or not len(both):
+        return ""
+    share = both["cpu_seconds"].sum() / both["wall_seconds"].sum()
+    return (f"; CPU seconds {_fmt(both['cpu_seconds'].sum())} over the {len(both)} run(s) that recorded them "
+            f"({share:.2f} of their wall clock)")
 
 
 def parse_provenance(lines: list[str], keys: dict | None = None) -> dict:

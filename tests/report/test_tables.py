@@ -222,6 +222,21 @@ def test_markdown_has_paper_numbers_and_provenance(tmp_path):
     assert "Other" in text  # a row without runs is still shown
 
 
+def test_the_provenance_gives_the_cpu_share_of_the_runs_that_recorded_it(tmp_path):
+    """A run's record has its process's CPU time beside its wall clock; the provenance sums them over the runs that
+    recorded both (older runs did not), so that a table built from runs that other work starved says so."""
+    _four_runs(tmp_path / "runs")
+    for seed, cpu in ((1, 5.0), (2, 5.0)):  # of 10 and 20 wall seconds; runs 3 and 4 recorded none
+        path = tmp_path / "runs" / f"r{seed}" / "metrics.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "cpu_seconds": cpu}))
+    out = tmp_path / "t1.md"
+    assert tables.main([str(_spec(tmp_path)), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert ("100.00 total, 25.00 median per run; CPU seconds 10.00 over the 2 run(s) that recorded them (0.33 of "
+            "their wall clock)") in out.read_text()
+    done = pd.DataFrame({"wall_seconds": [10.0], "cpu_seconds": [None]})
+    assert tables._cpu_share(done) == tables._cpu_share(done.drop(columns="cpu_seconds")) == ""
+
+
 def test_cli_fails_without_matching_runs(tmp_path):
     _run(tmp_path / "runs", "x", "synthetic_unrelated")
     with pytest.raises(SystemExit) as exc:
