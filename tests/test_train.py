@@ -398,7 +398,7 @@ def test_seconds_per_epoch_times_the_last_phase_only(tmp_path, monkeypatch):
     includes the steps of earlier phases (e.g. a pretraining of another cost). A fake clock: a step of phase 0
     takes 10 s, one of phase 1 takes 1 s, nothing else takes time."""
     clock = [0.0]
-    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(train_module, "time", SimpleNamespace(perf_counter=lambda: clock[0], process_time=lambda: 0.0))
 
     def tick(self, phase, step):
         clock[0] += 10.0 if phase == 0 else 1.0
