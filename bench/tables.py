@@ -84,7 +84,6 @@ sys.path.insert(0, str(ROOT))  # this tree's latentstruct
 
 CONFIGS = ROOT / "configs"
 LAB_COST = ROOT / "results" / "lab" / "matrix.json"  # what the lab matrix cost (make table-lab-matrix writes it)
-CAMPAIGN = ROOT / "campaign"  # scripts/campaign.py's committed state: each table's plan.json and records.tar.gz
 #: the tables in the runbook's order (docs/gpu.md); any other table with a reproduce block follows
 ORDER = ("spigot/table3_sst", "energy/ner", "energy/pos", "energy/mlc", "listops/table", "direct/knn", "direct/vae",
          "spigot/table3_snli", "direct/sorting", "direct/sorting_time", "spigot/table2", "spigot/figure3_inner_steps")
@@ -659,7 +658,9 @@ def campaign_runs(state: Path) -> list[dict]:
 
     import yaml
 
-    pack, runs = state / "records.tar.gz", {}
+    from scripts.carry import RECORDS
+
+    pack, runs = state / RECORDS, {}
     if not pack.is_file():
         return []
     with tarfile.open(pack, "r:gz") as tar:
@@ -682,11 +683,13 @@ def _planned(configs: list[dict], table: str, overrides: list[str]) -> dict | No
 
 
 def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]:
-    """Per campaign table with committed records: its completed runs, the hours they took (their wall clocks), the
-    hours this sheet plans for the same runs (None while one of their configurations has no time), and per
-    configuration the median run against the planned run."""
+    """Per campaign table with committed records (under ``state``, default scripts/campaign.py's ``STATE``): its
+    completed runs, the hours they took (their wall clocks), the hours this sheet plans for the same runs (None while
+    one of their configurations has no time), and per configuration the median run against the planned run."""
+    from scripts import campaign
+
     tables = []
-    for plan_file in sorted((state or CAMPAIGN).glob("*/plan.json")):
+    for plan_file in sorted((state or campaign.STATE).glob("*/plan.json")):
         runs = campaign_runs(plan_file.parent)
         if not runs:
             continue
@@ -695,14 +698,14 @@ def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]
         for r in runs:
             c = _planned(configs, table, r["overrides"])
             by_config.setdefault(id(c), [c, []])[1].append(r["seconds"])
-        known = [(c, took) for c, took in by_config.values() if c is not None and c.get("run_seconds")]
-        planned = (sum(c["run_seconds"] * len(took) for c, took in known) / 3600
+        known = [{"config": c, "runs": len(took), "median": (median := statistics.median(took)),
+                  "ratio": median / c["run_seconds"]}
+                 for c, took in by_config.values() if c is not None and c.get("run_seconds")]
+        planned = (sum(k["config"]["run_seconds"] * k["runs"] for k in known) / 3600
                    if len(known) == len(by_config) else None)
         spent = sum(r["seconds"] for r in runs) / 3600
         tables.append({"table": table, "runs": len(runs), "hours": spent, "planned": planned,
-                       "ratio": spent / planned if planned else None,
-                       "configs": [{"config": c, "runs": len(took), "median": statistics.median(took),
-                                    "ratio": statistics.median(took) / c["run_seconds"]} for c, took in known]})
+                       "ratio": spent / planned if planned else None, "configs": known})
     return tables
 
 

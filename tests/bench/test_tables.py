@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import campaign
 from tests.helpers import ROOT
 
 _spec = importlib.util.spec_from_file_location("bench_tables", ROOT / "bench" / "tables.py")
@@ -96,7 +97,7 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     hog = bench.Cell("spigot/table2", "s", ["+experiment=b"], 4, "b", status="memory", error="over 8 GiB",
                      peak_rss_gib=8.1, load=[7.5, 2.0])
     monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25})
-    monkeypatch.setattr(bench, "CAMPAIGN", tmp_path / "no campaign")
+    monkeypatch.setattr(campaign, "STATE", tmp_path / "no campaign")
     cells = [timed, hog]
     sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2, "cpu": "AMD EPYC",
              "options": {"memory_gib": 8.0, "config_seconds": 600.0}, "git_commit": "abc", "seconds": 60}
