@@ -148,7 +148,7 @@ reliability: install ## fault-injection suite: kills, stop signals, kills mid-wr
 	$(BIN)/python -m reliability --out results/reliability.md
 
 report: install ## results/README.md: a line per table (status vs the paper's protocol, cells within tolerance, headline) from the JSON beside each table
-	$(BIN)/python -m latentstruct.report.report --results $(or $(RESULTS),results)
+	$(BIN)/python -m latentstruct.report.report --results $(or $(RESULTS),results) $(if $(BEFORE),--before $(BEFORE))
 
 $(BENCH_DEPS)/.installed:
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --target $(BENCH_DEPS) \

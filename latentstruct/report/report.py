@@ -13,6 +13,11 @@ Before writing the page, ``main`` computes each sidecar's code verdict again (:f
 ``configs/`` differ (mixed), or commits this git cannot check (unverifiable); where it changed, the sidecar's status
 line and the table's Markdown get the new words. A verdict reached with the full history is kept when a shallow
 clone cannot find the commits again.
+
+**Before → now.** ``--before REV`` reads the sidecars committed at ``REV`` (git) and keeps what the page compares,
+each table's status and cells within tolerance, in ``results/before.json`` (:func:`snapshot`); the page then opens
+with the counts then and now and gives each table's cells then beside its cells now. The page reads the kept
+snapshot, not git, so a shallow clone renders it the same.
 """
 
 from __future__ import annotations
@@ -21,27 +26,109 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from latentstruct.report import code
 from latentstruct.report.status import SIDECAR_FORMAT, write_sidecar
 
-__all__ = ["sidecars", "refresh_code", "render", "main"]
+__all__ = ["sidecars", "refresh_code", "snapshot", "render", "main"]
 
 _STATUSES = ("full", "reduced", "blocked")
+#: the snapshot of an earlier report that the page compares with (:func:`snapshot`), beside README.md
+BEFORE = "before.json"
 
 
 def sidecars(results: str | Path) -> list[dict]:
     """The table sidecars under ``results``, each with ``path`` (its Markdown, relative to ``results``)."""
-    results, found = Path(results), []
-    for path in sorted(results.rglob("*.json")):
+    results, datas = Path(results), []
+    for path in results.rglob("*.json"):
         try:
-            data = json.loads(path.read_text())
+            datas.append((path.relative_to(results), json.loads(path.read_text())))
         except (OSError, json.JSONDecodeError):
             continue
+    return _tables_from(datas)
+
+
+def _tables_from(datas: Iterable[tuple[str, dict]]) -> list[dict]:
+    """The sidecars among ``(path of the JSON relative to results, its data)`` pairs, each with ``path``."""
+    found = []
+    for path, data in datas:
         if isinstance(data, dict) and data.get("format") == SIDECAR_FORMAT:
-            found.append({**data, "path": path.with_name(data["markdown"]).relative_to(results).as_posix()})
-    return found
+            found.append({**data, "path": Path(path).with_name(data["markdown"]).as_posix()})
+    return sorted(found, key=lambda t: t["path"])
+
+
+def _committed(results: Path, rev: str) -> list[dict]:
+    """The sidecars under ``results`` as committed at ``rev``."""
+    prefix = code._git(results, "rev-parse", "--show-prefix")
+    listed = code._git(results, "ls-tree", "-r", "--name-only", rev, "--", ".")
+    if prefix.returncode or listed.returncode:
+        raise SystemExit(f"--before {rev}: {(prefix.stderr or listed.stderr).strip()}")
+    datas = []
+    for name in listed.stdout.split("\n"):
+        if name.endswith(".json"):
+            shown = code._git(results, "show", f"{rev}:{prefix.stdout.strip()}{name}")
+            try:
+                datas.append((name, json.loads(shown.stdout)))
+            except json.JSONDecodeError:
+                continue
+    return _tables_from(datas)
+
+
+def _counts(tables: list[dict]) -> dict:
+    counts = {s: sum(t["status"] == s for t in tables) for s in _STATUSES}
+    cells = {k: sum(t["cells"][k] for t in tables) for k in ("within_tolerance", "compared")}
+    return {"tables": len(tables), **counts, **cells}
+
+
+def snapshot(results: str | Path, rev: str) -> dict:
+    """What the page compares of the sidecars committed at ``rev``: per table its status and cells, and the totals."""
+    results = Path(results)
+    full = code._git(results, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if full.returncode:
+        raise SystemExit(f"--before {rev}: not a commit of this git's history")
+    tables = _committed(results, rev)
+    return {
+        "commit": full.stdout.strip(),
+        "date": code._git(results, "log", "-1", "--format=%cd", "--date=short", rev).stdout.strip(),
+        "counts": _counts(tables),
+        "tables": {
+            t["path"]: {"status": t["status"], "cells": {k: t["cells"][k] for k in ("within_tolerance", "compared")}}
+            for t in tables
+        },
+    }
+
+
+def _before(results: Path) -> dict | None:
+    path = results / BEFORE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _then_now(before: dict, now: dict) -> str:
+    """The counts of the snapshot and of the page, one sentence."""
+    was = before["counts"]
+    parts = [f"{k} {was[k]} → {now[k]}" for k in ("tables", *_STATUSES)]
+    cells = [f"{c['within_tolerance']} of {c['compared']} compared" for c in (was, now)]
+    return (
+        f"**Before → now** (the sidecars committed at {before['commit'][:7]}, {before['date']}, "
+        f"`make report BEFORE=<rev>` → {BEFORE}): {'; '.join(parts)}; cells within tolerance "
+        f"{cells[0]} → {cells[1]}."
+    )
+
+
+def _was(before: dict | None, table: dict) -> str:
+    """What the snapshot said of ``table`` where it differs from now: its cells within tolerance and status."""
+    if not before:
+        return ""
+    was = before["tables"].get(table["path"])
+    if was is None:
+        return " (new)"
+    then, now = was["cells"], {k: table["cells"][k] for k in was["cells"]}
+    if (was["status"], then) == (table["status"], now):
+        return ""
+    cells = f"{then['within_tolerance']} / {then['compared']}, " if then["compared"] or now["compared"] else ""
+    return f" (before: {cells}{was['status']})"
 
 
 def _settled_here(old: dict | None, new: dict) -> bool:
@@ -98,8 +185,8 @@ def _link(path: str) -> str:
 def render(results: str | Path = "results") -> str:
     """The Markdown of results/README.md (links are relative to ``results``)."""
     results = Path(results)
-    tables = sidecars(results)
-    counts = {s: sum(t["status"] == s for t in tables) for s in _STATUSES}
+    tables, before = sidecars(results), _before(results)
+    counts = _counts(tables)
     codes = {s: sum((t.get("code") or {}).get("verdict") == s for t in tables) for s in ("mixed", "unverifiable")}
     lines = [
         "# Results: what is reproduced",
@@ -119,6 +206,7 @@ def render(results: str | Path = "results") -> str:
         "*blocked* = no run completed (the runs' error says what is missing). The paper's protocol is the "
         "`paper_protocol` block of each spec in experiments/. † the sidecar was parsed from the committed table, "
         "whose run records were not kept (scripts/backfill.py).",
+        *(["", _then_now(before, counts)] if before else []),
         "",
         "| Table | Status: what differs from the paper | Protocol | Cells within tolerance | Headline | Figures |",
         "|---|---|---|---|---|---|",
@@ -130,6 +218,7 @@ def render(results: str | Path = "results") -> str:
             if c["compared"]
             else ("— (no run)" if t["status"] == "blocked" else "no verdict" if c["with_paper"] else "no paper numbers")
         )
+        within += _was(before, t)
         reason = "; ".join(t["differs"]) or "—"
         if t["unknown"]:
             reason += f" (not recorded: {'; '.join(t['unknown'])})"
@@ -175,9 +264,17 @@ def main(argv: list[str] | None = None) -> int:
         description="Write results/README.md from the tables' JSON sidecars.",
     )
     parser.add_argument("--results", default="results", help="the results folder (default: results)")
+    parser.add_argument(
+        "--before", metavar="REV",
+        help=f"compare with the sidecars committed at REV: kept in <results>/{BEFORE}, which later calls read",
+    )
     args = parser.parse_args(argv)
     out = Path(args.results, "README.md")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.before:
+        kept = Path(args.results, BEFORE)
+        kept.write_text(json.dumps(snapshot(args.results, args.before), indent=1) + "\n")
+        print(f"wrote {kept}")
     for path in refresh_code(args.results):
         print(f"code verdict changed: {path}")
     out.write_text(render(args.results))

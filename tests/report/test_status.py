@@ -110,6 +110,36 @@ def test_the_report_lists_every_sidecar_and_only_sidecars(tmp_path):
     assert len(report.sidecars(tmp_path / "results")) == 2
 
 
+def test_the_report_compares_with_the_sidecars_of_an_earlier_commit(tmp_path):
+    import shutil
+    import subprocess
+
+    _table(tmp_path, steps=40)  # reduced: 2 of 3 cells within tolerance
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "results")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "before")
+    sidecar = tmp_path / "results" / "p" / "t1.json"
+    data = json.loads(sidecar.read_text())
+    assert data["status"] == "reduced" and data["cells"]["within_tolerance"] == 2
+    data["status"], data["cells"]["within_tolerance"] = "full", 3
+    sidecar.write_text(json.dumps(data))
+    (tmp_path / "results" / "p" / "t2.md").write_text((tmp_path / "results" / "p" / "t1.md").read_text())
+    sidecar.with_name("t2.json").write_text(json.dumps({**data, "markdown": "t2.md"}))
+    assert report.main(["--results", str(tmp_path / "results"), "--before", "HEAD"]) == 0
+    page = (tmp_path / "results" / "README.md").read_text()
+    kept = json.loads((tmp_path / "results" / report.BEFORE).read_text())
+    assert kept["counts"] == {"tables": 1, "full": 0, "reduced": 1, "blocked": 0, "within_tolerance": 2, "compared": 3}
+    assert "tables 1 → 2; full 0 → 2; reduced 1 → 0; blocked 0 → 0; cells within tolerance 2 of 3 compared → " \
+        "6 of 6 compared." in page
+    assert "| 3 / 3 (before: 2 / 3, reduced) |" in page and "| 3 / 3 (new) |" in page
+    shutil.rmtree(tmp_path / ".git")  # the page reads the kept snapshot, not git
+    assert report.render(tmp_path / "results") == page
+
+
 def test_the_backfill_reads_a_generated_table_back_to_its_numbers(tmp_path):
     md, written = _table(tmp_path, steps=40)
     path = tmp_path / "results" / "p" / "t1.md"
