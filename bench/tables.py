@@ -705,8 +705,99 @@ def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]
                    if len(known) == len(by_config) else None)
         spent = sum(r["seconds"] for r in runs) / 3600
         tables.append({"table": table, "runs": len(runs), "hours": spent, "planned": planned,
-                       "ratio": spent / planned if planned else None, "configs": known})
+                       "ratio": spent / planned if planned else None, "configs": known,
+                       "completed": {_key(c): len(took) for c, took in by_config.values() if c is not None}})
     return tables
+
+
+def _key(config: dict) -> tuple:
+    return config["table"], tuple(config["overrides"])
+
+
+def _device_completed(configs: list[dict], state: Path | None = None) -> dict:
+    """Per configuration (:func:`_key`), the completed runs in the records a GPU machine brought back
+    (``<state>/device/<paper>-<table>/records.tar.gz``)."""
+    from scripts import campaign
+
+    counts: dict[tuple, int] = {}
+    for pack in sorted(((state or campaign.STATE) / "device").glob("*/"), key=str):
+        table = pack.name.replace("-", "/", 1)
+        for r in campaign_runs(pack):
+            c = _planned(configs, table, r["overrides"])
+            if c is not None:
+                counts[_key(c)] = counts.get(_key(c), 0) + 1
+    return counts
+
+
+def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
+                     state: Path | None = None) -> list[dict]:
+    """Per table with a ``cpu_plan`` that runs something: the runs the plan makes of it (its configurations, its
+    ``seeds`` each), those completed in the committed records (:func:`campaign_costs`, and a GPU machine's), and the
+    CPU-hours of the rest — by this sheet, and forecast: a configuration's median completed run where it has one
+    (``own``: how many configurations left), else the sheet's run times the table's took / plan (``scaled``), else
+    the sheet's run. None while a configuration of the rest has no time."""
+    done, device = {t["table"]: t for t in costs}, _device_completed(configs, state)
+    rows = []
+    for t in tables:
+        plan = _plan_of(t["table"])
+        if not plan or plan.get("cpu_hours") == 0:
+            continue
+        cost = done.get(t["table"]) or {}
+        medians = {_key(k["config"]): k["median"] for k in cost.get("configs", [])}
+        mine = [c for c in configs if c["table"] == t["table"]
+                and any(fnmatch(" ".join(c["overrides"]), p) for p in plan.get("only") or ["*"])]
+        planned = completed = left = 0
+        sheet, forecast, basis = 0.0, 0.0, {"own": 0, "scaled": 0, "sheet": 0, "untimed": 0}
+        for c in mine:
+            runs = plan.get("seeds", c["seeds"])
+            ran = min(runs, cost.get("completed", {}).get(_key(c), 0) + device.get(_key(c), 0))
+            planned, completed, left = planned + runs, completed + ran, left + runs - ran
+            if runs == ran:
+                continue
+            seconds = c.get("run_seconds") if c["status"] in ("timed", "estimated") else None
+            how = ("untimed" if seconds is None else "own" if _key(c) in medians
+                   else "scaled" if cost.get("ratio") else "sheet")
+            basis[how] += 1
+            if seconds is None or sheet is None:
+                sheet = forecast = None
+                continue
+            sheet += (runs - ran) * seconds / 3600
+            each = {"own": medians.get(_key(c)), "scaled": seconds * (cost.get("ratio") or 1.0)}.get(how, seconds)
+            forecast += (runs - ran) * each / 3600
+        rows.append({"table": t["table"], "runs": planned, "completed": completed, "left": left,
+                     "sheet_hours": sheet, "forecast_hours": forecast, "ratio": cost.get("ratio"), "basis": basis})
+    return rows
+
+
+def _basis(row: dict) -> str:
+    """How a forecast was made: the configurations left by their own runs, by the sheet scaled, by the sheet."""
+    b = row["basis"]
+    said = {"own": "from their runs", "scaled": f"by the sheet × {_num(row['ratio'], 1)}", "sheet": "by the sheet",
+            "untimed": "not timed"}
+    return "; ".join(f"{b[k]} {said[k]}" for k in said if b[k]) or "—"
+
+
+def campaign_left(rows: list[dict]) -> list[str]:
+    """cpu.md's section of :func:`campaign_remains`."""
+    if not rows:
+        return []
+    known = [r["forecast_hours"] for r in rows if r["left"]]
+    total = sum(known) if None not in known else None
+    lines = ["", "## What remains of the plan", "",
+             "Per table of *what we will run* above: its runs (configurations × the plan's seeds), those completed in "
+             "the committed campaign records, and the CPU-hours of the rest — by this sheet, and forecast from the "
+             "runs so far (a configuration's median completed run where it has one, else the sheet's run times the "
+             "table's took / plan above, else the sheet's run). A run interrupted with a checkpoint counts whole. "
+             "The campaign runs two at a time: its wall clock is about half the CPU-hours.", "",
+             "| table | runs of the plan | completed (committed) | left | their CPU-hours, this sheet | "
+             "forecast CPU-hours | the configurations left, forecast |", "|---|---|---|---|---|---|---|",
+             *[f"| {r['table']} | {r['runs']:,} | {r['completed']:,} | {r['left']:,} | "
+               f"{_num(r['sheet_hours'] if r['left'] else 0.0, 1)} | "
+               f"{_num(r['forecast_hours'] if r['left'] else 0.0, 1)} | {_basis(r) if r['left'] else 'done'} |"
+               for r in rows],
+             f"| **all** | {sum(r['runs'] for r in rows):,} | {sum(r['completed'] for r in rows):,} | "
+             f"{sum(r['left'] for r in rows):,} | — | {_num(total, 1)} | |"]
+    return lines
 
 
 def campaign_spent(costs: list[dict]) -> list[str]:
@@ -797,7 +888,8 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
-    return lines + campaign_spent(costs) + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
+    remains = campaign_left(campaign_remains(configs, sheet["tables"], costs))
+    return lines + campaign_spent(costs) + remains + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
 
 
 def main(argv=None) -> int:

@@ -223,3 +223,41 @@ def test_the_campaigns_runs_are_set_against_the_plan_for_the_same_configurations
     (off,) = [line for line in lines if "num_items=" in line]  # d=5 took 12 s, as planned
     assert "num_items=100` | 1 | 300 | 12 (estimated) | 25.0× |" in off
     assert bench.campaign_costs(configs, state=tmp_path / "none") == [] and bench.campaign_spent([]) == []
+
+
+def test_what_remains_is_the_plans_runs_less_the_completed_ones_forecast_from_their_runs(tmp_path, monkeypatch):
+    """cpu.md's last campaign section: per table the plan's runs (configurations × its seeds), those completed in the
+    committed records (a GPU machine's too), and the rest's CPU-hours, a configuration's median run where it has one,
+    else its sheet time scaled by the table's took / plan; untimed configurations leave the forecast open."""
+    import io
+    import tarfile
+
+    def pack(folder, runs):
+        folder.mkdir(parents=True)
+        with tarfile.open(folder / "records.tar.gz", "w:gz") as tar:
+            for name, (overrides, seconds) in runs.items():
+                for path, text in ((f"{name}/metrics.json",
+                                    json.dumps({"status": "completed", "wall_seconds": seconds})),
+                                   (f"{name}/.hydra/overrides.yaml", "".join(f"- {o}\n" for o in overrides))):
+                    info = tarfile.TarInfo(path)
+                    info.size = len(text.encode())
+                    tar.addfile(info, io.BytesIO(text.encode()))
+
+    a, b, c = ([f"+experiment={x}"] for x in "abc")
+    pack(tmp_path / "p-t", {"a1": ([*a, "trainer.seed=1"], 360), "a2": ([*a, "trainer.seed=2"], 720)})
+    (tmp_path / "p-t" / "plan.json").write_text(json.dumps({"table": "p/t"}))
+    pack(tmp_path / "device" / "p-t", {"b1": ([*b, "trainer.seed=1"], 5)})  # a GPU's run: counted, not timed
+    configs = [{"table": "p/t", "overrides": o, "run_seconds": 180.0, "status": "timed", "seeds": 2} for o in (a, b)]
+    configs += [{"table": "p/t", "overrides": c, "run_seconds": None, "status": "untimed", "seeds": 2}]
+    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "all", "seeds": 3})
+    costs = bench.campaign_costs(configs[:2], state=tmp_path)
+    assert costs[0]["ratio"] == pytest.approx(3.0)  # 1,080 s against 2 × 180 s planned
+    (row,) = bench.campaign_remains(configs[:2], [{"table": "p/t"}], costs, state=tmp_path)
+    assert (row["runs"], row["completed"], row["left"]) == (6, 3, 3)
+    assert row["sheet_hours"] == pytest.approx(3 * 180 / 3600)
+    assert row["forecast_hours"] == pytest.approx((540 + 2 * 180 * 3.0) / 3600)  # a: its median run; b: sheet × 3
+    assert bench._basis(row) == "1 from their runs; 1 by the sheet × 3.0"
+    (row,) = bench.campaign_remains(configs, [{"table": "p/t"}], costs, state=tmp_path)
+    assert row["left"] == 6 and row["forecast_hours"] is None and bench._basis(row).endswith("1 not timed")
+    lines = bench.campaign_left([row])
+    assert "| p/t | 9 | 3 | 6 | — | — | 1 from their runs; 1 by the sheet × 3.0; 1 not timed |" in lines
