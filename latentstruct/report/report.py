@@ -50,7 +50,7 @@ def sidecars(results: str | Path) -> list[dict]:
     return _tables_from(datas)
 
 
-def _tables_from(datas: Iterable[tuple[str, dict]]) -> list[dict]:
+def _tables_from(datas: Iterable[tuple[str | Path, dict]]) -> list[dict]:
     """The sidecars among ``(path of the JSON relative to results, its data)`` pairs, each with ``path``."""
     found = []
     for path, data in datas:
