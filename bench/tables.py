@@ -651,9 +651,23 @@ def _lab_plan() -> list[str]:
             + said]
 
 
+def steady_seconds(history: str, wall: float) -> float:
+    """A run's seconds at its steady pace: its steps at the median seconds per step of its evaluation intervals
+    (history.csv's ``step`` and cumulative ``wall_seconds``), so that intervals slowed by other work on the machine
+    (a benchmark, a test suite beside the campaign) do not count; its wall clock where it has fewer than 3 intervals."""
+    import csv
+    import io
+
+    rows = [(float(r["step"]), float(r["wall_seconds"])) for r in csv.DictReader(io.StringIO(history))
+            if r.get("step") and r.get("wall_seconds")]
+    paces = [(w1 - w0) / (s1 - s0) for (s0, w0), (s1, w1) in zip([(0.0, 0.0), *rows[:-1]], rows, strict=True)
+             if s1 > s0]
+    return rows[-1][0] * statistics.median(paces) if len(paces) >= 3 else wall
+
+
 def campaign_runs(state: Path) -> list[dict]:
-    """The completed runs in a campaign table's committed records (``<state>/records.tar.gz``): each one's overrides
-    and wall-clock seconds, as its record says."""
+    """The completed runs in a campaign table's committed records (``<state>/records.tar.gz``): each one's overrides,
+    wall-clock seconds, as its record says, and seconds at its steady pace (:func:`steady_seconds`)."""
     import tarfile
 
     import yaml
@@ -668,10 +682,13 @@ def campaign_runs(state: Path) -> list[dict]:
             folder, name = member.name.rsplit("/", 1) if "/" in member.name else ("", member.name)
             if name == "metrics.json":
                 runs.setdefault(folder, {})["record"] = json.loads(tar.extractfile(member).read())
+            elif name == "history.csv":
+                runs.setdefault(folder, {})["history"] = tar.extractfile(member).read().decode()
             elif name == "overrides.yaml" and folder.endswith("/.hydra"):
                 runs.setdefault(folder.removesuffix("/.hydra"), {})["overrides"] = yaml.safe_load(
                     tar.extractfile(member).read())
-    return [{"overrides": r.get("overrides") or [], "seconds": r["record"]["wall_seconds"]} for r in runs.values()
+    return [{"overrides": r.get("overrides") or [], "seconds": (wall := r["record"]["wall_seconds"]),
+             "steady": steady_seconds(r.get("history", ""), wall)} for r in runs.values()
             if r.get("record", {}).get("status") == "completed" and r["record"].get("wall_seconds") is not None]
 
 
@@ -697,15 +714,17 @@ def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]
         by_config: dict[int, list] = {}
         for r in runs:
             c = _planned(configs, table, r["overrides"])
-            by_config.setdefault(id(c), [c, []])[1].append(r["seconds"])
-        known = [{"config": c, "runs": len(took), "median": (median := statistics.median(took)),
-                  "ratio": median / c["run_seconds"]}
+            by_config.setdefault(id(c), [c, []])[1].append(r)
+        known = [{"config": c, "runs": len(took), "median": (median := statistics.median(r["seconds"] for r in took)),
+                  "ratio": median / c["run_seconds"], "steady": statistics.median(r["steady"] for r in took)}
                  for c, took in by_config.values() if c is not None and c.get("run_seconds")]
         planned = (sum(k["config"]["run_seconds"] * k["runs"] for k in known) / 3600
                    if len(known) == len(by_config) else None)
         spent = sum(r["seconds"] for r in runs) / 3600
-        tables.append({"table": table, "runs": len(runs), "hours": spent, "planned": planned,
-                       "ratio": spent / planned if planned else None, "configs": known,
+        steady = sum(r["steady"] for r in runs) / 3600
+        tables.append({"table": table, "runs": len(runs), "hours": spent, "steady_hours": steady, "planned": planned,
+                       "ratio": spent / planned if planned else None,
+                       "steady_ratio": steady / planned if planned else None, "configs": known,
                        "completed": {_key(c): len(took) for c, took in by_config.values() if c is not None}})
     return tables
 
@@ -733,9 +752,10 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
                      state: Path | None = None) -> list[dict]:
     """Per table with a ``cpu_plan`` that runs something: the runs the plan makes of it (its configurations, its
     ``seeds`` each), those completed in the committed records (:func:`campaign_costs`, and a GPU machine's), and the
-    CPU-hours of the rest — by this sheet, and forecast: a configuration's median completed run where it has one
-    (``own``: how many configurations left), else the sheet's run times the table's took / plan (``scaled``), else
-    the sheet's run. None while a configuration of the rest has no time."""
+    CPU-hours of the rest — by this sheet, and forecast at the steady pace of the runs so far (:func:`steady_seconds`:
+    CPU time, not the hours other work on the machine took from them): a configuration's median completed run where
+    it has one (``own``: how many configurations left), else the sheet's run times the table's steady took / plan
+    (``scaled``), else the sheet's run. None while a configuration of the rest has no time."""
     done, device = {t["table"]: t for t in costs}, _device_completed(configs, state)
     rows = []
     for t in tables:
@@ -743,7 +763,7 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
         if not plan or plan.get("cpu_hours") == 0:
             continue
         cost = done.get(t["table"]) or {}
-        medians = {_key(k["config"]): k["median"] for k in cost.get("configs", [])}
+        medians = {_key(k["config"]): k["steady"] for k in cost.get("configs", [])}
         mine = [c for c in configs if c["table"] == t["table"]
                 and any(fnmatch(" ".join(c["overrides"]), p) for p in plan.get("only") or ["*"])]
         planned = completed = left = 0
@@ -756,16 +776,18 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
                 continue
             seconds = c.get("run_seconds") if c["status"] in ("timed", "estimated") else None
             how = ("untimed" if seconds is None else "own" if _key(c) in medians
-                   else "scaled" if cost.get("ratio") else "sheet")
+                   else "scaled" if cost.get("steady_ratio") else "sheet")
             basis[how] += 1
             if seconds is None or sheet is None:
                 sheet = forecast = None
                 continue
             sheet += (runs - ran) * seconds / 3600
-            each = {"own": medians.get(_key(c)), "scaled": seconds * (cost.get("ratio") or 1.0)}.get(how, seconds)
+            scale = cost.get("steady_ratio") or 1.0
+            each = {"own": medians.get(_key(c)), "scaled": seconds * scale}.get(how, seconds)
             forecast += (runs - ran) * each / 3600
         rows.append({"table": t["table"], "runs": planned, "completed": completed, "left": left,
-                     "sheet_hours": sheet, "forecast_hours": forecast, "ratio": cost.get("ratio"), "basis": basis})
+                     "sheet_hours": sheet, "forecast_hours": forecast, "ratio": cost.get("steady_ratio"),
+                     "basis": basis})
     return rows
 
 
@@ -786,8 +808,10 @@ def campaign_left(rows: list[dict]) -> list[str]:
     lines = ["", "## What remains of the plan", "",
              "Per table of *what we will run* above: its runs (configurations × the plan's seeds), those completed in "
              "the committed campaign records, and the CPU-hours of the rest — by this sheet, and forecast from the "
-             "runs so far (a configuration's median completed run where it has one, else the sheet's run times the "
-             "table's took / plan above, else the sheet's run). A run interrupted with a checkpoint counts whole. "
+             "runs so far at their steady pace (each run's steps at the median seconds per step of its evaluation "
+             "intervals, so that intervals slowed by other work on the machine do not count; a configuration's "
+             "median completed run where it has one, else the sheet's run times the table's steady took / plan, else "
+             "the sheet's run). A run interrupted with a checkpoint counts whole. "
              "The campaign runs two at a time: its wall clock is about half the CPU-hours.", "",
              "| table | runs of the plan | completed (committed) | left | their CPU-hours, this sheet | "
              "forecast CPU-hours | the configurations left, forecast |", "|---|---|---|---|---|---|---|",

@@ -236,8 +236,13 @@ def test_what_remains_is_the_plans_runs_less_the_completed_ones_forecast_from_th
         folder.mkdir(parents=True)
         with tarfile.open(folder / "records.tar.gz", "w:gz") as tar:
             for name, (overrides, seconds) in runs.items():
+                # four evaluations 100 steps apart, one of them slowed 5x by other work: its steady pace is the rest's
+                paces = [1.0, 5.0, 1.0, 1.0] if seconds == 720 else [seconds / 400] * 4
+                walls = [sum(paces[:i + 1]) * 100 for i in range(4)]
+                history = "step,wall_seconds\n" + "".join(f"{100 * (i + 1)},{w}\n" for i, w in enumerate(walls))
                 for path, text in ((f"{name}/metrics.json",
                                     json.dumps({"status": "completed", "wall_seconds": seconds})),
+                                   (f"{name}/history.csv", history),
                                    (f"{name}/.hydra/overrides.yaml", "".join(f"- {o}\n" for o in overrides))):
                     info = tarfile.TarInfo(path)
                     info.size = len(text.encode())
@@ -251,13 +256,25 @@ def test_what_remains_is_the_plans_runs_less_the_completed_ones_forecast_from_th
     configs += [{"table": "p/t", "overrides": c, "run_seconds": None, "status": "untimed", "seeds": 2}]
     monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "all", "seeds": 3})
     costs = bench.campaign_costs(configs[:2], state=tmp_path)
-    assert costs[0]["ratio"] == pytest.approx(3.0)  # 1,080 s against 2 × 180 s planned
+    assert costs[0]["ratio"] == pytest.approx(3.0)  # 1,080 s of wall clock against 2 × 180 s planned
+    # at their steady pace, a2 took 400 s, not 800 (its history's slowed interval does not count): 760 s, not 1,080
+    assert costs[0]["steady_ratio"] == pytest.approx(760 / 360)
     (row,) = bench.campaign_remains(configs[:2], [{"table": "p/t"}], costs, state=tmp_path)
     assert (row["runs"], row["completed"], row["left"]) == (6, 3, 3)
     assert row["sheet_hours"] == pytest.approx(3 * 180 / 3600)
-    assert row["forecast_hours"] == pytest.approx((540 + 2 * 180 * 3.0) / 3600)  # a: its median run; b: sheet × 3
-    assert bench._basis(row) == "1 from their runs; 1 by the sheet × 3.0"
+    # a: its median run at its steady pace (360 and 400 s); b: the sheet × the steady took / plan
+    assert row["forecast_hours"] == pytest.approx((380 + 2 * 180 * 760 / 360) / 3600)
+    assert bench._basis(row) == "1 from their runs; 1 by the sheet × 2.1"
     (row,) = bench.campaign_remains(configs, [{"table": "p/t"}], costs, state=tmp_path)
     assert row["left"] == 6 and row["forecast_hours"] is None and bench._basis(row).endswith("1 not timed")
     lines = bench.campaign_left([row])
-    assert "| p/t | 9 | 3 | 6 | — | — | 1 from their runs; 1 by the sheet × 3.0; 1 not timed |" in lines
+    assert "| p/t | 9 | 3 | 6 | — | — | 1 from their runs; 1 by the sheet × 2.1; 1 not timed |" in lines
+
+
+def test_a_runs_steady_pace_is_its_median_interval_not_its_slowed_ones():
+    """steady_seconds: the run's steps at the median seconds per step of its evaluation intervals; its wall clock
+    when it has fewer than three intervals to take a median of."""
+    history = "step,valid/acc,wall_seconds\n10,1,10\n20,1,20\n30,1,130\n40,1,140\n50,1,150\n"
+    assert bench.steady_seconds(history, 150.0) == pytest.approx(50.0)
+    assert bench.steady_seconds("step,wall_seconds\n10,10\n20,90\n", 90.0) == 90.0
+    assert bench.steady_seconds("", 7.0) == 7.0
