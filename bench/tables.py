@@ -660,8 +660,8 @@ def steady_seconds(history: str, wall: float) -> float:
 
     rows = [(float(r["step"]), float(r["wall_seconds"])) for r in csv.DictReader(io.StringIO(history))
             if r.get("step") and r.get("wall_seconds")]
-    paces = [(w1 - w0) / (s1 - s0) for (s0, w0), (s1, w1) in zip([(0.0, 0.0), *rows[:-1]], rows, strict=True)
-             if s1 > s0]
+    starts = [(0.0, 0.0), *rows][:len(rows)]
+    paces = [(w1 - w0) / (s1 - s0) for (s0, w0), (s1, w1) in zip(starts, rows, strict=True) if s1 > s0]
     return rows[-1][0] * statistics.median(paces) if len(paces) >= 3 else wall
 
 
