@@ -219,7 +219,7 @@ def test_the_campaigns_runs_are_set_against_the_plan_for_the_same_configurations
     (cost,) = bench.campaign_costs(configs, state=tmp_path)
     assert cost["runs"] == 3 and cost["hours"] == 324 / 3600 and cost["planned"] == 36 / 3600 and cost["ratio"] == 9
     lines = bench.campaign_spent([cost])
-    assert f"| direct/sorting | 3 | {324 / 3600:.1f} | {36 / 3600:.1f} | 9.0× |" in lines
+    assert f"| direct/sorting | 3 | {324 / 3600:.1f} | {324 / 3600:.1f} | {36 / 3600:.1f} | 9.0× | 9.0× |" in lines
     (off,) = [line for line in lines if "num_items=" in line]  # d=5 took 12 s, as planned
     assert "num_items=100` | 1 | 300 | 12 (estimated) | 25.0× |" in off
     assert bench.campaign_costs(configs, state=tmp_path / "none") == [] and bench.campaign_spent([]) == []
