@@ -657,11 +657,11 @@ def steady_seconds(history: str, wall: float) -> float:
     (a benchmark, a test suite beside the campaign) do not count; its wall clock where it has fewer than 3 intervals."""
     import csv
     import io
+    from itertools import pairwise
 
     rows = [(float(r["step"]), float(r["wall_seconds"])) for r in csv.DictReader(io.StringIO(history))
             if r.get("step") and r.get("wall_seconds")]
-    starts = [(0.0, 0.0), *rows][:len(rows)]
-    paces = [(w1 - w0) / (s1 - s0) for (s0, w0), (s1, w1) in zip(starts, rows, strict=True) if s1 > s0]
+    paces = [(w1 - w0) / (s1 - s0) for (s0, w0), (s1, w1) in pairwise([(0.0, 0.0), *rows]) if s1 > s0]
     return rows[-1][0] * statistics.median(paces) if len(paces) >= 3 else wall
 
 
@@ -763,7 +763,7 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
         if not plan or plan.get("cpu_hours") == 0:
             continue
         cost = done.get(t["table"]) or {}
-        medians = {_key(k["config"]): k["steady"] for k in cost.get("configs", [])}
+        paced = {_key(k["config"]): k["steady"] for k in cost.get("configs", [])}
         mine = [c for c in configs if c["table"] == t["table"]
                 and any(fnmatch(" ".join(c["overrides"]), p) for p in plan.get("only") or ["*"])]
         planned = completed = left = 0
@@ -775,7 +775,7 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
             if runs == ran:
                 continue
             seconds = c.get("run_seconds") if c["status"] in ("timed", "estimated") else None
-            how = ("untimed" if seconds is None else "own" if _key(c) in medians
+            how = ("untimed" if seconds is None else "own" if _key(c) in paced
                    else "scaled" if cost.get("steady_ratio") else "sheet")
             basis[how] += 1
             if seconds is None or sheet is None:
@@ -783,7 +783,7 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
                 continue
             sheet += (runs - ran) * seconds / 3600
             scale = cost.get("steady_ratio") or 1.0
-            each = {"own": medians.get(_key(c)), "scaled": seconds * scale}.get(how, seconds)
+            each = {"own": paced.get(_key(c)), "scaled": seconds * scale}.get(how, seconds)
             forecast += (runs - ran) * each / 3600
         rows.append({"table": t["table"], "runs": planned, "completed": completed, "left": left,
                      "sheet_hours": sheet, "forecast_hours": forecast, "ratio": cost.get("steady_ratio"),
