@@ -1,6 +1,6 @@
 """The reproduction campaign: paper tables built over days of CPU time, a few hours at a time, each from one code.
 
-    python -m scripts.campaign start T [--seeds S] [--args '...'] [--jobs 2]  # pin T to HEAD (once), then run
+    python -m scripts.campaign start T [--seeds S] [--args '...'] [--pin-only]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
     python -m scripts.campaign run T1 T2 ... [--jobs 2]  # one table after another, each once the one before completes
     python -m scripts.campaign stop T [--grace 300]    # stop T's runs: each checkpoints its step, then exits
@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--args", default="")
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--wait", action="store_true")
+    s.add_argument("--pin-only", action="store_true",
+                   help="pin it without running it (to queue it behind a running table: `run T1 T2`)")
     r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit; several tables: one "
                                    "after another, each once the one before has completed")
     r.add_argument("table", nargs="+")
@@ -286,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     if a.verb == "start":
         print(f"campaign: pinned {json.dumps(start(a.table, a.seeds, a.args))}")
-        return run(a.table, a.jobs, a.wait)
+        return 0 if a.pin_only else run(a.table, a.jobs, a.wait)
     if a.verb == "run":
         return queue(a.table, a.jobs, a.wait)
     if a.verb == "stop":

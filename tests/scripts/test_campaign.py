@@ -225,3 +225,10 @@ def test_a_table_running_already_is_not_launched_again_and_waiting_waits_for_it(
     monkeypatch.setattr(campaign, "_running", lambda table: next(answers))
     assert campaign.run("direct/sorting", 2, wait=True, poll=0.01) == 0
     assert next(answers, "drained") == "drained"
+
+
+def test_start_pin_only_pins_without_running_so_a_queue_can_take_it(places, monkeypatch, capsys):
+    monkeypatch.setattr(campaign, "_git", lambda *args, **kw: {"status": "", "rev-parse": "b" * 40}[args[0]])
+    monkeypatch.setattr(campaign, "run", lambda *a, **kw: pytest.fail("--pin-only ran the table"))
+    assert campaign.main(["start", "energy/citation", "--pin-only", "--seeds", "301"]) == 0
+    assert campaign.plan("energy/citation")["commit"] == "b" * 40 and "pinned" in capsys.readouterr().out
