@@ -113,7 +113,7 @@ direct-sorting-time: ## 200 timed steps per method at d in {10,40,100}, one run 
 table-direct-knn: ## seed 002 k-NN: 5 methods x k in {1,3,5,9} on MNIST (ARGS=dataset=...) -> results/direct/knn.md, knn_time.md
 	@$(MAKE) --no-print-directory table T=direct/knn
 
-table-direct-vae: ## seed 003 semi-supervised VAE: direct vs GSM x 5 label counts on MNIST -> results/direct/vae.md
+table-direct-vae: ## seed 003 semi-supervised VAE: direct vs GSM x 5 label counts on MNIST and Fashion-MNIST -> results/direct/vae.md
 	@$(MAKE) --no-print-directory table T=direct/vae
 
 table-direct-vae-unsupervised: ## seed 003 unsupervised discrete VAE: direct, GSM, ST, exact, SFE x K=10,50; bits -> results/direct/vae_unsupervised.md

@@ -702,7 +702,9 @@ def _planned(configs: list[dict], table: str, overrides: list[str]) -> dict | No
 def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]:
     """Per campaign table with committed records (under ``state``, default scripts/campaign.py's ``STATE``): its
     completed runs, the hours they took (their wall clocks), the hours this sheet plans for the same runs (None while
-    one of their configurations has no time), and per configuration the median run against the planned run."""
+    one of their configurations has no time), and per configuration the median run against the planned run. A plan
+    at a budget the sheet did not time (its spec's ``cpu_plan`` states its ``runs`` and ``cpu_hours``) is compared
+    with those instead, as a whole."""
     from scripts import campaign
 
     tables = []
@@ -720,11 +722,14 @@ def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]
                  for c, took in by_config.values() if c is not None and c.get("run_seconds")]
         planned = (sum(k["config"]["run_seconds"] * k["runs"] for k in known) / 3600
                    if len(known) == len(by_config) else None)
+        if (stated := _plan_of(table)).get("runs"):
+            known, planned = [], stated["cpu_hours"] * len(runs) / stated["runs"]
         spent = sum(r["seconds"] for r in runs) / 3600
         steady = sum(r["steady"] for r in runs) / 3600
         tables.append({"table": table, "runs": len(runs), "hours": spent, "steady_hours": steady, "planned": planned,
                        "ratio": spent / planned if planned else None,
                        "steady_ratio": steady / planned if planned else None, "configs": known,
+                       "steady_each": statistics.median(r["steady"] for r in runs),
                        "completed": {_key(c): len(took) for c, took in by_config.values() if c is not None}})
     return tables
 
@@ -755,7 +760,9 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
     CPU-hours of the rest — by this sheet, and forecast at the steady pace of the runs so far (:func:`steady_seconds`:
     CPU time, not the hours other work on the machine took from them): a configuration's median completed run where
     it has one (``own``: how many configurations left), else the sheet's run times the table's steady took / plan
-    (``scaled``), else the sheet's run. None while a configuration of the rest has no time."""
+    (``scaled``), else the sheet's run. None while a configuration of the rest has no time. A plan at a budget the
+    sheet did not time (``runs`` and ``cpu_hours`` in its ``cpu_plan``): the rest at the median steady run of its
+    completed runs, or at the plan's hours pro rata before it has any."""
     done, device = {t["table"]: t for t in costs}, _device_completed(configs, state)
     rows = []
     for t in tables:
@@ -763,6 +770,14 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
         if not plan or plan.get("cpu_hours") == 0:
             continue
         cost = done.get(t["table"]) or {}
+        if plan.get("runs"):
+            runs, ran = plan["runs"], min(plan["runs"], cost.get("runs", 0))
+            sheet = plan["cpu_hours"] * (runs - ran) / runs
+            how = "median" if cost.get("steady_each") else "plan"
+            rows.append({"table": t["table"], "runs": runs, "completed": ran, "left": runs - ran, "sheet_hours": sheet,
+                         "forecast_hours": (runs - ran) * cost["steady_each"] / 3600 if how == "median" else sheet,
+                         "ratio": cost.get("steady_ratio"), "basis": {how: runs - ran}})
+            continue
         paced = {_key(k["config"]): k["steady"] for k in cost.get("configs", [])}
         mine = [c for c in configs if c["table"] == t["table"]
                 and any(fnmatch(" ".join(c["overrides"]), p) for p in plan.get("only") or ["*"])]
@@ -795,8 +810,8 @@ def _basis(row: dict) -> str:
     """How a forecast was made: the configurations left by their own runs, by the sheet scaled, by the sheet."""
     b = row["basis"]
     said = {"own": "from their runs", "scaled": f"by the sheet × {_num(row['ratio'], 1)}", "sheet": "by the sheet",
-            "untimed": "not timed"}
-    return "; ".join(f"{b[k]} {said[k]}" for k in said if b[k]) or "—"
+            "untimed": "not timed", "median": "runs at the median of its runs", "plan": "runs at the plan's hours"}
+    return "; ".join(f"{b[k]} {said[k]}" for k in said if b.get(k)) or "—"
 
 
 def campaign_left(rows: list[dict]) -> list[str]:
@@ -811,7 +826,9 @@ def campaign_left(rows: list[dict]) -> list[str]:
              "runs so far at their steady pace (each run's steps at the median seconds per step of its evaluation "
              "intervals, so that intervals slowed by other work on the machine do not count; a configuration's "
              "median completed run where it has one, else the sheet's run times the table's steady took / plan, else "
-             "the sheet's run). A run interrupted with a checkpoint counts whole. "
+             "the sheet's run; a plan at a budget the sheet did not time states its runs and CPU-hours, and its rest "
+             "goes at the median of its completed runs, or at its stated hours before it has any). A run interrupted "
+             "with a checkpoint counts whole. "
              "The campaign runs two at a time: its wall clock is about half the CPU-hours.", "",
              "| table | runs of the plan | completed (committed) | left | their CPU-hours, this sheet | "
              "forecast CPU-hours | the configurations left, forecast |", "|---|---|---|---|---|---|---|",

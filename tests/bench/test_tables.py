@@ -270,6 +270,18 @@ def test_what_remains_is_the_plans_runs_less_the_completed_ones_forecast_from_th
     lines = bench.campaign_left([row])
     assert "| p/t | 9 | 3 | 6 | — | — | 1 from their runs; 1 by the sheet × 2.1; 1 not timed |" in lines
 
+    # a plan at a budget the sheet did not time states its runs and hours: compared with those, as a whole
+    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "short", "runs": 10, "cpu_hours": 1.0})
+    costs = bench.campaign_costs(configs[:2], state=tmp_path)
+    assert costs[0]["configs"] == [] and costs[0]["planned"] == pytest.approx(0.2)  # 2 of its 10 runs
+    assert costs[0]["steady_each"] == pytest.approx(380)
+    (row,) = bench.campaign_remains(configs, [{"table": "p/t"}], costs, state=tmp_path)
+    assert (row["runs"], row["completed"], row["left"]) == (10, 2, 8) and row["sheet_hours"] == pytest.approx(0.8)
+    assert row["forecast_hours"] == pytest.approx(8 * 380 / 3600)
+    assert bench._basis(row) == "8 runs at the median of its runs"
+    (row,) = bench.campaign_remains(configs, [{"table": "p/t"}], [], state=tmp_path)
+    assert row["forecast_hours"] == pytest.approx(1.0) and bench._basis(row) == "10 runs at the plan's hours"
+
 
 def test_a_runs_steady_pace_is_its_median_interval_not_its_slowed_ones():
     """steady_seconds: the run's steps at the median seconds per step of its evaluation intervals; its wall clock

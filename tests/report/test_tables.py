@@ -635,7 +635,7 @@ def test_seeds_and_args_replace_the_specs_defaults_and_scope_to_one_sweep(monkey
     monkeypatch.chdir(REPO)
     knn = _argv("direct/knn", seeds="1,2", args="dataset=cifar10 'trainer.max_steps=150'")[0]
     assert knn[3:6] == ["trainer.seed=1,2", "dataset=cifar10", "trainer.max_steps=150"] and "dataset=mnist" not in knn
-    assert "dataset=semisupervised_mnist" in _argv("direct/vae")[0]
+    assert "dataset=semisupervised_mnist,semisupervised_fashion_mnist" in _argv("direct/vae")[0]  # both datasets
     assert _argv("spigot/table2")[0][3] == "hydra/launcher=joblib"  # no seeds in the spec: the sweep's own
     chart_only = "listops_chart:trainer.seed=301 listops_chart:trainer.max_steps=500"
     chart, merge = _argv("listops/table", seeds="301,302", args=f"+preset=listops_cpu {chart_only}")[:2]
