@@ -806,6 +806,16 @@ def campaign_remains(configs: list[dict], tables: list[dict], costs: list[dict],
     return rows
 
 
+def unsheeted(tables: list[dict], state: Path | None = None) -> list[dict]:
+    """The campaign's pinned tables that this sheet did not time and whose plan states its runs and hours (a table
+    added after the sheet, e.g. energy/ner_vectors), so that what remains counts them too."""
+    from scripts import campaign
+
+    timed = {t["table"] for t in tables}
+    pinned = (json.loads(p.read_text())["table"] for p in sorted((state or campaign.STATE).glob("*/plan.json")))
+    return [{"table": t} for t in pinned if t not in timed and _plan_of(t).get("runs")]
+
+
 def _basis(row: dict) -> str:
     """How a forecast was made: the configurations left by their own runs, by the sheet scaled, by the sheet."""
     b = row["basis"]
@@ -933,7 +943,7 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         flags = flags.replace("'", '"')
         lines += ["", f"Not timed yet (resumed by `{command}" + (f" BENCH_CPU_ARGS='{flags}'" if flags else "")
                   + f"`): configurations of {', '.join(untimed)}."]
-    remains = campaign_left(campaign_remains(configs, sheet["tables"], costs))
+    remains = campaign_left(campaign_remains(configs, [*sheet["tables"], *unsheeted(sheet["tables"])], costs))
     return lines + campaign_spent(costs) + remains + _lab_plan() + ["", "## Every configuration", "", *render(sheet)]
 
 

@@ -281,6 +281,9 @@ def test_what_remains_is_the_plans_runs_less_the_completed_ones_forecast_from_th
     assert bench._basis(row) == "8 runs at the median of its runs"
     (row,) = bench.campaign_remains(configs, [{"table": "p/t"}], [], state=tmp_path)
     assert row["forecast_hours"] == pytest.approx(1.0) and bench._basis(row) == "10 runs at the plan's hours"
+    # a pinned table the sheet did not time counts where its plan states its runs and hours
+    assert bench.unsheeted([{"table": "q/u"}], state=tmp_path) == [{"table": "p/t"}]
+    assert bench.unsheeted([{"table": "p/t"}], state=tmp_path) == []
 
 
 def test_a_runs_steady_pace_is_its_median_interval_not_its_slowed_ones():
