@@ -708,22 +708,23 @@ def campaign_costs(configs: list[dict], state: Path | None = None) -> list[dict]
     from scripts import campaign
 
     tables = []
-    for plan_file in sorted((state or campaign.STATE).glob("*/plan.json")):
-        runs = campaign_runs(plan_file.parent)
+    for table, saved in campaign.pinned(state):
+        runs = campaign_runs(saved)
         if not runs:
             continue
-        table = json.loads(plan_file.read_text())["table"]
         by_config: dict[int, list] = {}
         for r in runs:
             c = _planned(configs, table, r["overrides"])
             by_config.setdefault(id(c), [c, []])[1].append(r)
-        known = [{"config": c, "runs": len(took), "median": (median := statistics.median(r["seconds"] for r in took)),
-                  "ratio": median / c["run_seconds"], "steady": statistics.median(r["steady"] for r in took)}
-                 for c, took in by_config.values() if c is not None and c.get("run_seconds")]
-        planned = (sum(k["config"]["run_seconds"] * k["runs"] for k in known) / 3600
-                   if len(known) == len(by_config) else None)
         if (stated := _plan_of(table)).get("runs"):
             known, planned = [], stated["cpu_hours"] * len(runs) / stated["runs"]
+        else:
+            known = [{"config": c, "runs": len(took),
+                      "median": (median := statistics.median(r["seconds"] for r in took)),
+                      "ratio": median / c["run_seconds"], "steady": statistics.median(r["steady"] for r in took)}
+                     for c, took in by_config.values() if c is not None and c.get("run_seconds")]
+            planned = (sum(k["config"]["run_seconds"] * k["runs"] for k in known) / 3600
+                       if len(known) == len(by_config) else None)
         spent = sum(r["seconds"] for r in runs) / 3600
         steady = sum(r["steady"] for r in runs) / 3600
         tables.append({"table": table, "runs": len(runs), "hours": spent, "steady_hours": steady, "planned": planned,
@@ -812,8 +813,7 @@ def unsheeted(tables: list[dict], state: Path | None = None) -> list[dict]:
     from scripts import campaign
 
     timed = {t["table"] for t in tables}
-    pinned = (json.loads(p.read_text())["table"] for p in sorted((state or campaign.STATE).glob("*/plan.json")))
-    return [{"table": t} for t in pinned if t not in timed and _plan_of(t).get("runs")]
+    return [{"table": t} for t, _ in campaign.pinned(state) if t not in timed and _plan_of(t).get("runs")]
 
 
 def _basis(row: dict) -> str:

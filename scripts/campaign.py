@@ -71,6 +71,11 @@ def plan(table: str) -> dict:
     return json.loads(path.read_text())
 
 
+def pinned(state: Path | None = None) -> list[tuple[str, Path]]:
+    """The started tables, each with its folder of committed state (under ``state``, default :data:`STATE`)."""
+    return [(json.loads(p.read_text())["table"], p.parent) for p in sorted((state or STATE).glob("*/plan.json"))]
+
+
 def start(table: str, seeds: str, args: str) -> dict:
     """Pin ``table`` to HEAD with its protocol (refused once pinned, or on a tree with uncommitted code)."""
     path = state_dir(table) / "plan.json"
@@ -236,13 +241,12 @@ def _manifest(saved: Path) -> dict:
 
 def status() -> list[str]:
     lines = []
-    for path in sorted(STATE.glob("*/plan.json")):
-        entry = json.loads(path.read_text())
-        table, runs = entry["table"], campaign_root() / "runs"
+    for table, saved in pinned():
+        entry, runs = plan(table), campaign_root() / "runs"
         sweep = carry.sweep_dir(table, runs)
         found = carry.find_runs(sweep) if sweep.is_dir() else []
         done = sum(r.status == "completed" for r in found)
-        committed = sum(v["status"] == "completed" for v in _manifest(path.parent)["runs"].values())
+        committed = sum(v["status"] == "completed" for v in _manifest(saved)["runs"].values())
         lines.append(f"{table}: commit {entry['commit'][:12]}, seeds {entry['seeds'] or 'the spec'}, args "
                      f"{entry['args'] or '—'}; here {done} of {len(found)} run directories completed, {committed} "
                      f"completed in the committed records; {'running' if _running(table) else 'not running'}")
