@@ -2,8 +2,9 @@
 
     python -m scripts.campaign start T [--seeds S] [--args '...'] [--pin-only]  # pin T to HEAD (once), then run
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
-    python -m scripts.campaign run T1 T2 ... [--jobs 2]  # one table after another, each once the one before completes
-    python -m scripts.campaign stop T [--grace 300]    # stop T's runs: each checkpoints its step, then exits
+    python -m scripts.campaign run T1 T2 ... [--jobs 2]  # a queue: each table as soon as a slot is free, in order
+    python -m scripts.campaign stop [T ...] [--grace 300]  # stop T's runs (default: every running table's): each
+                                                       # checkpoints its step, then exits
     python -m scripts.campaign save T [--checkpoints MIB]  # T's run records (+ interrupted runs' checkpoints)
                                                        # -> campaign/<paper>-<table>/ (to commit)
     python -m scripts.campaign status                  # every table of the campaign: commit, runs done, running?
@@ -118,35 +119,54 @@ def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
     return argv, env, code
 
 
-def run(table: str, jobs: int, wait: bool, poll: float = 60.0) -> int:
-    """Launch ``table``'s missing runs at its pinned code (``wait``: until they end; its exit status). A table running
-    already is not launched again: ``wait`` waits for that session to end (a queue's check then says whether it
-    completed or was stopped)."""
+def launch(table: str, jobs: int) -> subprocess.Popen:
+    """Start ``table``'s missing runs at its pinned code, ``jobs`` at a time, in a session of their own (its pid file
+    names it), the committed records restored first."""
     entry = plan(table)
-    if _running(table):
-        print(f"campaign: {table} is running already{'; waiting for it' if wait else ''}", flush=True)
-        while wait and _running(table):
-            time.sleep(poll)
-        return 0
     runs = campaign_root() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     _restore(table, runs)
     argv, env, code = command(table, entry, jobs)
     log = campaign_root() / f"{table.replace('/', '-')}.log"
-    print(f"campaign: {table} at {entry['commit'][:12]} in {code}; runs in {runs}; log {log}")
+    print(f"campaign: {table} at {entry['commit'][:12]} in {code}, {jobs} at a time; runs in {runs}; log {log}",
+          flush=True)
     with open(log, "a") as out:
         proc = subprocess.Popen(argv, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     _nice_session(proc.pid)
     (campaign_root() / f"{table.replace('/', '-')}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def run(table: str, jobs: int, wait: bool, poll: float = 60.0) -> int:
+    """Launch ``table``'s missing runs at its pinned code (``wait``: until they end; its exit status). A table running
+    already is not launched again: ``wait`` waits for that session to end."""
+    plan(table)
+    if _running(table):
+        print(f"campaign: {table} is running already{'; waiting for it' if wait else ''}", flush=True)
+        while wait and _running(table):
+            time.sleep(poll)
+        return 0
+    proc = launch(table, jobs)
     return proc.wait() if wait else 0
 
 
-def queue(tables: list[str], jobs: int, wait: bool) -> int:
-    """Run ``tables`` one after another, each started once every run of the one before has completed, so that the
-    machine goes on between sessions. A table that stops short (``stop``, a failed run: its sweep's exit status is
-    not 0, or a run of it is not completed) ends the queue there. Without ``wait``, the queue itself waits in the
-    background (a session of its own, its log ``queue.log``); ``stop`` of its current table ends it."""
+def _left(table: str) -> int:
+    """The run directories of ``table``'s sweep that are not completed."""
+    return sum(r.status != "completed" for r in carry.find_runs(carry.sweep_dir(table, campaign_root() / "runs")))
+
+
+def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
+    """Run ``tables`` in order, ``jobs`` runs at a time in all, so that the machine goes on between sessions. A table
+    starts as soon as a slot is free — fewer of the campaign's runs holding their claims
+    (:func:`scripts.carry.held_claims`) than ``jobs``: at once when no table of the queue runs, otherwise at two
+    polls in a row (a sweep between two runs is no free slot) — with the free slots as its jobs. So the tail of one
+    table, its last runs, overlaps the head of the next instead of leaving a core idle until the longest of them
+    ends. A table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table
+    that stops short (``stop``, a failed run: its sweep's exit status is not 0, or a run of it is not completed) ends
+    the queue there: no table after it starts, and the queue waits for those running. Without ``wait``, the queue
+    itself waits in the background (a session of its own, its log ``queue.log``); ``stop`` of the running tables
+    ends it."""
     if len(tables) == 1:
         return run(tables[0], jobs, wait)
     for table in tables:
@@ -159,16 +179,33 @@ def queue(tables: list[str], jobs: int, wait: bool) -> int:
                                      "--wait"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         print(f"campaign: queue {' -> '.join(tables)} (pid {proc.pid}); log {log}")
         return 0
-    for k, table in enumerate(tables):
-        code = run(table, jobs, wait=True)
-        left = [r for r in carry.find_runs(carry.sweep_dir(table, campaign_root() / "runs"))
-                if r.status != "completed"]
-        if code != 0 or left:
-            print(f"campaign: {table} stopped short (exit {code}, {len(left)} runs not completed); the queue ends "
-                  f"there: {' '.join(tables[k + 1:]) or 'nothing'} not started", flush=True)
-            return code or 1
-        print(f"campaign: {table} complete", flush=True)
-    return 0
+    todo, active, code, free_before = list(tables), {}, 0, 0  # active: table -> its process (None: not ours)
+    while todo or active:
+        for table, proc in list(active.items()):
+            if (proc.poll() is None) if proc else _running(table):
+                continue
+            del active[table]
+            exit, left = (proc.returncode if proc else 0), _left(table)
+            if exit or left:
+                print(f"campaign: {table} stopped short (exit {exit}, {left} runs not completed); the queue ends "
+                      f"there: {' '.join(todo) or 'nothing'} not started"
+                      f"{'; waiting for ' + ' '.join(active) if active else ''}", flush=True)
+                todo, code = [], code or exit or 1
+            else:
+                print(f"campaign: {table} complete", flush=True)
+        if todo and _running(todo[0]):
+            print(f"campaign: {todo[0]} is running already; waiting for it", flush=True)
+            active[todo.pop(0)] = None
+            continue
+        if todo:
+            free = jobs - len(carry.held_claims(campaign_root() / "runs"))  # the campaign's runs running now
+            if free > 0 and (not active or free_before > 0):
+                table = todo.pop(0)
+                active[table], free = launch(table, min(free, free_before) if active else free), 0
+            free_before = free
+        if todo or active:
+            time.sleep(poll)
+    return code
 
 
 def _nice_session(pid: int, nice: int = NICE) -> None:
@@ -272,13 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--wait", action="store_true")
     s.add_argument("--pin-only", action="store_true",
                    help="pin it without running it (to queue it behind a running table: `run T1 T2`)")
-    r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit; several tables: one "
-                                   "after another, each once the one before has completed")
+    r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit; several tables: a queue, "
+                                   "each started in order as soon as a slot is free")
     r.add_argument("table", nargs="+")
     r.add_argument("--jobs", type=int, default=2)
     r.add_argument("--wait", action="store_true", help="wait for the runs (default: in the background)")
-    t = sub.add_parser("stop", help="stop a table's runs: each checkpoints its step and exits; `run` resumes them")
-    t.add_argument("table")
+    t = sub.add_parser("stop", help="stop tables' runs (default: every running table's): each checkpoints its step and "
+                                    "exits; `run` resumes them")
+    t.add_argument("table", nargs="*")
     t.add_argument("--grace", type=float, default=300.0,
                    help="seconds to wait for the runs' checkpoints before killing what is left (default 300)")
     v = sub.add_parser("save", help="pack a table's run records (and, with --checkpoints, its interrupted runs' "
@@ -296,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.verb == "run":
         return queue(a.table, a.jobs, a.wait)
     if a.verb == "stop":
-        return stop(a.table, a.grace)
+        tables = a.table or [table for table, _ in pinned() if _running(table)]
+        if not tables:
+            print("campaign: no table is running")
+        return max((stop(table, a.grace) for table in tables), default=0)
     if a.verb == "save":
         save(a.table, a.checkpoints)
         return 0

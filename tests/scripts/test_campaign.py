@@ -173,10 +173,51 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
         proc.wait()
 
 
-def test_a_queue_runs_its_tables_in_order_and_ends_at_one_that_stops_short(places, monkeypatch, capsys):
-    """run T1 T2 T3: each table starts once every run of the one before has completed; a table stopped (its sweep's
-    exit status, or a run of it left unfinished) ends the queue there; an unstarted table is refused before any
-    runs."""
+class _World:
+    """A queue's world, a poll at a time: each launched (or already running) table holds, at each poll after its
+    start, the number of claims its profile says, and its session ends after the profile with its exit status."""
+
+    def __init__(self, profiles, exits=(), left=(), outside=()):
+        self.tick, self.profiles, self.exits, self.left = 0, profiles, dict(exits), dict(left)
+        self.started = {table: 0 for table in outside}  # tables running already, not the queue's
+        self.launched = []
+
+    def launch(self, table, jobs):
+        self.launched.append((table, jobs, self.tick))
+        self.started[table] = self.tick
+        world = self
+
+        class Proc:
+            returncode = None
+
+            def poll(self):
+                if world.running(table):
+                    return None
+                self.returncode = world.exits.get(table, 0)
+                return self.returncode
+
+        return Proc()
+
+    def running(self, table):
+        return table in self.started and self.tick - self.started[table] < len(self.profiles[table])
+
+    def claims(self, root):
+        return [root] * sum(self.profiles[t][self.tick - t0] for t, t0 in self.started.items() if self.running(t))
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(campaign, "launch", self.launch)
+        monkeypatch.setattr(campaign, "_running", self.running)
+        monkeypatch.setattr(campaign, "_left", lambda table: self.left.get(table, 0))
+        monkeypatch.setattr(campaign.carry, "held_claims", self.claims)
+        monkeypatch.setattr(campaign.time, "sleep", lambda s: setattr(self, "tick", self.tick + 1))
+        return self
+
+
+def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, monkeypatch, capsys):
+    """run T1 T2 T3: the first table at once with every slot; each next one once fewer runs than slots hold their
+    claims at two polls in a row (a single poll between two runs of a sweep is no free slot), with the free slots;
+    a table stopped short (its sweep's exit status, or a run left unfinished) ends the queue there, which still
+    waits for the tables running; an unstarted table is refused before any runs."""
     from types import SimpleNamespace
 
     tables = ["spigot/table2", "direct/sorting", "energy/mlc"]
@@ -184,30 +225,37 @@ def test_a_queue_runs_its_tables_in_order_and_ends_at_one_that_stops_short(place
         state = places / "state" / t.replace("/", "-")
         state.mkdir(parents=True)
         (state / "plan.json").write_text(json.dumps({"table": t, "commit": "e" * 40}))
-    ran, exits, left = [], {}, {}
-    monkeypatch.setattr(campaign, "run",
-                        lambda table, jobs, wait: ran.append((table, jobs, wait)) or exits.get(table, 0))
-    monkeypatch.setattr(campaign.carry, "sweep_dir", lambda table, runs: table)
-    monkeypatch.setattr(campaign.carry, "find_runs", lambda sweep: [
-        SimpleNamespace(status="completed"), *[SimpleNamespace(status=None)] * left.get(sweep, 0)])
-    assert campaign.queue(tables, 2, wait=True) == 0
-    assert ran == [(t, 2, True) for t in tables]
-    ran.clear()
-    left["direct/sorting"] = 1  # stopped: a run checkpointed and exited, the sweep itself exited 0
-    assert campaign.queue(tables, 2, wait=True) == 1
-    assert [t for t, *_ in ran] == tables[:2] and "energy/mlc not started" in capsys.readouterr().out
-    ran.clear()
-    left.clear()
-    exits["spigot/table2"] = 143
-    assert campaign.queue(tables, 2, wait=True) == 143 and [t for t, *_ in ran] == tables[:1]
-    ran.clear()
+    profiles = {"spigot/table2": [2, 1, 2, 1, 1, 1, 1], "direct/sorting": [1] * 8, "energy/mlc": [1] * 3}
+    world = _World(profiles).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    # tick 1's single free poll is a gap between two runs; ticks 3-4 free -> sorting, 1 job; the same for mlc
+    assert world.launched == [("spigot/table2", 2, 0), ("direct/sorting", 1, 4), ("energy/mlc", 1, 8)]
+    assert capsys.readouterr().out.count("complete") == 3
+
+    world = _World(profiles, left={"spigot/table2": 1}).install(monkeypatch)  # stopped: a run checkpointed, exited
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 1
+    assert [t for t, *_ in world.launched] == tables[:2] and world.tick == 12  # it waited for sorting to end
+    said = capsys.readouterr().out
+    assert "energy/mlc not started; waiting for direct/sorting" in said and "direct/sorting complete" in said
+
+    world = _World(profiles, exits={"direct/sorting": 143}).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 143
+    assert [t for t, *_ in world.launched] == tables  # mlc had started before sorting failed
+
+    # a table running already (an earlier queue's) is waited for, and its claims count
+    world = _World(profiles, outside=["spigot/table2"]).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    assert world.launched == [("direct/sorting", 1, 4), ("energy/mlc", 1, 8)]
+    assert "spigot/table2 is running already" in capsys.readouterr().out
+
+    world = _World(profiles).install(monkeypatch)
     with pytest.raises(SystemExit, match="not started"):
         campaign.queue([*tables, "spigot/table3_sst"], 2, wait=True)
-    assert ran == []
+    assert world.launched == []
     started = []  # in the background: the queue is this command again, waiting, in a session of its own
     monkeypatch.setattr(campaign.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw)) or
                         SimpleNamespace(pid=1))
-    assert campaign.queue(tables, 2, wait=False) == 0 and ran == []
+    assert campaign.queue(tables, 2, wait=False) == 0 and world.launched == []
     ((argv, kw),) = started
     assert argv[1:] == ["-m", "scripts.campaign", "run", *tables, "--jobs", "2", "--wait"]
     assert kw["start_new_session"] and (places / "campaign" / "queue.log").is_file()
@@ -232,3 +280,16 @@ def test_start_pin_only_pins_without_running_so_a_queue_can_take_it(places, monk
     monkeypatch.setattr(campaign, "run", lambda *a, **kw: pytest.fail("--pin-only ran the table"))
     assert campaign.main(["start", "energy/citation", "--pin-only", "--seeds", "301"]) == 0
     assert campaign.plan("energy/citation")["commit"] == "b" * 40 and "pinned" in capsys.readouterr().out
+
+
+def test_stop_without_a_table_stops_every_running_table(places, monkeypatch, capsys):
+    for t in ("spigot/table2", "direct/sorting", "energy/mlc"):
+        (places / "state" / t.replace("/", "-")).mkdir(parents=True)
+        (places / "state" / t.replace("/", "-") / "plan.json").write_text(json.dumps({"table": t, "commit": "a" * 40}))
+    stopped = []
+    monkeypatch.setattr(campaign, "stop", lambda table, grace: stopped.append(table) or 0)
+    monkeypatch.setattr(campaign, "_running", lambda table: False)
+    assert campaign.main(["stop"]) == 0 and stopped == [] and "no table is running" in capsys.readouterr().out
+    monkeypatch.setattr(campaign, "_running", lambda table: table != "energy/mlc")
+    assert campaign.main(["stop"]) == 0 and stopped == ["direct/sorting", "spigot/table2"]
+    assert campaign.main(["stop", "energy/mlc"]) == 0 and stopped[-1] == "energy/mlc"
