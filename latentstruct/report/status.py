@@ -96,14 +96,15 @@ def facts(used: pd.DataFrame, keys: dict | None = None) -> dict:
     }
 
 
-def _counts(cells: list[dict]) -> dict:
-    def has(x):
-        return x is not None and not (isinstance(x, float) and math.isnan(x))
+def _has(x) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
 
+
+def _counts(cells: list[dict]) -> dict:
     return {
         "total": len(cells),
         "with_runs": sum(1 for c in cells if c["n_runs"]),
-        "with_paper": sum(1 for c in cells if has(c["paper"])),
+        "with_paper": sum(1 for c in cells if _has(c["paper"])),
         "compared": sum(1 for c in cells if c["agrees"] is not None),
         "within_tolerance": sum(1 for c in cells if c["agrees"] is True),
     }
@@ -132,16 +133,24 @@ def _differs(found: dict, proto: dict, cells: list[dict], sections=None) -> tupl
         for value, name in (entry.get("stand_ins") or {}).items():  # data put in the place of the paper's
             if _text(value) in values:
                 differs.append(f"{name} instead of {entry['paper']}")
-    empty = [c for c in cells if not c["n_runs"]]
+    def without_runs(c: dict) -> bool:  # a value has runs; without one, n_done says (a backfilled cell has none)
+        return not c["n_runs"] and not c.get("n_done")
+
+    empty = [c for c in cells if without_runs(c)]
     if empty and len(empty) < len(cells):
         settings = list(dict.fromkeys(c["setting"] for c in cells))
-        blank = [s for s in settings if all(not c["n_runs"] for c in cells if c["setting"] == s)]
+        blank = [s for s in settings if all(without_runs(c) for c in cells if c["setting"] == s)]
         whole = {
             s: sec["title"] for sec in sections or [] if set(sec["settings"]) <= set(blank) for s in sec["settings"]
         }
         blank = list(dict.fromkeys(whole.get(s, s) for s in blank))  # a section without runs is named by its title
         where = f": no runs for {', '.join(blank)}" if blank else ""
         differs.append(f"{len(empty)} of {len(cells)} cells without runs{where}")
+    # completed runs without a value: a metric the row does not have (SST's baseline has no trees) is no gap, unless
+    # the paper has a number there
+    unrecorded = [c for c in cells if not without_runs(c) and not c["n_runs"] and _has(c.get("paper"))]
+    if unrecorded:
+        differs.append(f"{len(unrecorded)} of {len(cells)} cells with a paper number that their runs do not record")
     return differs, unknown
 
 
@@ -276,7 +285,8 @@ def sidecar(spec: dict, markdown: str | Path, found: dict, cells: list[dict], so
     proto = protocol(spec)
     result = summary(found, proto, cells, spec, gaps)
     result["code"] = code.verdict(found.get("commits") or [], found.get("dirty_commits") or [])
-    keep = ("row", "setting", "metric", "ours", "ours_err", "n_runs", "n_failed", "paper", "paper_err", "agrees")
+    keep = ("row", "setting", "metric", "ours", "ours_err", "n_runs", "n_done", "n_failed", "paper", "paper_err",
+            "agrees")
     return {
         "format": SIDECAR_FORMAT,
         "spec": spec.get("spec_path"),

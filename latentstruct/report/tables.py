@@ -185,7 +185,8 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     """Long-format table: one line per (row, setting, metric).
 
     ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
-    :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs, n_failed, paper, paper_err,
+    :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs (runs with a value), n_done (completed
+    runs of the cell, with a value or not), n_failed, paper, paper_err,
     diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run), per_seed
     (the run values in seed order, formatted), steps (the distinct training lengths of the cell's runs).
     """
@@ -205,7 +206,8 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
             known = spec.get("verdict", True) and not (math.isnan(ours) or math.isnan(paper))
             out.append({"row": row["name"], "setting": setting["name"], "metric": metric_id(metric),
                         "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
-                        "n_failed": int(len(cell) - len(done)), "paper": paper, "paper_err": paper_err,
+                        "n_done": int(len(done)), "n_failed": int(len(cell) - len(done)),
+                        "paper": paper, "paper_err": paper_err,
                         "diff": ours - paper, "tol": allowed if known else math.nan,
                         "agrees": bool(abs(ours - paper) <= allowed) if known else None,
                         "per_seed": ", ".join(_fmt(v) for v in values.dropna()),
@@ -362,10 +364,12 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         lines += ["", "**Cells mixing runs of different lengths** (training steps; rerun or remove runs so that each "
                   "cell aggregates one protocol): "
                   + ", ".join(f"{names[c.row]} {c.setting} {c.metric} ({c.steps})" for _, c in mixed.iterrows())]
-    missing = df[df["n_runs"] == 0]
-    if len(missing):
-        lines += ["", "Cells without completed runs: "
-                  + ", ".join(f"{names[c.row]} {c.setting} {c.metric}" for _, c in missing.iterrows())]
+    for which, note in ((df["n_done"] == 0, "Cells without completed runs"),
+                        ((df["n_done"] > 0) & (df["n_runs"] == 0), "Cells whose completed runs record no value (the "
+                         "metric does not apply to the row, or was not recorded)")):
+        if which.any():
+            lines += ["", f"{note}: " + ", ".join(f"{names[c.row]} {c.setting} {c.metric}"
+                                                  for _, c in df[which].iterrows())]
     failing = ~used["completed"] & (used["status"] != "interrupted") if len(used) else None  # interrupted: resumable
     failed = used[failing].drop_duplicates("run_dir") if len(used) else used
     if len(failed):

@@ -65,6 +65,33 @@ def test_fewer_steps_or_runs_than_the_paper_make_a_reduced_table(tmp_path):
     assert md.splitlines()[2].startswith("**Status: reduced protocol** — 40 of 100 training steps")
 
 
+def test_a_metric_the_completed_runs_do_not_record_is_no_cell_without_runs(tmp_path):
+    """SST's baseline has no trees: its depth cell has completed runs, no value and no paper number, which is no gap;
+    a cell whose runs leave out a metric the paper has a number for is one, said as such."""
+    spec = _spec(tmp_path)
+    _four_runs(tmp_path / "runs")
+    for seed in range(1, 5):
+        run = _run(tmp_path / "runs", f"o{seed}", "synthetic_other", acc=49.0 + seed, seed=seed)
+        record = json.loads((run / "metrics.json").read_text())
+        del record["metrics"]["test/v_measure"]  # the row has no V-measure (nor has the paper)
+        (run / "metrics.json").write_text(json.dumps(record))
+    out = tmp_path / "t1.md"
+    assert tables.main([str(spec), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    data, md = json.loads(out.with_suffix(".json").read_text()), out.read_text()
+    assert not any("cells" in d for d in data["differs"]) and "Cells without completed runs" not in md
+    assert "Cells whose completed runs record no value (the metric does not apply to the row, or was not " \
+           "recorded): Other K=3 test/v_measure" in md
+    cells = {(c["row"], c["metric"]): c for c in data["long"]}
+    assert cells[("other", "test/v_measure")]["n_done"] == 4 and cells[("other", "test/v_measure")]["n_runs"] == 0
+    for run in (tmp_path / "runs").glob("o*"):  # now the accuracy, which the paper has, is left out too
+        record = json.loads((run / "metrics.json").read_text())
+        del record["metrics"]["test/acc"]
+        (run / "metrics.json").write_text(json.dumps(record))
+    assert tables.main([str(spec), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert "1 of 4 cells with a paper number that their runs do not record" in data["differs"]
+
+
 def test_substituted_data_is_named_and_an_unrecorded_key_is_said(tmp_path):
     entry = {"key": "dataset.dim", "missing": 2, "paper": "the real data", "instead": "toy data"}
     spec = _with(_spec(tmp_path), paper_protocol={"data": [entry]}, provenance_keys={"dataset.dim": "dim"})
@@ -151,6 +178,9 @@ def test_the_backfill_reads_a_generated_table_back_to_its_numbers(tmp_path):
         assert parsed["provenance"][key] == written["provenance"][key], key
     for ours, theirs in zip(parsed["long"], written["long"], strict=True):
         for key, value in theirs.items():
+            if key == "n_done":  # not in a table's Markdown: a backfilled cell has only the runs with a value
+                assert ours[key] is None
+                continue
             assert ours[key] == (round(value, 2) if isinstance(value, float) else value), key
     assert path.read_text() == md  # the status line is back where write_markdown puts it
     backfill.backfill(path, tmp_path / "spec.yaml")
