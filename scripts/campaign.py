@@ -185,12 +185,12 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
             if (proc.poll() is None) if proc else _running(table):
                 continue
             del active[table]
-            exit, left = (proc.returncode if proc else 0), _left(table)
-            if exit or left:
-                print(f"campaign: {table} stopped short (exit {exit}, {left} runs not completed); the queue ends "
+            rc, left = (proc.returncode if proc else 0), _left(table)  # rc: unknown (0) for a table not ours
+            if rc or left:
+                print(f"campaign: {table} stopped short (exit {rc}, {left} runs not completed); the queue ends "
                       f"there: {' '.join(todo) or 'nothing'} not started"
                       f"{'; waiting for ' + ' '.join(active) if active else ''}", flush=True)
-                todo, code = [], code or exit or 1
+                todo, code = [], code or rc or 1
             else:
                 print(f"campaign: {table} complete", flush=True)
         if todo and _running(todo[0]):
