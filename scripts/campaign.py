@@ -125,6 +125,7 @@ def launch(table: str, jobs: int) -> subprocess.Popen:
     entry = plan(table)
     runs = campaign_root() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
+    _stopped(table).unlink(missing_ok=True)
     _restore(table, runs)
     argv, env, code = command(table, entry, jobs)
     log = campaign_root() / f"{table.replace('/', '-')}.log"
@@ -163,10 +164,10 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
     polls in a row (a sweep between two runs is no free slot) — with the free slots as its jobs. So the tail of one
     table, its last runs, overlaps the head of the next instead of leaving a core idle until the longest of them
     ends. A table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table
-    that stops short (``stop``, a failed run: its sweep's exit status is not 0, or a run of it is not completed) ends
-    the queue there: no table after it starts, and the queue waits for those running. Without ``wait``, the queue
-    itself waits in the background (a session of its own, its log ``queue.log``); ``stop`` of the running tables
-    ends it."""
+    that stops short (``stop``: its mark, :func:`_stopped`; a failed run: its sweep's exit status is not 0, or a run
+    of it is not completed) ends the queue there: no table after it starts, and the queue waits for those running.
+    Without ``wait``, the queue itself waits in the background (a session of its own, its log ``queue.log``);
+    ``stop`` of the running tables ends it."""
     if len(tables) == 1:
         return run(tables[0], jobs, wait)
     for table in tables:
@@ -186,8 +187,9 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                 continue
             del active[table]
             rc, left = (proc.returncode if proc else 0), _left(table)  # rc: unknown (0) for a table not ours
-            if rc or left:
-                print(f"campaign: {table} stopped short (exit {rc}, {left} runs not completed); the queue ends "
+            if rc or left or _stopped(table).is_file():
+                print(f"campaign: {table} stopped short (exit {rc}, {left} runs not completed"
+                      f"{', stopped' if _stopped(table).is_file() else ''}); the queue ends "
                       f"there: {' '.join(todo) or 'nothing'} not started"
                       f"{'; waiting for ' + ' '.join(active) if active else ''}", flush=True)
                 todo, code = [], code or rc or 1
@@ -246,6 +248,7 @@ def stop(table: str, grace: float) -> int:
     if pgid is None:
         print(f"campaign: {table} is not running")
         return 0
+    _stopped(table).write_text(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC\n"))
     carry.stop_group(pgid, campaign_root() / "runs", f"campaign stop {table}", grace,
                      log=lambda line: print(f"campaign: {line}"))
     print(f"campaign: {table} stopped; `python -m scripts.campaign save {table}` packs its records (then commit)")
@@ -266,6 +269,12 @@ def save(table: str, checkpoints_mib: float = 0.0) -> dict:
 
 def _running(table: str) -> bool:
     return session(campaign_root() / f"{table.replace('/', '-')}.pid") is not None
+
+
+def _stopped(table: str) -> Path:
+    """The mark ``stop`` leaves for a queue (removed at the table's next launch): a table stopped between two runs
+    leaves no unfinished run, and a queue that did not launch it has no exit status to read."""
+    return campaign_root() / f"{table.replace('/', '-')}.stopped"
 
 
 def _manifest(saved: Path) -> dict:

@@ -247,6 +247,12 @@ def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, mo
     assert campaign.queue(tables, 2, wait=True, poll=0) == 0
     assert world.launched == [("direct/sorting", 1, 4), ("energy/mlc", 1, 8)]
     assert "spigot/table2 is running already" in capsys.readouterr().out
+    # stopped between two runs, it leaves no unfinished run and, not the queue's, no exit status: stop's mark says it
+    (places / "campaign").mkdir(parents=True, exist_ok=True)
+    campaign._stopped("spigot/table2").write_text("now")
+    world = _World(profiles, outside=["spigot/table2"]).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 1
+    assert [t for t, *_ in world.launched] == ["direct/sorting"] and "stopped)" in capsys.readouterr().out
 
     world = _World(profiles).install(monkeypatch)
     with pytest.raises(SystemExit, match="not started"):
