@@ -187,9 +187,10 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                 continue
             del active[table]
             rc, left = (proc.returncode if proc else 0), _left(table)  # rc: unknown (0) for a table not ours
-            if rc or left or _stopped(table).is_file():
+            stopped = _stopped(table).is_file()
+            if rc or left or stopped:
                 print(f"campaign: {table} stopped short (exit {rc}, {left} runs not completed"
-                      f"{', stopped' if _stopped(table).is_file() else ''}); the queue ends "
+                      f"{', stopped' if stopped else ''}); the queue ends "
                       f"there: {' '.join(todo) or 'nothing'} not started"
                       f"{'; waiting for ' + ' '.join(active) if active else ''}", flush=True)
                 todo, code = [], code or rc or 1
