@@ -27,6 +27,8 @@ from typing import Any
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from latentstruct.records import MACHINE_COLUMNS
+
 __all__ = ["Progress", "status", "WINDOW_SECONDS"]
 
 log = logging.getLogger("latentstruct")
@@ -173,7 +175,7 @@ class Progress(contextlib.AbstractContextManager):
 
     def evaluated(self, row: dict[str, Any]) -> None:
         """The evaluation since :meth:`pause` gave ``row`` (a history row: step, epoch, train/loss, the split
-        metrics, wall_seconds): log its line and show its ``valid/acc``."""
+        metrics, the machine's columns): log its line and show its ``valid/acc``."""
         now = time.perf_counter()
         seconds = now - self.paused_since
         self.paused += seconds
@@ -183,7 +185,8 @@ class Progress(contextlib.AbstractContextManager):
         if "valid/acc" in row:
             self.last = (step, row["valid/acc"])
         index = bisect.bisect_left(self.evaluations, step) + 1
-        metrics = " · ".join(f"{k} {_number(v)}" for k, v in row.items() if k not in ("step", "epoch", "wall_seconds"))
+        shown = (k for k in row if k not in ("step", "epoch", *MACHINE_COLUMNS))
+        metrics = " · ".join(f"{k} {_number(row[k])}" for k in shown)
         log.info(
             "evaluation %d/%d at step %s/%s · %s · %s · %s",
             index,

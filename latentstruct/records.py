@@ -197,6 +197,13 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+#: history.csv's columns that measure the machine, not the run: the run's wall clock and its process CPU seconds since
+#: it began (each summed over the processes that resumed it) and the machine's 1-minute load average, at each
+#: evaluation. A run starved by other work shows CPU seconds growing slower than its wall clock and a load above its
+#: threads; two runs that compute the same differ only in these columns.
+MACHINE_COLUMNS = ("wall_seconds", "cpu_seconds", "load_1min")
+
+
 def write_history(path: Path, history: list[dict[str, float]]) -> None:
     import pandas as pd  # here, not at the top: a process that never evaluates (a refusal, --cfg) saves its 0.4 s
 

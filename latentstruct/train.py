@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -562,7 +563,8 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
                         evaluated = model.evaluate_splits({split: splits[split] for split in ("valid", "test")},
                                                           tc.batch_size)
                     row.update({f"{split}/{k}": v for split, metrics in evaluated.items() for k, v in metrics.items()})
-                    row["wall_seconds"] = time.perf_counter() - start
+                    row.update(wall_seconds=time.perf_counter() - start, cpu_seconds=cpu_seconds(),
+                               load_1min=os.getloadavg()[0])
                     history.append(row)
                     window, (loss_sum, loss_count) = (loss_sum, loss_count), (0.0, 0)
                     logger.log(step, row)

@@ -18,6 +18,7 @@ import torch
 
 import latentstruct.train as train_module
 from latentstruct.guards import Interrupted, NonFinite
+from latentstruct.records import MACHINE_COLUMNS
 from tests.helpers import ROOT, run_cli, train_run
 from tests.test_train import TINY
 
@@ -35,7 +36,7 @@ def full(tmp_path_factory) -> Path:
 
 
 def _history(run_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(run_dir / "history.csv").drop(columns="wall_seconds")
+    return pd.read_csv(run_dir / "history.csv").drop(columns=list(MACHINE_COLUMNS))
 
 
 def _record(run_dir: Path) -> dict:

@@ -16,6 +16,7 @@ import latentstruct.train as train_module
 from latentstruct.records import (
     LENGTH,
     LOCATION,
+    MACHINE_COLUMNS,
     NOT_RESULT,
     RUN_FILE,
     RunMismatch,
@@ -90,7 +91,7 @@ def test_a_completed_run_goes_on_exactly_to_a_longer_length_and_refuses_a_shorte
     train_run(tmp_path, *TINY, "trainer.max_steps=15", *STEPS, "trainer.select=best", name="grown")
     grown = train_run(tmp_path, *TINY, "trainer.max_steps=24", *STEPS, "trainer.select=best", name="grown")
     assert grown["metrics"] == straight["metrics"] and grown["steps"] == 24
-    columns = lambda name: pd.read_csv(tmp_path / name / "history.csv").drop(columns="wall_seconds")  # noqa: E731
+    columns = lambda name: pd.read_csv(tmp_path / name / "history.csv").drop(columns=list(MACHINE_COLUMNS))  # noqa: E731
     pd.testing.assert_frame_equal(columns("grown"), columns("straight"))  # the evaluation at 15 is not kept
     with pytest.raises(RunMismatch, match="a shorter one"):
         train_run(tmp_path, *TINY, "trainer.max_steps=20", *STEPS, "trainer.select=best", name="grown")

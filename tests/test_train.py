@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import latentstruct.train as train_module
 from latentstruct.config import ConfigError, TrainerConf, validate
 from latentstruct.data.images import DATASETS
-from latentstruct.records import flatten, load_checkpoint, save_checkpoint
+from latentstruct.records import MACHINE_COLUMNS, flatten, load_checkpoint, save_checkpoint
 from latentstruct.tasks import Task
 from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
@@ -112,7 +112,12 @@ def test_run_record_contract(tmp_path):
     assert 0 < on_disk["cpu_seconds"] <= on_disk["wall_seconds"] * on_disk["threads"]["intra_op"] + 0.5
     history = pd.read_csv(run / "history.csv")
     assert list(history["step"]) == [10, 20, 30]
-    assert {"train/loss", "valid/acc", "test/acc", "test/v_measure"} <= set(history.columns)
+    assert {"train/loss", "valid/acc", "test/acc", "test/v_measure", *MACHINE_COLUMNS} <= set(history.columns)
+    # the run's CPU seconds grow at every evaluation and never pass its wall clock by more than its threads allow;
+    # the load is the machine's, so only its sign is the run's to promise
+    assert (history["cpu_seconds"].diff().dropna() > 0).all()
+    assert (history["cpu_seconds"] <= history["wall_seconds"] * on_disk["threads"]["intra_op"] + 0.5).all()
+    assert (history["load_1min"] >= 0).all()
     assert (run / "checkpoint.pt").exists()
     assert on_disk["metrics"]["test/acc"] == pytest.approx(history["test/acc"].iloc[-1])
 
@@ -151,8 +156,8 @@ def test_resume_after_a_crash_matches_an_uninterruptedrun(tmp_path, *TINY, monke
     resumed = train_run(tmp_path, *TINY, *common, "trainer.resume=true", name="crashed")
     assert resumed["metrics"] == full["metrics"]
     assert 1000 < resumed["cpu_seconds"] < 1000 + resumed["wall_seconds"]
-    h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns="wall_seconds")
-    h_resumed = pd.read_csv(tmp_path / "crashed" / "history.csv").drop(columns="wall_seconds")
+    h_full = pd.read_csv(tmp_path / "full" / "history.csv").drop(columns=list(MACHINE_COLUMNS))
+    h_resumed = pd.read_csv(tmp_path / "crashed" / "history.csv").drop(columns=list(MACHINE_COLUMNS))
     pd.testing.assert_frame_equal(h_full, h_resumed)
 
 

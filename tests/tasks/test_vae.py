@@ -16,6 +16,7 @@ from latentstruct.config import ConfigError, validate
 from latentstruct.data.semisupervised import semisupervised_dataset
 from latentstruct.estimators import Direct, GumbelSoftmax
 from latentstruct.models.vae import GMVAE, Decoder, DiscreteHead, Encoder, kl_uniform
+from latentstruct.records import MACHINE_COLUMNS
 from latentstruct.structures import gumbel_like
 from latentstruct.tasks.vae import SemiSupervisedVAE
 from latentstruct.train import build_model, train
@@ -89,7 +90,7 @@ def test_resume_inside_the_second_phase_matches_an_uninterrupted_run(data_dir, t
     monkeypatch.setattr(train_module, "write_history", real)
     resumed = train(_cfg(data_dir, tmp_path / "crashed", "trainer.resume=true"))
     assert resumed["metrics"] == full["metrics"]
-    a, b = (pd.read_csv(tmp_path / n / "history.csv").drop(columns="wall_seconds") for n in ("full", "crashed"))
+    a, b = (pd.read_csv(tmp_path / n / "history.csv").drop(columns=list(MACHINE_COLUMNS)) for n in ("full", "crashed"))
     pd.testing.assert_frame_equal(a, b)
 
 
