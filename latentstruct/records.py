@@ -204,6 +204,13 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 MACHINE_COLUMNS = ("wall_seconds", "cpu_seconds", "load_1min")
 
 
+def reads_the_machine(key: str) -> bool:
+    """Whether a history column or metric reads the machine (a clock, its load) rather than the run:
+    ``MACHINE_COLUMNS``, any ``*seconds`` (``valid/infer_seconds``) and the ``time/`` shares of a step. Two runs that
+    compute the same differ only in these."""
+    return key in MACHINE_COLUMNS or key.endswith("seconds") or key.startswith("time/")
+
+
 def write_history(path: Path, history: list[dict[str, float]]) -> None:
     import pandas as pd  # here, not at the top: a process that never evaluates (a refusal, --cfg) saves its 0.4 s
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from latentstruct.records import reads_the_machine
+
 __all__ = ["Fault", "TASKS", "REAL_TASKS", "available_tasks", "reference", "kill_and_resume", "kill_during_write",
            "concurrent_launchers", "non_finite"]
 
@@ -107,14 +109,9 @@ def _record(run_dir: Path) -> dict:
         return {}
 
 
-def _timing(key: str) -> bool:
-    """Clock readings (``wall_seconds``, ``valid/infer_seconds``): they differ between any two runs."""
-    return key.endswith("seconds")
-
-
 def _history(run_dir: Path) -> pd.DataFrame:
     history = pd.read_csv(run_dir / "history.csv")
-    return history.drop(columns=[c for c in history.columns if _timing(c)])
+    return history.drop(columns=[c for c in history.columns if reads_the_machine(c)])
 
 
 def _same(run_dir: Path, ref_dir: Path) -> tuple[bool, str]:
@@ -123,7 +120,7 @@ def _same(run_dir: Path, ref_dir: Path) -> tuple[bool, str]:
     record, ref = _record(run_dir), _record(ref_dir)
     if record.get("status") != "completed":
         return False, f"not completed: {record.get('status')} {record.get('error', '')}".strip()
-    metrics, expected = ({k: v for k, v in r["metrics"].items() if not _timing(k)} for r in (record, ref))
+    metrics, expected = ({k: v for k, v in r["metrics"].items() if not reads_the_machine(k)} for r in (record, ref))
     if metrics != expected:
         return False, f"metrics differ: {metrics} vs {expected}"
     try:

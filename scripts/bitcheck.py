@@ -25,6 +25,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import latentstruct.config  # noqa: F401  (registers the config schemas)
+from latentstruct.records import reads_the_machine
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -94,9 +95,9 @@ def _record(folder: Path) -> dict | None:
 
 
 def _untimed(values: dict) -> dict:
-    """``values`` without the timings (``wall_seconds``, ``*/infer_seconds``, ``time/*``: the implicit term's share
-    of a step): the clock is not a result."""
-    return {k: v for k, v in values.items() if not (k.endswith("_seconds") or k.startswith("time/"))}
+    """``values`` without what reads the machine (``records.reads_the_machine``: clocks, load, the implicit term's
+    share of a step): the clock is not a result."""
+    return {k: v for k, v in values.items() if not reads_the_machine(k)}
 
 
 def compare(a: Path, b: Path, only: list[str] | None) -> int:

@@ -203,8 +203,13 @@ def run_experiment(name: str, device: str, out: Path) -> dict:
 def _history(run_dir: Path):
     import pandas as pd
 
+    from latentstruct.records import reads_the_machine
+
     path = run_dir / "history.csv"
-    return pd.read_csv(path).drop(columns=["wall_seconds"], errors="ignore") if path.is_file() else None
+    if not path.is_file():
+        return None
+    history = pd.read_csv(path)
+    return history.drop(columns=[c for c in history.columns if reads_the_machine(c)])
 
 
 def repeat(name: str, device: str, work: Path) -> dict:
