@@ -200,7 +200,7 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
 #: history.csv's columns that measure the machine, not the run: the run's wall clock and its process CPU seconds since
 #: it began (each summed over the processes that resumed it) and the machine's 1-minute load average, at each
 #: evaluation. A run starved by other work shows CPU seconds growing slower than its wall clock and a load above its
-#: threads; two runs that compute the same differ only in these columns.
+#: threads. They, and a task's own timings, are what ``reads_the_machine`` tells apart from the results.
 MACHINE_COLUMNS = ("wall_seconds", "cpu_seconds", "load_1min")
 
 
