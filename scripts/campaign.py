@@ -161,7 +161,8 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
     """Run ``tables`` in order, ``jobs`` runs at a time in all, so that the machine goes on between sessions. A table
     starts as soon as a slot is free — fewer of the campaign's runs holding their claims
     (:func:`scripts.carry.held_claims`) than ``jobs``: at once when no table of the queue runs, otherwise at two
-    polls in a row (a sweep between two runs is no free slot) — with the free slots as its jobs. So the tail of one
+    polls in a row (a sweep between two runs is no free slot; a table launched counts as holding its jobs until a run
+    of it holds a claim) — with the free slots as its jobs. So the tail of one
     table, its last runs, overlaps the head of the next instead of leaving a core idle until the longest of them
     ends. A table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table
     that stops short (``stop``: its mark, :func:`_stopped`; a failed run: its sweep's exit status is not 0, or a run
@@ -181,6 +182,9 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
         print(f"campaign: queue {' -> '.join(tables)} (pid {proc.pid}); log {log}")
         return 0
     todo, active, code, free_before = list(tables), {}, 0, 0  # active: table -> its process (None: not ours)
+    # a table launched here holds its jobs until a run of it holds a claim: its sweep may spend minutes on the runs it
+    # skips (completed ones) before it claims one, and those minutes are no free slot
+    starting: dict[str, int] = {}
     while todo or active:
         for table, proc in list(active.items()):
             if (proc.poll() is None) if proc else _running(table):
@@ -201,10 +205,16 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
             active[todo.pop(0)] = None
             continue
         if todo:
-            free = jobs - len(carry.held_claims(campaign_root() / "runs"))  # the campaign's runs running now
+            runs = campaign_root() / "runs"
+            claims = carry.held_claims(runs)  # the campaign's runs running now
+            for table in list(starting):
+                if table not in active or any(carry.sweep_dir(table, runs) in c.parents for c in claims):
+                    del starting[table]
+            free = jobs - len(claims) - sum(starting.values())
             if free > 0 and (not active or free_before > 0):
                 table = todo.pop(0)
-                active[table], free = launch(table, min(free, free_before) if active else free), 0
+                starting[table] = min(free, free_before) if active else free
+                active[table], free = launch(table, starting[table]), 0
             free_before = free
         if todo or active:
             time.sleep(poll)

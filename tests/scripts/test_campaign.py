@@ -202,7 +202,8 @@ class _World:
         return table in self.started and self.tick - self.started[table] < len(self.profiles[table])
 
     def claims(self, root):
-        return [root] * sum(self.profiles[t][self.tick - t0] for t, t0 in self.started.items() if self.running(t))
+        return [campaign.carry.sweep_dir(t, root) / f"run{i}" / "claim.json" for t, t0 in self.started.items()
+                if self.running(t) for i in range(self.profiles[t][self.tick - t0])]
 
     def install(self, monkeypatch):
         monkeypatch.setattr(campaign, "launch", self.launch)
@@ -241,6 +242,14 @@ def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, mo
     world = _World(profiles, exits={"direct/sorting": 143}).install(monkeypatch)
     assert campaign.queue(tables, 2, wait=True, poll=0) == 143
     assert [t for t, *_ in world.launched] == tables  # mlc had started before sorting failed
+
+    # a table that skips its completed runs for three polls before it claims one holds its job meanwhile: mlc starts
+    # at the second poll with a free slot after table2 ends (8), not at ticks 5-6, when sorting had claimed nothing
+    slow = {**profiles, "direct/sorting": [0, 0, 0, 1, 1, 1, 1, 1]}
+    world = _World(slow).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    assert world.launched == [("spigot/table2", 2, 0), ("direct/sorting", 1, 4), ("energy/mlc", 1, 8)]
+    capsys.readouterr()
 
     # a table running already (an earlier queue's) is waited for, and its claims count
     world = _World(profiles, outside=["spigot/table2"]).install(monkeypatch)
