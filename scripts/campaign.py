@@ -260,7 +260,8 @@ def stop(table: str, grace: float) -> int:
         print(f"campaign: {table} is not running")
         return 0
     _stopped(table).write_text(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC\n"))
-    carry.stop_group(pgid, campaign_root() / "runs", f"campaign stop {table}", grace,
+    # its own runs' claims only: another table's runs, not signalled, would hold theirs for the whole grace
+    carry.stop_group(pgid, carry.sweep_dir(table, campaign_root() / "runs"), f"campaign stop {table}", grace,
                      log=lambda line: print(f"campaign: {line}"))
     print(f"campaign: {table} stopped; `python -m scripts.campaign save {table}` packs its records (then commit)")
     return 0

@@ -3,6 +3,7 @@ code with the committed records restored first, and its records are saved withou
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -148,17 +149,26 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
     other.kill()
     other.wait()
     # the campaign's leader runs latentstruct.report.reproduce (or .matrix): so does this stand-in, by its argv
-    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(runs), "latentstruct.report.reproduce"],
+    sweep = campaign.carry.sweep_dir("spigot/table2", runs)
+    sweep.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(sweep), "latentstruct.report.reproduce"],
                             start_new_session=True)
     (places / "campaign" / "spigot-table2.pid").write_text(str(proc.pid))
+    # another table's run, which this stop does not signal, holds its claim throughout: the stop does not wait for it
+    other_run = campaign.carry.sweep_dir("direct/sorting", runs) / "run"
+    other_run.mkdir(parents=True)
+    fd = os.open(other_run / "claim.json", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        while not (runs / "run" / "claim.json").exists() or not (runs / "deaf.pid").exists():
+        while not (sweep / "run" / "claim.json").exists() or not (sweep / "deaf.pid").exists():
             assert proc.poll() is None
             time.sleep(0.05)
+        started = time.monotonic()
         assert campaign.stop("spigot/table2", grace=60) == 0
+        assert time.monotonic() - started < 30
         assert proc.wait(timeout=30) == -9  # killed once its run had checkpointed, not left to start another
-        assert json.loads((runs / "run" / "metrics.json").read_text())["status"] == "interrupted"
-        deaf = int((runs / "deaf.pid").read_text())
+        assert json.loads((sweep / "run" / "metrics.json").read_text())["status"] == "interrupted"
+        deaf = int((sweep / "deaf.pid").read_text())
         for _ in range(200):
             if not alive(deaf):
                 break
@@ -169,6 +179,7 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
         assert "stopping the runs: campaign stop spigot/table2" in said and "campaign save spigot/table2" in said
         assert "still holding" not in said
     finally:
+        os.close(fd)
         proc.kill()
         proc.wait()
 
