@@ -36,23 +36,13 @@ import torch
 
 import latentstruct.estimators.surrogate as surrogate
 from latentstruct.structures import ProjectiveDepTree
+from latentstruct.structures.dependency import arc_parts
 from latentstruct.structures.sparsemap import sparsemap_active_set
-
-
-def _arcs(scores: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-    """[batch, n+1, n+1] bool: the real arcs h → m (h in 0..L, m in 1..L, h ≠ m; L the sentence's length)."""
-    b, n1, _ = scores.shape
-    lengths = torch.full((b,), n1 - 1) if lengths is None else lengths.to("cpu")
-    pos = torch.arange(n1)
-    inside = pos[None, :] <= lengths[:, None]
-    mask = inside[:, :, None] & inside[:, None, :] & (pos[None, None, :] >= 1) & (pos[:, None] != pos[None, :])
-    return mask.to(scores.device)
 
 
 def tangent(v: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
     """T(v): the projection of v onto the directions of M's affine hull (per word, its heads' mean removed)."""
-    mask = _arcs(v, lengths)
-    v = torch.where(mask, v, 0.0)
+    v, _, mask = arc_parts(v, lengths, "tangent")  # the real arcs h → m; v zeroed elsewhere
     heads = mask.sum(1, keepdim=True).clamp(min=1)
     return torch.where(mask, v - v.sum(1, keepdim=True) / heads, 0.0)
 
