@@ -57,6 +57,11 @@ def campaign_root() -> Path:
     return Path(os.environ.get("LATENTSTRUCT_CAMPAIGN", ROOT.parent / "campaign")).resolve()
 
 
+def _beside(table: str, suffix: str) -> Path:
+    """The campaign root's file of ``table`` (``direct-sorting.pid``, ``.log``, ``.stopped``)."""
+    return campaign_root() / f"{table.replace('/', '-')}{suffix}"
+
+
 def state_dir(table: str) -> Path:
     return STATE / table.replace("/", "-")
 
@@ -128,14 +133,14 @@ def launch(table: str, jobs: int) -> subprocess.Popen:
     _stopped(table).unlink(missing_ok=True)
     _restore(table, runs)
     argv, env, code = command(table, entry, jobs)
-    log = campaign_root() / f"{table.replace('/', '-')}.log"
+    log = _beside(table, ".log")
     print(f"campaign: {table} at {entry['commit'][:12]} in {code}, {jobs} at a time; runs in {runs}; log {log}",
           flush=True)
     with open(log, "a") as out:
         proc = subprocess.Popen(argv, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     _nice_session(proc.pid)
-    (campaign_root() / f"{table.replace('/', '-')}.pid").write_text(str(proc.pid))
+    _beside(table, ".pid").write_text(str(proc.pid))
     return proc
 
 
@@ -255,7 +260,7 @@ def sessions() -> list[int]:
 def stop(table: str, grace: float) -> int:
     """Stop ``table``'s runs (``run`` started them in a session of their own): every run checkpoints at its next step
     and exits, then what is left of the session is killed (:func:`scripts.carry.stop_group`); ``run`` resumes them."""
-    pgid = session(campaign_root() / f"{table.replace('/', '-')}.pid")
+    pgid = session(_beside(table, ".pid"))
     if pgid is None:
         print(f"campaign: {table} is not running")
         return 0
@@ -280,13 +285,13 @@ def save(table: str, checkpoints_mib: float = 0.0) -> dict:
 
 
 def _running(table: str) -> bool:
-    return session(campaign_root() / f"{table.replace('/', '-')}.pid") is not None
+    return session(_beside(table, ".pid")) is not None
 
 
 def _stopped(table: str) -> Path:
     """The mark ``stop`` leaves for a queue (removed at the table's next launch): a table stopped between two runs
     leaves no unfinished run, and a queue that did not launch it has no exit status to read."""
-    return campaign_root() / f"{table.replace('/', '-')}.stopped"
+    return _beside(table, ".stopped")
 
 
 def _manifest(saved: Path) -> dict:
