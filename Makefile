@@ -55,7 +55,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised table-listops \
-	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst table-spigot-snli report reliability \
+	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-compose bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
@@ -98,6 +98,9 @@ spigot-inner-steps: ## Figure 3: k in {1,5,10} inner steps x eta grid, best eta 
 
 table-spigot-sst: ## seed 001 Table 3, SST: 9 methods x seeds 301-303 -> results/spigot/table3_sst.md (+ _time.md, trees/)
 	@$(MAKE) --no-print-directory table T=spigot/table3_sst
+
+ablation-spigot-ce: install ## SST's SPIGOT-CE row ablated (its projection's cap): interior / zero pull-backs at the table's pinned code, ~1.5 CPU-h; ONLY=summary runs none -> results/spigot/table3_sst_spigot_ce_ablation.md
+	nice -n 5 $(BIN)/python scripts/spigot_ce_probe.py ablation $(if $(ONLY),--only $(ONLY))
 
 table-spigot-snli: ## seed 001 Table 3, SNLI (needs SNLI 1.0 train) -> results/spigot/table3_snli.md (+ _time.md)
 	@$(MAKE) --no-print-directory table T=spigot/table3_snli

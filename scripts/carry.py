@@ -290,6 +290,19 @@ def pack(table: str, runs_root: str | Path, out: str | Path, *, budget: int = BA
     return manifest
 
 
+def pack_records(name: str, sweep: Path, runs_root: Path, out: Path, log=print) -> dict:
+    """The records alone (no checkpoints) of the runs under ``sweep`` — runs of no table's sweep, an ablation's —
+    into ``out``/records.tar.gz under the name ``name``; :func:`unpack` puts them back under ``runs_root``."""
+    runs = find_runs(sweep)
+    manifest = {"table": name, "sweep": sweep.relative_to(runs_root).as_posix(), "parts": [],
+                "packed": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "runs": {r.rel: {"status": r.status, "step": r.step, "checkpoint": None} for r in runs}}
+    out.mkdir(parents=True, exist_ok=True)
+    size = _records_tar(sweep, runs, manifest, None, out / RECORDS)
+    log(f"packed the records of {len(runs)} runs of {name} ({_counts(manifest)}) into {out}: {size / 1024:.0f} kB")
+    return manifest
+
+
 def _counts(manifest: dict) -> str:
     statuses = [v["status"] or "no record" for v in manifest["runs"].values()]
     return ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))

@@ -86,6 +86,24 @@ def test_pack_takes_the_records_and_what_fits_and_unpack_puts_them_back(tmp_path
                                                                                  torch.arange(4.0))
 
 
+def test_pack_records_keeps_an_ablations_records_without_checkpoints_and_unpack_restores_them(tmp_path):
+    root = tmp_path / "campaign"
+    where = root / "ablations" / "probe"  # runs of no table's sweep
+    _run(where, "interior-301", "completed", 8680, 3000)
+    _run(where, "zero-301", "interrupted", 40, 3000)
+    (where / "interior-301.out").write_text("stdout\n")
+    manifest = carry.pack_records("t:ablation", where, root, tmp_path / "state", log=lambda _: None)
+    assert manifest["sweep"] == "ablations/probe" and manifest["parts"] == []
+    assert {rel: v["status"] for rel, v in manifest["runs"].items()} == {"interior-301": "completed",
+                                                                         "zero-301": "interrupted"}
+    fresh = tmp_path / "fresh"
+    carry.unpack(tmp_path / "state", fresh, log=lambda _: None)
+    back = fresh / "ablations" / "probe"
+    assert json.loads((back / "interior-301" / "metrics.json").read_text())["status"] == "completed"
+    assert (back / "interior-301.out").read_text() == "stdout\n"
+    assert not list(back.rglob(carry.CHECKPOINT))
+
+
 def test_unpack_drops_an_older_checkpoint_of_a_run_that_finished_on_the_device(tmp_path):
     sweep = tmp_path / "device" / "spigot_table2"
     _run(sweep, "done", "completed", 100, 10)
