@@ -25,11 +25,11 @@ the scores through the tree). Nothing else changes; the run's directory is its o
         trainer.seed=301 ... hydra.run.dir=RUN_DIR
 
 ``ablation`` (``make ablation-spigot-ce``) is the whole measurement at the SST table's pinned code and protocol
-(``campaign/spigot-table3_sst/plan.json``): the runs of :data:`VARIANTS` not yet completed, one at a time, one thread,
-under ``nice``, from the campaign's worktree of that commit, into ``$LATENTSTRUCT_CAMPAIGN/ablations/spigot_ce/
-<variant>-<seed>`` (their records are packed into ``campaign/ablations-spigot_ce/`` after each, to commit; a fresh
-machine restores them and skips them); then ``hull``, ``probe`` on the table's SPIGOT-CE run of seed 301, and the
-summary beside the table's own SPIGOT-CE and baseline runs -> ``results/spigot/table3_sst_spigot_ce_ablation.md``
+(``campaign/spigot-table3_sst/plan.json``): the ``train`` runs of :data:`VARIANTS` not yet completed, through
+``scripts/ablation.py`` (one at a time, one thread, from the campaign's worktree of that commit, into
+``$LATENTSTRUCT_CAMPAIGN/ablations/spigot_ce/<variant>-<seed>``, their records packed into
+``campaign/ablations-spigot_ce/``); then ``hull``, ``probe`` on the table's SPIGOT-CE run of seed 301, and the summary
+beside the table's own SPIGOT-CE and baseline runs -> ``results/spigot/table3_sst_spigot_ce_ablation.md``
 (``.json``). ``--only summary`` runs nothing new but ``hull`` and ``probe``::
 
     python scripts/spigot_ce_probe.py ablation [--only summary]
@@ -39,10 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import runpy
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,8 +54,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLE = "spigot/table3_sst"
 #: the ablation's runs: the pull-back each replaces SPIGOT-CE's with, and its seeds
 VARIANTS = {"interior": (301, 302, 303), "zero": (301,)}
-ABLATION = Path("ablations", "spigot_ce")  # under the campaign root
-STATE = ROOT / "campaign" / "ablations-spigot_ce"  # its committed records
 OUT = ROOT / "results" / "spigot" / "table3_sst_spigot_ce_ablation"
 
 
@@ -142,90 +137,47 @@ def train(variant: str, overrides: list[str]) -> None:
     runpy.run_module("latentstruct.train", run_name="__main__", alter_sys=True)
 
 
-def _status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "metrics.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
-
-
-def _at_code(code: Path, argv: list[str], **kw) -> subprocess.CompletedProcess:
-    """This script with ``argv`` under the pinned worktree's package, one thread, under ``nice``."""
-    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(["nice", "-n", "10", sys.executable, str(Path(__file__).resolve()), *argv], cwd=code,
-                          env=env, check=True, **kw)
-
-
-def _seeds_row(label: str, runs) -> dict:
-    import pandas as pd
-
-    runs = runs[runs["completed"]].sort_values("seed")
-    row = {"row": label, "seeds": [int(s) for s in runs["seed"]], "commits": sorted(set(runs["git_commit"]))}
-    for metric in ("valid/acc", "test/acc", "test/depth"):
-        values = [float(v) for v in runs.get(f"metric.{metric}", []) if v == v]  # a baseline has no tree
-        row[metric] = values
-        row[f"{metric} mean"] = statistics.fmean(values) if values else float("nan")
-        row[f"{metric} sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
-    row["last train/loss"] = [float(pd.read_csv(Path(d, "history.csv"))["train/loss"].iloc[-1])
-                              for d in runs["run_dir"]]
-    row["wall_seconds"] = [round(float(v)) for v in runs["wall_seconds"]]
-    return row
-
-
 def ablation(only_summary: bool) -> None:
     sys.path.insert(0, str(ROOT))
-    from latentstruct.report.reproduce import sweep_root
     from latentstruct.report.tables import filter_runs, load_runs
-    from scripts import campaign, carry
+    from scripts.ablation import at_code, ensure, seeds_row, table_runs, write
+    from scripts.campaign import code_dir
 
-    entry = campaign.plan(TABLE)
-    code, root = campaign.code_dir(entry["commit"]), campaign.campaign_root()
-    where = root / ABLATION
-    if (STATE / carry.RECORDS).is_file():
-        carry.unpack(STATE, root, log=lambda line: print(f"ablation: {line}"))
-    todo = [(v, s) for v, seeds in VARIANTS.items() for s in seeds if _status(where / f"{v}-{s}") != "completed"]
-    if todo and only_summary:
-        raise SystemExit(f"error: {len(todo)} ablation runs not completed ({', '.join(f'{v}-{s}' for v, s in todo)}):"
-                         " run `make ablation-spigot-ce` first")
-    pack = lambda: carry.pack_records("spigot/table3_sst:spigot_ce_ablation", where, root, STATE,  # noqa: E731
-                                      log=lambda line: print(f"ablation: {line}"))
-    if not todo and not only_summary and not (STATE / carry.RECORDS).is_file():
-        pack()  # runs made before their records were kept
-    for variant, seed in todo:
-        run_dir = where / f"{variant}-{seed}"
-        print(f"ablation: {variant}, seed {seed}, at {entry['commit'][:12]} -> {run_dir} (~20-25 min, one thread)",
-              flush=True)
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{run_dir}.out", "a") as log:
-            _at_code(code, ["train", "--variant", variant, "+experiment=sst_spigot_ce", f"trainer.seed={seed}",
-                            *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
-                            f"hydra.run.dir={run_dir}"], stdout=log, stderr=subprocess.STDOUT)
-        pack()
-    table_runs = campaign.campaign_root() / "runs"
-    if (campaign.state_dir(TABLE) / carry.RECORDS).is_file():
-        carry.unpack(campaign.state_dir(TABLE), table_runs, log=lambda line: print(f"ablation: {line}"))
-    table = load_runs(sweep_root(TABLE, str(table_runs)))
-    mine = load_runs(where)
+    me = str(Path(__file__).resolve())
+    runs = {f"{v}-{s}": [me, "train", "--variant", v, "+experiment=sst_spigot_ce", f"trainer.seed={s}"]
+            for v, seeds in VARIANTS.items() for s in seeds}
+    where, entry = ensure("spigot_ce", TABLE, runs, only_summary, "~20-25")
+    table, mine = table_runs(TABLE), load_runs(where)
     mine["variant"] = [Path(d).name.rsplit("-", 1)[0] for d in mine["run_dir"]]
-    rows = [_seeds_row("the table's SPIGOT-CE (projection capped at 50 iterations)",
-                       filter_runs(table, {"choices.experiment": "sst_spigot_ce"})),
-            _seeds_row("interior: T(ηγ) for the projection", mine[mine["variant"] == "interior"]),
-            _seeds_row("zero: no gradient through the tree", mine[mine["variant"] == "zero"]),
-            _seeds_row("the table's baseline (no tree)", filter_runs(table, {"choices.experiment": "sst_baseline"}))]
-    latent = [_seeds_row(e, filter_runs(table, {"choices.experiment": e}))["test/acc mean"]
+
+    def row(label: str, runs) -> dict:
+        import pandas as pd
+
+        r = seeds_row(label, runs, ("valid/acc", "test/acc", "test/depth"))
+        r["last train/loss"] = [float(pd.read_csv(Path(d, "history.csv"))["train/loss"].iloc[-1])
+                                for d in r["_dirs"]]
+        return r
+
+    rows = [row("the table's SPIGOT-CE (projection capped at 50 iterations)",
+                filter_runs(table, {"choices.experiment": "sst_spigot_ce"})),
+            row("interior: T(ηγ) for the projection", mine[mine["variant"] == "interior"]),
+            row("zero: no gradient through the tree", mine[mine["variant"] == "zero"]),
+            row("the table's baseline (no tree)", filter_runs(table, {"choices.experiment": "sst_baseline"}))]
+    latent = [row(e, filter_runs(table, {"choices.experiment": e}))["test/acc mean"]
               for e in sorted(set(table["choices.experiment"])) if e not in ("sst_baseline", "sst_spigot_ce")]
-    hull_lines = _at_code(code, ["hull"], capture_output=True, text=True).stdout.split("\n")
+    code = code_dir(entry["commit"])
+    hull_lines = at_code(code, [me, "hull"], capture_output=True, text=True).stdout.split("\n")
     probe_dir = filter_runs(table, {"choices.experiment": "sst_spigot_ce", "seed": 301})["run_dir"].iloc[0]
-    probe_out = _at_code(code, ["probe", probe_dir, "--batches", "5"], capture_output=True, text=True).stdout
+    probe_out = at_code(code, [me, "probe", probe_dir, "--batches", "5"], capture_output=True, text=True).stdout
     batches = [json.loads(line) for line in probe_out.splitlines() if line.startswith("{")]
     summary = {"commit": entry["commit"], "args": entry["args"], "rows": rows, "other_latent_test_means": latent,
                "hull": [json.loads(line) for line in hull_lines if line.startswith("{")], "probe": batches}
-    OUT.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
-    OUT.with_suffix(".md").write_text(_page(summary))
-    print(f"ablation: wrote {OUT.with_suffix('.md').relative_to(ROOT)} and .json")
+    write(summary, OUT, _page)
 
 
 def _page(summary: dict) -> str:
+    from scripts.ablation import cell
+
     fmt = "{:.2f}".format
     rows, probe = summary["rows"], summary["probe"]
     commits = sorted({c for r in rows for c in r["commits"]})
@@ -242,9 +194,6 @@ def _page(summary: dict) -> str:
         "| row | seeds | valid acc | test acc | test tree depth | last train loss | run time (s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    def cell(r: dict, m: str) -> str:
-        return f"{fmt(r[m + ' mean'])} ± {fmt(r[m + ' sd'])} ({' / '.join(fmt(v) for v in r[m])})" if r[m] else "–"
-
     for r in rows:
         lines.append(f"| {r['row']} | {', '.join(map(str, r['seeds']))} | {cell(r, 'valid/acc')} | "
                      f"{cell(r, 'test/acc')} | {cell(r, 'test/depth')} | "

@@ -1,0 +1,215 @@
+"""Ablations of a campaign table's rows: runs that change one thing, made at the table's own pinned code and protocol
+(``campaign/<paper>-<table>/plan.json``), so that they compare with the table's runs and with nothing else.
+
+    python -m scripts.ablation citation-lambda [--only summary]   # make ablation-citation-lambda
+    python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
+
+An ablation's runs go one at a time, one thread, under ``nice``, from the campaign's worktree of the table's commit
+(:func:`scripts.campaign.code_dir`), each into ``$LATENTSTRUCT_CAMPAIGN/ablations/<name>/<label>`` (its stdout beside
+it, ``<label>.out``); a completed run is skipped. After each, the records of all of them (no checkpoints) are packed
+into ``campaign/ablations-<name>/records.tar.gz`` (``scripts/carry.py``), which is committed: a fresh machine restores
+them first, so it runs only what is missing. ``--only summary`` runs nothing and refuses while a run is missing.
+
+citation-lambda (issue #34, energy/citation's reading: L_CD falls below the floor at 5 and 10 labelled citations, not
+at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the table's, at 5 and 10 labelled, seeds
+301-303 (6 runs, ~5-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each run's
+valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid tokens
+tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts import campaign, carry  # noqa: E402
+
+
+def _log(line: str) -> None:
+    print(f"ablation: {line}", flush=True)
+
+
+def status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "metrics.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def at_code(code: Path, argv: list[str], **kw) -> subprocess.CompletedProcess:
+    """``python argv`` under the pinned worktree's package (``PYTHONPATH``, working directory), one thread, under
+    ``nice``; raises if it fails."""
+    env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(["nice", "-n", str(campaign.NICE), sys.executable, *argv], cwd=code, env=env, check=True,
+                          **kw)
+
+
+def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool, minutes: str) -> tuple[Path, dict]:
+    """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not completed, as ``python argv``
+    followed by the table's protocol (its plan's args) and ``hydra.run.dir``. Returns (its runs' folder, the plan)."""
+    entry = campaign.plan(table)
+    root, state = campaign.campaign_root(), campaign.STATE / f"ablations-{name}"
+    where = root / "ablations" / name
+    if (state / carry.RECORDS).is_file():
+        carry.unpack(state, root, log=_log)
+    todo = [label for label in runs if status(where / label) != "completed"]
+    if todo and only_summary:
+        raise SystemExit(f"error: {len(todo)} runs of the ablation {name} not completed ({', '.join(todo)}): run "
+                         "it without --only summary first")
+
+    def pack() -> None:
+        carry.pack_records(f"{table}:{name}", where, root, state, log=_log)
+
+    if not todo and not only_summary and not (state / carry.RECORDS).is_file():
+        pack()  # runs made before their records were kept
+    code = campaign.code_dir(entry["commit"]) if todo else None
+    for i, label in enumerate(todo, 1):
+        run_dir = where / label
+        _log(f"{label} ({i} of {len(todo)}) at {entry['commit'][:12]} -> {run_dir} ({minutes} min, one thread)")
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{run_dir}.out", "a") as out:
+            at_code(code, [*runs[label], *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
+                           f"hydra.run.dir={run_dir}"], stdout=out, stderr=subprocess.STDOUT)
+        pack()
+    return where, entry
+
+
+def table_runs(table: str):
+    """The table's campaign runs as :func:`latentstruct.report.tables.load_runs` reads them (its committed records
+    restored first, where runs are missing here)."""
+    from latentstruct.report.reproduce import sweep_root
+    from latentstruct.report.tables import load_runs
+
+    runs = campaign.campaign_root() / "runs"
+    if (campaign.state_dir(table) / carry.RECORDS).is_file():
+        carry.unpack(campaign.state_dir(table), runs, log=_log)
+    return load_runs(sweep_root(table, str(runs)))
+
+
+def seeds_row(label: str, runs, metrics: tuple[str, ...]) -> dict:
+    """One row of an ablation's page: the completed runs' seeds, commits, each metric per seed with its mean and
+    sample sd (NaN values left out: a baseline has no tree depth), and run times; ``_dirs``, the run directories, is
+    this machine's (:func:`write` leaves it out)."""
+    runs = runs[runs["completed"]].sort_values("seed")
+    row = {"row": label, "seeds": [int(s) for s in runs["seed"]], "commits": sorted(set(runs["git_commit"])),
+           "_dirs": list(runs["run_dir"]), "wall_seconds": [round(float(v)) for v in runs["wall_seconds"]]}
+    for metric in metrics:
+        values = [float(v) for v in runs.get(f"metric.{metric}", []) if v == v]
+        row[metric] = values
+        row[f"{metric} mean"] = statistics.fmean(values) if values else float("nan")
+        row[f"{metric} sd"] = statistics.stdev(values) if len(values) > 1 else 0.0
+    return row
+
+
+def write(summary: dict, out: Path, page) -> None:
+    """``out``.json (the summary without this machine's paths: keys starting with _) and ``out``.md (``page``)."""
+    summary = {**summary, "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in summary["rows"]]}
+    out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    out.with_suffix(".md").write_text(page(summary))
+    _log(f"wrote {out.with_suffix('.md')} and .json")
+
+
+def cell(row: dict, metric: str) -> str:
+    """``mean ± sd (v1 / v2 / ...)``, or – where the row has no value."""
+    values = row[metric]
+    if not values:
+        return "–"
+    return f"{row[metric + ' mean']:.2f} ± {row[metric + ' sd']:.2f} ({' / '.join(f'{v:.2f}' for v in values)})"
+
+
+# ------------------------------------------------------------------------------------------- citation-lambda
+
+CITATION = "energy/citation"
+CITATION_LABELLED = (5, 10)
+CITATION_SEEDS = (301, 302, 303)
+CITATION_OUT = ROOT / "results" / "energy" / "citation_lambda_ablation"
+
+
+def citation_trajectory(run_dir: str | Path) -> dict:
+    """From a citation run's history.csv: valid token accuracy after pretraining (phase 0's last evaluation), at the
+    best method epoch by valid accuracy (what ``select=best`` reports) and at the last, the share of valid tokens
+    tagged author at the last (%, as the history records it), and the best method epoch."""
+    import pandas as pd
+
+    history = pd.read_csv(Path(run_dir, "history.csv"))
+    config = json.loads(Path(run_dir, "run.json").read_text())["identity"]
+    pretrain = int(config["trainer.phases"][0]["epochs"])
+    method = history[history["epoch"] > pretrain]
+    best = method.loc[method["valid/acc"].idxmax()]
+    return {"pretrained": float(history.loc[history["epoch"] == pretrain, "valid/acc"].iloc[0]),
+            "best": float(best["valid/acc"]), "best_epoch": int(best["epoch"]) - pretrain,
+            "last": float(method["valid/acc"].iloc[-1]),
+            "author_last": float(method["valid/author_share"].iloc[-1]), "method_epochs": len(method)}
+
+
+def citation_lambda(only_summary: bool) -> None:
+    from latentstruct.report.tables import filter_runs, load_runs
+
+    runs = {f"lam0-labelled{n}-{s}": ["-m", "latentstruct.train", "+experiment=citation_cd", f"dataset.labelled={n}",
+                                      f"trainer.seed={s}", "task.lam=0"]
+            for n in CITATION_LABELLED for s in CITATION_SEEDS}
+    where, entry = ensure("citation_lambda", CITATION, runs, only_summary, "~5-10")
+    table, mine = table_runs(CITATION), load_runs(where)
+    rows = []
+    for n in CITATION_LABELLED:
+        match = {"dataset.labelled": n}
+        for label, runs_n in (
+                ("floor (BiLSTM-CRF)", filter_runs(table, {**match, "choices.experiment": "citation_crf"})),
+                ("L_CD, λ = 1 (the table's)", filter_runs(table, {**match, "choices.experiment": "citation_cd"})),
+                ("L_CD, λ = 0", filter_runs(mine, match))):
+            row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
+            row.update(labelled=n, trajectory=[citation_trajectory(d) for d in row["_dirs"]])
+            rows.append(row)
+    write({"commit": entry["commit"], "args": entry["args"], "rows": rows}, CITATION_OUT, citation_page)
+
+
+def citation_page(summary: dict) -> str:
+    rows = summary["rows"]
+    commits = sorted({c for r in rows for c in r["commits"]})
+    lines = [
+        "# Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), by ablation",
+        "",
+        f"Status: **ablation** of `results/energy/citation.md`'s L_CD rows at 5 and 10 labelled citations, at the "
+        f"table's code and protocol (commit {summary['commit'][:12]}; its full schedule: 5 + 10 epochs, 250 unlabelled "
+        f"citations; the table's args: `{summary['args'] or '(none)'}`), CPU, one thread a run, "
+        f"{sum(len(r['seeds']) for r in rows)} runs (commits recorded: {', '.join(commits)}). Made by "
+        "`make ablation-citation-lambda` (`python -m scripts.ablation citation-lambda`); the λ = 0 runs differ from "
+        "the table's L_CD runs in `task.lam` alone. Valid and test: token accuracy at the method epoch `select=best` "
+        "picks; after pretraining / best / last: valid token accuracy after phase 0, at the best and at the last "
+        "method epoch (of 10); author: the share of valid tokens tagged author at the last epoch (gold 22.7 %).",
+        "",
+        "| labelled | row | seeds | valid acc | test acc | after pretraining → best (epoch) → last, author % at the "
+        "last, per seed | run time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        path = "; ".join(f"{t['pretrained']:.1f} → {t['best']:.1f} ({t['best_epoch']}) → {t['last']:.1f}, "
+                         f"{t['author_last']:.0f} %" for t in r["trajectory"])
+        lines.append(f"| {r['labelled']} | {r['row']} | {', '.join(map(str, r['seeds']))} | {cell(r, 'valid/acc')} | "
+                     f"{cell(r, 'test/acc')} | {path} | {', '.join(map(str, r['wall_seconds']))} |")
+    return "\n".join(lines) + "\n"
+
+
+ABLATIONS = {"citation-lambda": citation_lambda}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.ablation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", choices=sorted(ABLATIONS))
+    parser.add_argument("--only", choices=["summary"], help="run nothing: the page from the completed runs")
+    args = parser.parse_args(argv)
+    ABLATIONS[args.name](args.only == "summary")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

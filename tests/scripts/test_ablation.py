@@ -1,0 +1,69 @@
+"""scripts/ablation.py: an ablation's runs go at the table's pinned code with the table's protocol, each once; their
+records are packed to commit and a fresh machine restores them instead of running again; the citation page reads
+each run's trajectory from its history."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from scripts import ablation, campaign
+
+#: a stand-in for a training run: its argv's hydra.run.dir gets a completed record, and the argv itself
+FAKE_RUN = (
+    "import json, pathlib, sys; "
+    "d = pathlib.Path([a for a in sys.argv if a.startswith('hydra.run.dir=')][0].split('=', 1)[1]); "
+    "d.mkdir(parents=True, exist_ok=True); "
+    "(d / 'metrics.json').write_text(json.dumps({'status': 'completed', 'argv': sys.argv[1:]}))"
+)
+
+
+@pytest.fixture
+def fake_campaign(tmp_path, monkeypatch):
+    state, code = tmp_path / "state", tmp_path / "code"
+    code.mkdir()
+    monkeypatch.setenv("LATENTSTRUCT_CAMPAIGN", str(tmp_path / "root"))
+    monkeypatch.setattr(campaign, "STATE", state)
+    monkeypatch.setattr(campaign, "plan", lambda table: {"table": table, "commit": "c0ffee" * 6, "args": "a=1 b=2"})
+    monkeypatch.setattr(campaign, "code_dir", lambda commit: code)
+    return tmp_path
+
+
+def test_an_ablation_runs_each_run_once_at_the_table_protocol_and_a_fresh_machine_restores_it(fake_campaign, capsys):
+    runs = {"lam0-1": ["-c", FAKE_RUN, "x=0"], "lam0-2": ["-c", FAKE_RUN, "x=0", "seed=2"]}
+    with pytest.raises(SystemExit, match="2 runs of the ablation t not completed"):
+        ablation.ensure("t", "paper/table", runs, only_summary=True, minutes="1")
+    where, entry = ablation.ensure("t", "paper/table", runs, only_summary=False, minutes="1")
+    record = json.loads((where / "lam0-2" / "metrics.json").read_text())
+    assert record["argv"] == ["x=0", "seed=2", "a=1", "b=2", "trainer.progress=False", "trainer.resume=True",
+                              f"hydra.run.dir={where / 'lam0-2'}"]
+    assert (fake_campaign / "state" / "ablations-t" / "records.tar.gz").is_file()
+    assert capsys.readouterr().out.count("(1 of 2)") == 1
+    ablation.ensure("t", "paper/table", runs, only_summary=False, minutes="1")
+    assert "of 2)" not in capsys.readouterr().out  # nothing runs twice
+
+    shutil.rmtree(fake_campaign / "root")  # a fresh machine: the committed records only
+    where, _ = ablation.ensure("t", "paper/table", runs, only_summary=True, minutes="1")
+    assert ablation.status(where / "lam0-1") == "completed"
+
+
+def test_the_citation_trajectory_and_page(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"identity": {"trainer.phases": [{"epochs": 2}, {"epochs": 3}]}}))
+    pd.DataFrame({"epoch": [1.0, 2.0, 3.0, 4.0, 5.0], "valid/acc": [30.0, 40.0, 45.0, 42.0, 20.0],
+                  "valid/author_share": [30.0, 30.0, 40.0, 60.0, 97.5]}).to_csv(run / "history.csv", index=False)
+    t = ablation.citation_trajectory(run)
+    assert t == {"pretrained": 40.0, "best": 45.0, "best_epoch": 1, "last": 20.0, "author_last": 97.5,
+                 "method_epochs": 3}
+    row = {"row": "L_CD, λ = 0", "labelled": 5, "seeds": [301], "commits": ["a810499c8551"], "wall_seconds": [90],
+           "valid/acc": [45.0], "valid/acc mean": 45.0, "valid/acc sd": 0.0, "test/acc": [],
+           "test/acc mean": float("nan"), "test/acc sd": 0.0, "trajectory": [t], "_dirs": [str(run)]}
+    out = tmp_path / "page"
+    ablation.write({"commit": "a810499c8551" + "0" * 28, "args": "", "rows": [row]}, out, ablation.citation_page)
+    page = (tmp_path / "page.md").read_text()
+    assert "| 5 | L_CD, λ = 0 | 301 | 45.00 ± 0.00 (45.00) | – | 40.0 → 45.0 (1) → 20.0, 98 % | 90 |" in page
+    assert "_dirs" not in (tmp_path / "page.json").read_text()
