@@ -138,7 +138,7 @@ table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/1
 	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS_DIR)/energy/citation_rules.md
 	@$(MAKE) --no-print-directory table T=energy/citation
 
-ablation-citation-lambda: install ## L_CD at 5 and 10 labelled citations without eq. 6's lambda E(x, A(x)), at the citation table's pinned code, ~1 CPU-h; ONLY=summary runs none -> results/energy/citation_lambda_ablation.md
+ablation-citation-lambda: install ## L_CD at 5, 10 and 50 labelled citations without eq. 6's lambda E(x, A(x)), at the citation table's pinned code, ~1 CPU-h; ONLY=summary runs none -> results/energy/citation_lambda_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation citation-lambda $(if $(ONLY),--only $(ONLY))
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png

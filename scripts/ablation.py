@@ -11,10 +11,10 @@ into ``campaign/ablations-<name>/records.tar.gz`` (``scripts/carry.py``), which 
 them first, so it runs only what is missing. ``--only summary`` runs nothing and refuses while a run is missing.
 
 citation-lambda (issue #34, energy/citation's reading: L_CD falls below the floor at 5 and 10 labelled citations, not
-at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the table's, at 5 and 10 labelled, seeds
-301-303 (6 runs, ~5-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each run's
-valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid tokens
-tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
+at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the table's, at 5, 10 and 50 labelled,
+seeds 301-303 (9 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each
+run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid
+tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def cell(row: dict, metric: str) -> str:
 # ------------------------------------------------------------------------------------------- citation-lambda
 
 CITATION = "energy/citation"
-CITATION_LABELLED = (5, 10)
+CITATION_LABELLED = (5, 10, 50)
 CITATION_SEEDS = (301, 302, 303)
 CITATION_OUT = ROOT / "results" / "energy" / "citation_lambda_ablation"
 
@@ -177,7 +177,7 @@ def citation_page(summary: dict) -> str:
     lines = [
         "# Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), by ablation",
         "",
-        f"Status: **ablation** of `results/energy/citation.md`'s L_CD rows at 5 and 10 labelled citations, at the "
+        f"Status: **ablation** of `results/energy/citation.md`'s L_CD rows at 5, 10 and 50 labelled citations, at the "
         f"table's code and protocol (commit {summary['commit'][:12]}; its full schedule: 5 + 10 epochs, 250 unlabelled "
         f"citations; the table's args: `{summary['args'] or '(none)'}`), CPU, one thread a run, "
         f"{sum(len(r['seeds']) for r in rows)} runs (commits recorded: {', '.join(commits)}). Made by "
