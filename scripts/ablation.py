@@ -2,6 +2,7 @@
 (``campaign/<paper>-<table>/plan.json``), so that they compare with the table's runs and with nothing else.
 
     python -m scripts.ablation citation-lambda [--only summary]   # make ablation-citation-lambda
+    python -m scripts.ablation vae-direct-anneal [--only summary] # make ablation-vae-direct-anneal
     python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
 
 An ablation's runs go one at a time, one thread, under ``nice``, from the campaign's worktree of the table's commit
@@ -15,6 +16,12 @@ at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the
 seeds 301-303 (9 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each
 run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid
 tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
+
+vae-direct-anneal (issue #34, direct/vae_unsupervised at the full schedule: direct, the seed's method, ends worst on
+the categorical latent, its valid bound stalled from the first epochs): direct with |ε| annealed faster
+(``task.anneal_rate`` in :data:`VAE_RATES` for the table's 1e-5), K = 10 and 50, seed 301, 20 epochs; the page sets
+their curves beside the table's direct, Gumbel-softmax, ST-Gumbel and exact runs at equal steps ->
+``results/direct/vae_unsupervised_direct_anneal.md`` (``.json``).
 """
 
 from __future__ import annotations
@@ -198,7 +205,85 @@ def citation_page(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-ABLATIONS = {"citation-lambda": citation_lambda}
+# ---------------------------------------------------------------------------------------- vae-direct-anneal
+
+VAE = "direct/vae_unsupervised"
+VAE_OUT = ROOT / "results" / "direct" / "vae_unsupervised_direct_anneal"
+VAE_RATES = ("1e-4", "3.5e-4")  # 3.5e-4: the former table's compressed schedule (|ε| 1 -> its floor 0.1 by step ~6,600)
+VAE_EPOCHS = 20
+VAE_AT = (1, 5, 10, 15, 20)  # the epochs the page compares at
+
+
+def vae_direct_anneal(only_summary: bool) -> None:
+    from latentstruct.report.tables import filter_runs, load_runs
+
+    runs = {f"rate{r}-K{k}": ["-m", "latentstruct.train", "+experiment=vae_unsup_direct", f"task.size={k}",
+                              "trainer.seed=301", f"task.anneal_rate={r}", f"trainer.max_epochs={VAE_EPOCHS}"]
+            for r in VAE_RATES for k in (10, 50)}
+    where, entry = ensure("vae_direct_anneal", VAE, runs, only_summary, "~5-10")
+    table, mine = table_runs(VAE), load_runs(where)
+    rows = []
+    for k in (10, 50):
+        match = {"choices.structure": "categorical", "task.size": k, "choices.encoder": "dvae"}
+        chosen = [(f"{name} (the table's: rate 1e-5, 100 epochs)",
+                   filter_runs(table, {**match, "choices.estimator": e}))
+                  for name, e in (("direct", "direct"), ("Gumbel-softmax", "gumbel_softmax"),
+                                  ("ST-Gumbel", "st_gumbel"), ("exact", "exact"))]
+        chosen += [(f"direct, rate {r}, {VAE_EPOCHS} epochs",
+                    filter_runs(mine, {**match, "task.anneal_rate": float(r)})) for r in VAE_RATES]
+        for label, runs_k in chosen:
+            row = seeds_row(label, runs_k, ("test/bound",))
+            row.update(size=k, curve=[vae_curve(d) for d in row["_dirs"]])
+            rows.append(row)
+    write({"commit": entry["commit"], "args": entry["args"], "rows": rows}, VAE_OUT, vae_page)
+
+
+def vae_curve(run_dir: str | Path) -> dict:
+    """From an unsupervised VAE run's history.csv: the valid bound, the valid runner-up log q and the annealed
+    |ε| / τ (``max(exp(-rate · step), floor)``, the run's own rate) at the epochs of :data:`VAE_AT`."""
+    import pandas as pd
+
+    from latentstruct.tasks.vae import annealed
+
+    history = pd.read_csv(Path(run_dir, "history.csv")).set_index("epoch")
+    identity = json.loads(Path(run_dir, "run.json").read_text())["identity"]
+    rate, floor = float(identity["task.anneal_rate"]), float(identity["task.anneal_floor"])
+    at = [e for e in VAE_AT if float(e) in history.index]
+    return {"epochs": at, "valid/bound": [float(history.loc[float(e), "valid/bound"]) for e in at],
+            "valid/runner_up_log_q": [float(history.loc[float(e), "valid/runner_up_log_q"]) for e in at],
+            "temperature": [annealed(1.0, rate, floor, int(history.loc[float(e), "step"])) for e in at]}
+
+
+def vae_page(summary: dict) -> str:
+    rows = summary["rows"]
+    commits = sorted({c for r in rows for c in r["commits"]})
+    lines = [
+        "# Unsupervised discrete VAE (seed 003): direct optimisation's |ε| schedule, by ablation",
+        "",
+        f"Status: **ablation** of `results/direct/vae_unsupervised.md`'s direct rows (categorical latent, the "
+        f"literature's 300-unit networks) at the table's code and protocol (commit {summary['commit'][:12]}; seed "
+        f"301), CPU, one thread a run, {sum(len(r['seeds']) for r in rows)} runs (commits recorded: "
+        f"{', '.join(commits)}). Made by `make ablation-vae-direct-anneal` (`python -m scripts.ablation "
+        "vae-direct-anneal`); the ablation's runs differ from the table's direct runs in `task.anneal_rate` and in "
+        f"their length ({VAE_EPOCHS} epochs: `trainer.max_epochs`, which changes nothing before it), so the curves "
+        "compare at equal steps. Test bound: at the run's last epoch (nats, lower is better). Curves: valid bound / "
+        "valid runner-up log q / the annealed |ε| (direct) or τ (the relaxations) at epochs "
+        f"{', '.join(map(str, VAE_AT))}.",
+        "",
+        "| K | row | test bound (last epoch) | valid bound at the epochs | runner-up log q | |ε| or τ | run time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for c in r["curve"]:
+            lines.append(f"| {r['size']} | {r['row']} | {cell(r, 'test/bound')} | "
+                         f"{' / '.join(f'{v:.1f}' for v in c['valid/bound'])} | "
+                         f"{' / '.join(f'{v:.1f}' for v in c['valid/runner_up_log_q'])} | "
+                         f"{' / '.join(f'{v:.2f}' for v in c['temperature'])} | "
+                         f"{', '.join(map(str, r['wall_seconds']))} |")
+    return "\n".join(lines) + "\n"
+
+
+ABLATIONS = {"citation-lambda": citation_lambda, "vae-direct-anneal": vae_direct_anneal}
 
 
 def main(argv: list[str] | None = None) -> int:

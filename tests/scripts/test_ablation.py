@@ -67,3 +67,20 @@ def test_the_citation_trajectory_and_page(tmp_path):
     page = (tmp_path / "page.md").read_text()
     assert "| 5 | L_CD, λ = 0 | 301 | 45.00 ± 0.00 (45.00) | – | 40.0 → 45.0 (1) → 20.0, 98 % | 90 |" in page
     assert "_dirs" not in (tmp_path / "page.json").read_text()
+
+
+def test_the_vae_curve_reads_the_bound_and_the_runs_own_schedule(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"identity": {"task.anneal_rate": 1e-4, "task.anneal_floor": 0.1}}))
+    pd.DataFrame({"epoch": [1.0, 5.0, 10.0], "step": [500, 2500, 5000], "valid/bound": [200.0, 180.0, 170.0],
+                  "valid/runner_up_log_q": [-20.0, -5.0, -4.0]}).to_csv(run / "history.csv", index=False)
+    c = ablation.vae_curve(run)
+    assert c["epochs"] == [1, 5, 10] and c["valid/bound"] == [200.0, 180.0, 170.0]
+    assert c["temperature"] == pytest.approx([0.951229, 0.778801, 0.606531], abs=1e-6)  # exp(-1e-4 * step)
+    row = {"row": "direct, rate 1e-4, 20 epochs", "size": 10, "seeds": [301], "commits": ["a810499c8551"],
+           "wall_seconds": [300], "test/bound": [168.5], "test/bound mean": 168.5, "test/bound sd": 0.0,
+           "curve": [c]}
+    page = ablation.vae_page({"commit": "a810499c8551" + "0" * 28, "args": "", "rows": [row]})
+    assert ("| 10 | direct, rate 1e-4, 20 epochs | 168.50 ± 0.00 (168.50) | 200.0 / 180.0 / 170.0 | "
+            "-20.0 / -5.0 / -4.0 | 0.95 / 0.78 / 0.61 | 300 |") in page
