@@ -239,8 +239,9 @@ def vae_direct_anneal(only_summary: bool) -> None:
 
 
 def vae_curve(run_dir: str | Path) -> dict:
-    """From an unsupervised VAE run's history.csv: the valid bound, the valid runner-up log q and the annealed
-    |ε| / τ (``max(exp(-rate · step), floor)``, the run's own rate) at the epochs of :data:`VAE_AT`."""
+    """From an unsupervised VAE run's history.csv: the valid bound, the valid runner-up log q, the valid KL(q(z|x) ‖
+    uniform) and the annealed |ε| / τ (``max(exp(-rate · step), floor)``, the run's own rate) at the epochs of
+    :data:`VAE_AT`."""
     import pandas as pd
 
     from latentstruct.tasks.vae import annealed
@@ -251,6 +252,7 @@ def vae_curve(run_dir: str | Path) -> dict:
     at = [e for e in VAE_AT if float(e) in history.index]
     return {"epochs": at, "valid/bound": [float(history.loc[float(e), "valid/bound"]) for e in at],
             "valid/runner_up_log_q": [float(history.loc[float(e), "valid/runner_up_log_q"]) for e in at],
+            "valid/kl": [float(history.loc[float(e), "valid/kl"]) for e in at],
             "temperature": [annealed(1.0, rate, floor, int(history.loc[float(e), "step"])) for e in at]}
 
 
@@ -266,18 +268,21 @@ def vae_page(summary: dict) -> str:
         f"{', '.join(commits)}). Made by `make ablation-vae-direct-anneal` (`python -m scripts.ablation "
         "vae-direct-anneal`); the ablation's runs differ from the table's direct runs in `task.anneal_rate` and in "
         f"their length ({VAE_EPOCHS} epochs: `trainer.max_epochs`, which changes nothing before it), so the curves "
-        "compare at equal steps. Test bound: at the run's last epoch (nats, lower is better). Curves: valid bound / "
-        "valid runner-up log q / the annealed |ε| (direct) or τ (the relaxations) at epochs "
+        "compare at equal steps. Test bound: at the run's last epoch (nats, lower is better). Curves: valid bound, "
+        "valid runner-up log q, valid KL(q(z|x) ‖ uniform) (nats; log K when every image's code is certain) and the "
+        "annealed |ε| (direct) or τ (the relaxations) at epochs "
         f"{', '.join(map(str, VAE_AT))}.",
         "",
-        "| K | row | test bound (last epoch) | valid bound at the epochs | runner-up log q | |ε| or τ | run time (s) |",
-        "|---|---|---|---|---|---|---|",
+        "| K | row | test bound (last epoch) | valid bound at the epochs | runner-up log q | KL(q ‖ uniform) | "
+        "|ε| or τ | run time (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         for c in r["curve"]:
             lines.append(f"| {r['size']} | {r['row']} | {cell(r, 'test/bound')} | "
                          f"{' / '.join(f'{v:.1f}' for v in c['valid/bound'])} | "
                          f"{' / '.join(f'{v:.1f}' for v in c['valid/runner_up_log_q'])} | "
+                         f"{' / '.join(f'{v:.2f}' for v in c['valid/kl'])} | "
                          f"{' / '.join(f'{v:.2f}' for v in c['temperature'])} | "
                          f"{', '.join(map(str, r['wall_seconds']))} |")
     return "\n".join(lines) + "\n"

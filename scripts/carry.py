@@ -24,8 +24,9 @@ ListOps, kilobytes for the synthetic tasks. So records always travel, and checkp
   at its next launch, that completed run's report step cannot run here. ``pack.json`` and the last line of pack say
   which.
 * **unpack** puts what came back into the sweep directory here: the records, then the checkpoints; the session's log
-  goes to ``<runs>/device_logs/``. A run completed here is never replaced; a run that completed on the device keeps no
-  older checkpoint of its own (it would hold the weights of an earlier step). It prints how many runs are completed
+  goes to ``<runs>/device_logs/``. A run completed here, or one a live process runs here (its claim held), is never
+  replaced; a run that completed on the device keeps no older checkpoint of its own (it would hold the weights of an
+  earlier step). It prints how many runs are completed
   or interrupted, and which checkpoints were left on the device.
 * **stage** packs the same way, for the next device call, into ``.device/state/<paper>-<table>/``: the records (so
   that completed runs are skipped there) and the interrupted runs' checkpoints that fit in what that call may carry
@@ -320,7 +321,9 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
     with tarfile.open(source / RECORDS, "r:gz") as tar:
         manifest = json.loads(tar.extractfile(PACK_JSON).read())
         sweep = runs_root / manifest["sweep"]
-        kept = {rel for rel in manifest["runs"] if _status(sweep / rel) == "completed"}  # never replaced
+        live = {c.parent.relative_to(sweep).as_posix() for c in held_claims(sweep)} & set(manifest["runs"])
+        # never replaced: a run completed here, or one a live process holds (its files are being written)
+        kept = {rel for rel in manifest["runs"] if _status(sweep / rel) == "completed" or rel in live}
         for member in tar.getmembers():
             if member.name == SESSION_LOG:  # the device session's log, kept beside the runs
                 logs = runs_root / "device_logs"
@@ -356,9 +359,11 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
                 with tar.extractfile(member) as f, gzip.open(f) as z, open(tmp, "wb") as g:
                     shutil.copyfileobj(z, g, 4 * MIB)
                 os.replace(tmp, target)
-    changed = [rel for rel in kept if manifest["runs"][rel]["status"] != "completed"]
+    changed = [rel for rel in kept - live if manifest["runs"][rel]["status"] != "completed"]
     for rel in sorted(changed):
         log(f"  kept {rel}: completed here, {manifest['runs'][rel]['status']} in the pack")
+    for rel in sorted(live):
+        log(f"  left {rel} alone: a live process is running it here")
     left = [rel for rel, v in manifest["runs"].items() if v["checkpoint"] == "left behind"]
     here = [rel for rel in left if (sweep / rel / CHECKPOINT).is_file()]  # the packing machine's own (a campaign's)
     lost = [rel for rel in left if rel not in here]

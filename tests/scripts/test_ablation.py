@@ -74,7 +74,8 @@ def test_the_vae_curve_reads_the_bound_and_the_runs_own_schedule(tmp_path):
     run.mkdir()
     (run / "run.json").write_text(json.dumps({"identity": {"task.anneal_rate": 1e-4, "task.anneal_floor": 0.1}}))
     pd.DataFrame({"epoch": [1.0, 5.0, 10.0], "step": [500, 2500, 5000], "valid/bound": [200.0, 180.0, 170.0],
-                  "valid/runner_up_log_q": [-20.0, -5.0, -4.0]}).to_csv(run / "history.csv", index=False)
+                  "valid/runner_up_log_q": [-20.0, -5.0, -4.0], "valid/kl": [0.5, 1.0, 2.0]}).to_csv(
+        run / "history.csv", index=False)
     c = ablation.vae_curve(run)
     assert c["epochs"] == [1, 5, 10] and c["valid/bound"] == [200.0, 180.0, 170.0]
     assert c["temperature"] == pytest.approx([0.951229, 0.778801, 0.606531], abs=1e-6)  # exp(-1e-4 * step)
@@ -83,4 +84,4 @@ def test_the_vae_curve_reads_the_bound_and_the_runs_own_schedule(tmp_path):
            "curve": [c]}
     page = ablation.vae_page({"commit": "a810499c8551" + "0" * 28, "args": "", "rows": [row]})
     assert ("| 10 | direct, rate 1e-4, 20 epochs | 168.50 ± 0.00 (168.50) | 200.0 / 180.0 / 170.0 | "
-            "-20.0 / -5.0 / -4.0 | 0.95 / 0.78 / 0.61 | 300 |") in page
+            "-20.0 / -5.0 / -4.0 | 0.50 / 1.00 / 2.00 | 0.95 / 0.78 / 0.61 | 300 |") in page

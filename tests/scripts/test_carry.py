@@ -104,6 +104,26 @@ def test_pack_records_keeps_an_ablations_records_without_checkpoints_and_unpack_
     assert not list(back.rglob(carry.CHECKPOINT))
 
 
+def test_unpack_leaves_alone_a_run_that_a_live_process_is_running_here(tmp_path):
+    from latentstruct.records import claim
+
+    packed = tmp_path / "there" / "spigot_sst"
+    _run(packed, "busy", "interrupted", 10)
+    _run(packed, "idle", "interrupted", 10)
+    out = tmp_path / "out"
+    carry.pack_records("t", packed, tmp_path / "there", out, log=lambda _: None)
+    here = tmp_path / "here" / "spigot_sst"
+    for name in ("busy", "idle"):
+        (here / name).mkdir(parents=True)
+        (here / name / "train.log").write_text("newer lines\n")
+    lines = []
+    with claim(here / "busy"):
+        carry.unpack(out, tmp_path / "here", log=lines.append)
+    assert (here / "busy" / "train.log").read_text() == "newer lines\n"  # its process writes it
+    assert (here / "idle" / "train.log").read_text() == "idle\n"
+    assert any("left busy alone" in line for line in lines)
+
+
 def test_unpack_drops_an_older_checkpoint_of_a_run_that_finished_on_the_device(tmp_path):
     sweep = tmp_path / "device" / "spigot_table2"
     _run(sweep, "done", "completed", 100, 10)
