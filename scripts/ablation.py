@@ -124,6 +124,17 @@ def write(summary: dict, out: Path, page) -> None:
     _log(f"wrote {out.with_suffix('.md')} and .json")
 
 
+def header(title: str, summary: dict, of: str, protocol: str, made_by: str, details: str) -> list[str]:
+    """An ablation page's title and status line: what it ablates, the table's commit and protocol, the runs and the
+    commits they recorded, the command that made it."""
+    rows = summary["rows"]
+    commits = sorted({c for r in rows for c in r["commits"]})
+    return [f"# {title}", "",
+            f"Status: **ablation** of {of} at the table's code and protocol (commit {summary['commit'][:12]}; "
+            f"{protocol}), CPU, one thread a run, {sum(len(r['seeds']) for r in rows)} runs (commits recorded: "
+            f"{', '.join(commits)}). Made by {made_by}; {details}", ""]
+
+
 def cell(row: dict, metric: str) -> str:
     """``mean ± sd (v1 / v2 / ...)``, or – where the row has no value."""
     values = row[metric]
@@ -180,19 +191,16 @@ def citation_lambda(only_summary: bool) -> None:
 
 def citation_page(summary: dict) -> str:
     rows = summary["rows"]
-    commits = sorted({c for r in rows for c in r["commits"]})
-    lines = [
-        "# Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), by ablation",
-        "",
-        f"Status: **ablation** of `results/energy/citation.md`'s L_CD rows at 5, 10 and 50 labelled citations, at the "
-        f"table's code and protocol (commit {summary['commit'][:12]}; its full schedule: 5 + 10 epochs, 250 unlabelled "
-        f"citations; the table's args: `{summary['args'] or '(none)'}`), CPU, one thread a run, "
-        f"{sum(len(r['seeds']) for r in rows)} runs (commits recorded: {', '.join(commits)}). Made by "
-        "`make ablation-citation-lambda` (`python -m scripts.ablation citation-lambda`); the λ = 0 runs differ from "
-        "the table's L_CD runs in `task.lam` alone. Valid and test: token accuracy at the method epoch `select=best` "
-        "picks; after pretraining / best / last: valid token accuracy after phase 0, at the best and at the last "
-        "method epoch (of 10); author: the share of valid tokens tagged author at the last epoch (gold 22.7 %).",
-        "",
+    lines = header(
+        "Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), by ablation", summary,
+        "`results/energy/citation.md`'s L_CD rows at 5, 10 and 50 labelled citations",
+        "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
+        f"`{summary['args'] or '(none)'}`",
+        "`make ablation-citation-lambda` (`python -m scripts.ablation citation-lambda`)",
+        "the λ = 0 runs differ from the table's L_CD runs in `task.lam` alone. Valid and test: token accuracy at the "
+        "method epoch `select=best` picks; after pretraining / best / last: valid token accuracy after phase 0, at the "
+        "best and at the last method epoch (of 10); author: the share of valid tokens tagged author at the last epoch "
+        "(gold 22.7 %).") + [
         "| labelled | row | seeds | valid acc | test acc | after pretraining → best (epoch) → last, author % at the "
         "last, per seed | run time (s) |",
         "|---|---|---|---|---|---|---|",
@@ -258,21 +266,15 @@ def vae_curve(run_dir: str | Path) -> dict:
 
 def vae_page(summary: dict) -> str:
     rows = summary["rows"]
-    commits = sorted({c for r in rows for c in r["commits"]})
-    lines = [
-        "# Unsupervised discrete VAE (seed 003): direct optimisation's |ε| schedule, by ablation",
-        "",
-        f"Status: **ablation** of `results/direct/vae_unsupervised.md`'s direct rows (categorical latent, the "
-        f"literature's 300-unit networks) at the table's code and protocol (commit {summary['commit'][:12]}; seed "
-        f"301), CPU, one thread a run, {sum(len(r['seeds']) for r in rows)} runs (commits recorded: "
-        f"{', '.join(commits)}). Made by `make ablation-vae-direct-anneal` (`python -m scripts.ablation "
-        "vae-direct-anneal`); the ablation's runs differ from the table's direct runs in `task.anneal_rate` and in "
-        f"their length ({VAE_EPOCHS} epochs: `trainer.max_epochs`, which changes nothing before it), so the curves "
-        "compare at equal steps. Test bound: at the run's last epoch (nats, lower is better). Curves: valid bound, "
-        "valid runner-up log q, valid KL(q(z|x) ‖ uniform) (nats; log K when every image's code is certain) and the "
-        "annealed |ε| (direct) or τ (the relaxations) at epochs "
-        f"{', '.join(map(str, VAE_AT))}.",
-        "",
+    lines = header(
+        "Unsupervised discrete VAE (seed 003): direct optimisation's |ε| schedule, by ablation", summary,
+        "`results/direct/vae_unsupervised.md`'s direct rows (categorical latent, the literature's 300-unit networks)",
+        "seed 301", "`make ablation-vae-direct-anneal` (`python -m scripts.ablation vae-direct-anneal`)",
+        "the ablation's runs differ from the table's direct runs in `task.anneal_rate` and in their length "
+        f"({VAE_EPOCHS} epochs: `trainer.max_epochs`, which changes nothing before it), so the curves compare at equal "
+        "steps. Test bound: at the run's last epoch (nats, lower is better). Curves: valid bound, valid runner-up log "
+        "q, valid KL(q(z|x) ‖ uniform) (nats; log K when every image's code is certain) and the annealed |ε| (direct) "
+        f"or τ (the relaxations) at epochs {', '.join(map(str, VAE_AT))}.") + [
         "| K | row | test bound (last epoch) | valid bound at the epochs | runner-up log q | KL(q ‖ uniform) | "
         "|ε| or τ | run time (s) |",
         "|---|---|---|---|---|---|---|---|",

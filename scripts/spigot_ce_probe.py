@@ -176,25 +176,21 @@ def ablation(only_summary: bool) -> None:
 
 
 def _page(summary: dict) -> str:
-    from scripts.ablation import cell
+    from scripts.ablation import cell, header
 
     fmt = "{:.2f}".format
-    rows, probe = summary["rows"], summary["probe"]
-    commits = sorted({c for r in rows for c in r["commits"]})
-    runs = sum(len(r["seeds"]) for r in rows)
-    lines = [
-        "# SST Table 3: what sinks SPIGOT-CE — the projection's cap, by ablation",
-        "",
-        f"Status: **ablation** of `results/spigot/table3_sst.md`'s SPIGOT-CE row at the table's code and protocol "
-        f"(commit {summary['commit'][:12]}; 40 epochs; `{summary['args']}`: GloVe 6B 50d fine-tuned, standing in for "
-        f"840B 300d), CPU, one thread a run, {runs} runs (commits recorded: {', '.join(commits)}). "
-        "Made by `make ablation-spigot-ce` (`scripts/spigot_ce_probe.py ablation`); the interior and zero runs "
-        "change only SPIGOT-CE's pull-back (the composed configurations are the table's).",
-        "",
+    probe = summary["probe"]
+    lines = header(
+        "SST Table 3: what sinks SPIGOT-CE — the projection's cap, by ablation", summary,
+        "`results/spigot/table3_sst.md`'s SPIGOT-CE row",
+        f"40 epochs; `{summary['args']}`: GloVe 6B 50d fine-tuned, standing in for 840B 300d",
+        "`make ablation-spigot-ce` (`scripts/spigot_ce_probe.py ablation`)",
+        "the interior and zero runs change only SPIGOT-CE's pull-back (the composed configurations are the "
+        "table's).") + [
         "| row | seeds | valid acc | test acc | test tree depth | last train loss | run time (s) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in summary["rows"]:
         lines.append(f"| {r['row']} | {', '.join(map(str, r['seeds']))} | {cell(r, 'valid/acc')} | "
                      f"{cell(r, 'test/acc')} | {cell(r, 'test/depth')} | "
                      f"{' / '.join(fmt(v) for v in r['last train/loss'])} | {', '.join(map(str, r['wall_seconds']))} |")
