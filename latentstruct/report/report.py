@@ -241,9 +241,24 @@ def render(results: str | Path = "results") -> str:
             )
             + " |"
         )
+    lines += _ablations(results)
     lines += _pages(results, "bench", "Benchmarks")
     lines += _pages(results, "lab", "The lab: beyond the papers")
     return "\n".join(lines) + "\n"
+
+
+def _ablations(results: Path) -> list[str]:
+    """A section linking the ablation pages beside the tables (``make ablation-*``: a page whose status line starts
+    ``Status: **ablation**``), each with what it ablates (its status line up to ``Made by``)."""
+    lines = []
+    for path in sorted(results.glob("*/*.md")):
+        text = path.read_text()
+        found = re.search(r"^Status: \*\*ablation\*\*[^\n]*", text, re.M)
+        if found:
+            title = next((line[2:] for line in text.splitlines() if line.startswith("# ")), path.stem)
+            what = found[0].split(" Made by ")[0]
+            lines.append(f"- [{title}]({path.relative_to(results).as_posix()}): {what}")
+    return ["", "## Ablations: what explains a row", "", *lines] if lines else []
 
 
 def _pages(results: Path, folder: str, heading: str) -> list[str]:

@@ -134,6 +134,13 @@ def test_the_report_lists_every_sidecar_and_only_sidecars(tmp_path):
     assert "[Fake table](p/t1.md)" in page and "[Second table](q/t2.md)" in page
     assert "2 tables: 1 full protocol, 1 reduced, 0 blocked;" in page  # t2 has no paper_protocol: not compared
     assert "- [Timings](bench/timings.md): **Status: full benchmark** — x." in page
+    assert "## Ablations" not in page
+    (tmp_path / "results" / "p" / "t1_ablation.md").write_text(
+        "# Why t1's row\n\nStatus: **ablation** of t1's row at the table's code (commit abc). Made by `make x`.\n")
+    assert report.main(["--results", str(tmp_path / "results")]) == 0
+    page = (tmp_path / "results" / "README.md").read_text()
+    assert ("## Ablations: what explains a row\n\n- [Why t1's row](p/t1_ablation.md): Status: **ablation** of t1's "
+            "row at the table's code (commit abc).\n") in page
     assert len(report.sidecars(tmp_path / "results")) == 2
 
 
