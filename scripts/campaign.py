@@ -167,7 +167,7 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
     starts as soon as a slot is free — fewer of the campaign's runs holding their claims
     (:func:`scripts.carry.held_claims`) than ``jobs``: at once when no table of the queue runs, otherwise at two
     polls in a row (a sweep between two runs is no free slot; a table launched counts as holding its jobs until a run
-    of it holds a claim) — with the free slots as its jobs. So the tail of one
+    of it holds a claim, a table found running already one job) — with the free slots as its jobs. So the tail of one
     table, its last runs, overlaps the head of the next instead of leaving a core idle until the longest of them
     ends. A table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table
     that stops short (``stop``: its mark, :func:`_stopped`; a failed run: its sweep's exit status is not 0, or a run
@@ -207,7 +207,9 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                 print(f"campaign: {table} complete", flush=True)
         if todo and _running(todo[0]):
             print(f"campaign: {todo[0]} is running already; waiting for it", flush=True)
-            active[todo.pop(0)] = None
+            table = todo.pop(0)
+            # an earlier queue's table may be skipping its completed runs, holding no claim yet: a job of it counts
+            active[table], starting[table] = None, 1
             continue
         if todo:
             runs = campaign_root() / "runs"

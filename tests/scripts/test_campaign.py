@@ -267,6 +267,12 @@ def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, mo
     assert campaign.queue(tables, 2, wait=True, poll=0) == 0
     assert world.launched == [("direct/sorting", 1, 4), ("energy/mlc", 1, 8)]
     assert "spigot/table2 is running already" in capsys.readouterr().out
+    # one running already that still skips its completed runs (no claim yet) holds a job too: mlc waits for a free
+    # slot after table2 ends (6), not at ticks 1-2, when only table2's run held a claim
+    world = _World({**slow, "spigot/table2": [1] * 6}, outside=["spigot/table2", "direct/sorting"]).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    assert world.launched == [("energy/mlc", 1, 7)]
+    capsys.readouterr()
     # stopped between two runs, it leaves no unfinished run and, not the queue's, no exit status: stop's mark says it
     (places / "campaign").mkdir(parents=True, exist_ok=True)
     campaign._stopped("spigot/table2").write_text("now")
