@@ -44,13 +44,6 @@ def _log(line: str) -> None:
     print(f"ablation: {line}", flush=True)
 
 
-def status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "metrics.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None
-
-
 def at_code(code: Path, argv: list[str], **kw) -> subprocess.CompletedProcess:
     """``python argv`` under the pinned worktree's package (``PYTHONPATH``, working directory), one thread, under
     ``nice``; raises if it fails."""
@@ -67,7 +60,7 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
     where = root / "ablations" / name
     if (state / carry.RECORDS).is_file():
         carry.unpack(state, root, log=_log)
-    todo = [label for label in runs if status(where / label) != "completed"]
+    todo = [label for label in runs if carry.run_status(where / label) != "completed"]
     if todo and only_summary:
         raise SystemExit(f"error: {len(todo)} runs of the ablation {name} not completed ({', '.join(todo)}): run "
                          "it without --only summary first")

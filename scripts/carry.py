@@ -323,7 +323,7 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
         sweep = runs_root / manifest["sweep"]
         live = {c.parent.relative_to(sweep).as_posix() for c in held_claims(sweep)} & set(manifest["runs"])
         # never replaced: a run completed here, or one a live process holds (its files are being written)
-        kept = {rel for rel in manifest["runs"] if _status(sweep / rel) == "completed" or rel in live}
+        kept = {rel for rel in manifest["runs"] if run_status(sweep / rel) == "completed" or rel in live}
         for member in tar.getmembers():
             if member.name == SESSION_LOG:  # the device session's log, kept beside the runs
                 logs = runs_root / "device_logs"
@@ -373,7 +373,8 @@ def unpack(source: str | Path, runs_root: str | Path, log=print) -> dict:
     return manifest
 
 
-def _status(run_dir: Path) -> str | None:
+def run_status(run_dir: Path) -> str | None:
+    """The status a run directory's metrics.json records (None without a readable one)."""
     try:
         return json.loads((run_dir / "metrics.json").read_text()).get("status")
     except (OSError, ValueError):

@@ -163,7 +163,7 @@ def ablation(only_summary: bool) -> None:
             row("interior: T(ηγ) for the projection", mine[mine["variant"] == "interior"]),
             row("zero: no gradient through the tree", mine[mine["variant"] == "zero"]),
             row("the table's baseline (no tree)", filter_runs(table, {"choices.experiment": "sst_baseline"}))]
-    latent = [row(e, filter_runs(table, {"choices.experiment": e}))["test/acc mean"]
+    latent = [seeds_row(e, filter_runs(table, {"choices.experiment": e}), ("test/acc",))["test/acc mean"]
               for e in sorted(set(table["choices.experiment"])) if e not in ("sst_baseline", "sst_spigot_ce")]
     code = code_dir(entry["commit"])
     hull_lines = at_code(code, [me, "hull"], capture_output=True, text=True).stdout.split("\n")

@@ -47,7 +47,7 @@ def test_an_ablation_runs_each_run_once_at_the_table_protocol_and_a_fresh_machin
 
     shutil.rmtree(fake_campaign / "root")  # a fresh machine: the committed records only
     where, _ = ablation.ensure("t", "paper/table", runs, only_summary=True, minutes="1")
-    assert ablation.status(where / "lam0-1") == "completed"
+    assert ablation.carry.run_status(where / "lam0-1") == "completed"
 
 
 def test_the_citation_trajectory_and_page(tmp_path):
