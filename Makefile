@@ -43,9 +43,11 @@ $(foreach v,$(REPLACED),$(if $(filter command line environment,$(origin $(v))),\
 BENCH_DEPS := .bench
 BENCH_DEVICE ?= cpu
 # bench-structures / bench-layers: a git revision to time beside the current tree (empty: the current tree only),
-# e.g. BENCH_BASELINE=645b4f9 for the before / after tables; BENCH_LAYERS_ARGS: more options of bench/layers.py.
+# e.g. BENCH_BASELINE=645b4f9 for the before / after tables; BENCH_LAYERS_ARGS: more options of bench/layers.py
+# (--only ner: the NER rows); BENCH_LAYERS_OUT: its page.
 BENCH_BASELINE ?=
 BENCH_LAYERS_ARGS ?=
+BENCH_LAYERS_OUT ?= results/bench/layers.md
 # bench-cpu: more options of bench/tables.py, e.g. BENCH_CPU_ARGS='--tables listops/table --config-seconds 900'
 BENCH_CPU_ARGS ?=
 # bench-implicit: more options of bench/implicit.py (e.g. --datasets bibtex --rounds 5), and the page it writes
@@ -168,9 +170,9 @@ bench-structures: install $(BENCH_DEPS)/.installed ## time every structure vs Su
 	PYTHONPATH=$(BENCH_DEPS) $(BIN)/python -W ignore::UserWarning bench/structures.py --device $(BENCH_DEVICE) \
 		$(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) --out results/bench/structures$(if $(filter-out cpu,$(BENCH_DEVICE)),_$(BENCH_DEVICE)).md
 
-bench-layers: install ## one training step of the SST / ListOps configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
+bench-layers: install ## one training step of the SST / ListOps / NER configurations -> results/bench/layers.md (BENCH_BASELINE=645b4f9: before / after)
 	$(BIN)/python bench/layers.py $(if $(BENCH_BASELINE),--baseline $(BENCH_BASELINE)) $(BENCH_LAYERS_ARGS) \
-		--out results/bench/layers.md
+		--out $(BENCH_LAYERS_OUT)
 
 bench-replay: install ## ListOps' Tree-LSTM replays (gold trees, PPO's composer): every pair vs the merged pair, one process -> results/bench/replay.md
 	$(BIN)/python bench/replay.py --out results/bench/replay.md

@@ -10,6 +10,10 @@ the evaluations, docs/reference.md "Run records"). The configurations:
   batch 32 as the experiments set it): ``sst_baseline`` (the BiLSTM step every SST row is compared with),
   ``sst_marginals``, and ``sst_sparsemap``, ``sst_spigot``, ``sst_spigot_ce`` each with the experiments' truncated
   SparseMAP (``task.structure.sparsemap_max_iter=50``) and exact (``task.structure.sparsemap_max_iter=null``);
+* NER (seed 004 Table 3, issue #34's campaign: real CoNLL-2003 and GloVe 6B 50d fine-tuned, as the campaign runs
+  it; batch 32): ``ner_mbce`` (the BiLSTM baseline), ``ner_infnet``, ``ner_infnet_plus``, ``ner_explicit_cd``, each
+  with ``trainer.phases=[]``: the method's step from the first (the timed steps are those of the table's method
+  phase, not of its pretraining);
 * ListOps (issue #7) with ``+preset=listops_cpu`` (batch 64, sizes 64, training expressions of <= 20 leaves; at the
   full sizes, batch 128 up to 130 leaves, two chart × SPIGOT-CE steps did not finish in 400 s on 2 CPU cores):
   ``listops_lstm`` (the baseline), ``listops_chart_marginals`` and ``listops_chart_spigot_ce`` (BinaryTree's SparseMAP
@@ -118,14 +122,27 @@ def configurations() -> list[Config]:
             ("chart_spigot_ce", "chart × SPIGOT-CE", "exact"),
         )
     ]
-    return sst + listops
+    ner = [
+        Config(f"ner_{name}", "NER", method, "—", (f"+experiment=ner_{name}",))
+        for name, method in (
+            ("mbce", "BiLSTM (baseline)"),
+            ("infnet", "InfNet"),
+            ("infnet_plus", "InfNet+"),
+            ("explicit_cd", "explicit L_CD"),
+        )
+    ]
+    return sst + listops + ner
 
 
-TASK_BASELINE = {"SST": "sst_baseline", "ListOps": "listops_lstm"}
-# Per task: evaluations kept small (see the module docstring).
+TASK_BASELINE = {"SST": "sst_baseline", "ListOps": "listops_lstm", "NER": "ner_mbce"}
+# Per task: evaluations kept small (see the module docstring); NER: the campaign's word vectors, the method's step
+# from the first (no pretraining phase).
 TASK_OVERRIDES = {
     "SST": ("dataset.eval_subset={eval_subset}",),
     "ListOps": ("dataset.n_train=10000", "dataset.max_eval_tokens=4"),
+    "NER": ("dataset.eval_subset={eval_subset}", "trainer.phases=[]",
+            "embedding.pretrained=glove/glove.6B.50d.sst_conll_snli.txt.xz", "embedding.lowercase=true",
+            "embedding.freeze=false"),
 }
 
 
@@ -350,8 +367,8 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
         "",
         f"**Status: reduced protocol** — a timing benchmark, not a paper table: {meta['steps']} timed steps per run "
         f"({meta['baseline_steps']} for the baselines, {meta['exact_steps']} for exact SparseMAP on SST), "
-        f"{meta['repeats']} repeat(s), SST with random embeddings and small evaluation subsets, ListOps with "
-        "`+preset=listops_cpu` (see Notes).",
+        f"{meta['repeats']} repeat(s), "
+        + ", ".join(TASK_PROTOCOL[t] for t in meta.get("tasks", TASK_PROTOCOL)) + " (see Notes).",
         "",
         "Seconds per training step of the paper configurations through `python -m latentstruct.train` (steady "
         "state: the warm-up steps subtracted, see Notes), median over repeats"
@@ -424,21 +441,40 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def protocol_notes(args) -> list[str]:
+#: the status line's words for each task's protocol
+TASK_PROTOCOL = {
+    "SST": "SST with random embeddings and small evaluation subsets",
+    "ListOps": "ListOps with `+preset=listops_cpu`",
+    "NER": "NER's method step from the first, with GloVe 6B 50d fine-tuned",
+}
+
+
+def protocol_notes(args, tasks: list[str] | None = None) -> list[str]:
+    """The page's notes: the protocol, with a note per task of ``tasks`` (default: every task)."""
+    tasks = list(TASK_PROTOCOL) if tasks is None else tasks
+    per_task = {
+        "SST": "SST: real data from $LATENTSTRUCT_DATA, the experiments' batch 32 and lr, random trainable 300-d "
+        "embeddings (the experiments' default: no GloVe file); `dataset.eval_subset="
+        f"{args.eval_subset}` for the one evaluation at the end. SparseMAP cap 50 = the experiments' "
+        "`task.structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
+        "ListOps": "ListOps: `+preset=listops_cpu` (batch 64, word / hidden sizes 64, training expressions of ≤ 20 "
+        "leaves), `dataset.n_train=10000` (the same generator and length filter, less generation time), "
+        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `task.composer.checkpoint=true` as the "
+        "experiments set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
+        "NER": "NER: real CoNLL-2003 from $LATENTSTRUCT_DATA, batch 32, BiLSTMs of 100 units, "
+        "`embedding.pretrained=glove/glove.6B.50d.sst_conll_snli.txt.xz embedding.lowercase=true "
+        "embedding.freeze=false` (energy/ner's campaign protocol), `trainer.phases=[]` (no pretraining: every timed "
+        "step is the method's, whose cost does not depend on the parameters' values), `dataset.eval_subset="
+        f"{args.eval_subset}`.",
+    }
+    baselines = "; ".join(f"{t}: `{TASK_BASELINE[t]}`" for t in tasks)
     return [
-        "× baseline step: the row's seconds per step over its task's baseline step in the same tree (SST: the BiLSTM "
-        "of `sst_baseline`; ListOps: `listops_lstm`); the baseline rows read 1.0.",
+        f"× baseline step: the row's seconds per step over its task's baseline step in the same tree ({baselines}); "
+        "the baseline rows read 1.0.",
         f"Steady state: each configuration runs W = {args.warmup} and W + N steps with the same seed; seconds per step "
         "= (T(W + N) − T(W)) / N with T = `seconds_per_step` × `steps` of the run's metrics.json (the first step "
         "costs several later ones; `--warmup 0` reports `seconds_per_step` as is).",
-        "SST: real data from $LATENTSTRUCT_DATA, the experiments' batch 32 and lr, random trainable 300-d embeddings "
-        "(the experiments' default: no GloVe file); `dataset.eval_subset="
-        f"{args.eval_subset}` for the one evaluation at the end. SparseMAP cap 50 = the experiments' "
-        "`task.structure.sparsemap_max_iter=50` (as the authors' lp-sparsemap), exact = `null` (duality gap ≤ 1e-6).",
-        "ListOps: `+preset=listops_cpu` (batch 64, word / hidden sizes 64, training expressions of ≤ 20 leaves), "
-        "`dataset.n_train=10000` (the same generator and length filter, less generation time), "
-        "`dataset.max_eval_tokens=4` (a small evaluation); the chart's `task.composer.checkpoint=true` as the "
-        "experiments set it. BinaryTree's SparseMAP (SPIGOT-CE's projection) has no iteration cap: always exact.",
+        *[per_task[t] for t in tasks],
         "Outside the timed steps: data loading, the evaluation, the checkpoint written after it (no option skips "
         "it), process start. Runs go to a temporary directory that is removed afterwards.",
         "A cell reads `timeout` or `failed` when no repeat of that configuration completed in that tree; "
@@ -459,6 +495,9 @@ def failures(results: dict[str, dict[str, list]]) -> list[str]:
     return lines
 
 
+DEFAULT_OUT = Path("results/bench/layers.md")
+
+
 def _default_data_dir() -> Path:
     return Path(os.environ.get("LATENTSTRUCT_DATA") or "data").resolve()  # paths.data_dir's default
 
@@ -468,7 +507,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path("results/bench/layers.md"),
+        default=DEFAULT_OUT,
         help="the Markdown table; the raw numbers go to the same name with .json",
     )
     parser.add_argument("--baseline", metavar="REV", help="a git revision to run beside this tree (the 'before')")
@@ -519,7 +558,12 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     rows = summarize(results, configs)
+    tasks = list(dict.fromkeys(c.task for c in configs))
     make = "make bench-layers" + (f" BENCH_BASELINE={args.baseline}" if args.baseline else "")
+    if args.only:
+        make += f" BENCH_LAYERS_ARGS='--only {' '.join(args.only)}'"
+    if args.out != DEFAULT_OUT:
+        make += f" BENCH_LAYERS_OUT={args.out}"
     meta = {
         **env,
         "baseline": baseline,
@@ -539,7 +583,8 @@ def main(argv=None) -> int:
         "total_seconds": time.perf_counter() - start,
         "make": make,
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "notes": protocol_notes(args),
+        "tasks": tasks,
+        "notes": protocol_notes(args, tasks),
         "failures": failures(results),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

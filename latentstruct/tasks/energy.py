@@ -260,6 +260,13 @@ class BilevelEnergyTask(Task):
         """Projection onto the relaxed output set (SPEN's projected gradient)."""
         raise NotImplementedError
 
+    def with_energy_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` carrying what every :meth:`energy` of one training step may share, computed once with φ's graph
+        (φ does not move within a step): nothing here; a task whose energy reads x through a feature network of its
+        own adds the features. Used where φ's graph is differentiated once a step (``infnet``, ``explicit``); the
+        implicit gradient differentiates L_prim's and L_aux's energies separately, each on its own features."""
+        return batch
+
     # ------------------------------------------------------------------------------------------ interface
     def energy_parameters(self) -> list[nn.Parameter]:
         """φ."""
@@ -370,22 +377,24 @@ class BilevelEnergyTask(Task):
             return ssvm_loss(energies[0], energies[1], self.cost(y_bar, batch))
         return dvn_loss(energies[0], self.value_target(y_bar, batch))
 
-    def inference_objective(self, batch: dict[str, torch.Tensor], detach: bool = False) -> torch.Tensor:
-        """The eq. 5 objective (``infnet``), batch mean; F(x), A(x) detached when ``detach``."""
-        f_out, _ = self.inference(self.cost_net, batch)
-        a_out, _ = self.inference(self.infnet, batch)
-        if detach:
-            f_out, a_out = f_out.detach(), a_out.detach()
+    def inference_objective(
+        self, batch: dict[str, torch.Tensor], outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """The eq. 5 objective (``infnet``), batch mean, at ``outputs`` = (F(x), A(x)) (default: computed here)."""
+        if outputs is None:
+            outputs = (self.inference(self.cost_net, batch)[0], self.inference(self.infnet, batch)[0])
+        f_out, a_out = outputs
         gold = self.gold(batch).to(a_out.dtype)
         e_f, e_a, e_gold = self.energy(batch, torch.stack([f_out, a_out, gold]))
         return (F.relu(self.cost(f_out, batch) - e_f + e_gold) + self.lam * F.relu(-e_a + e_gold)).mean()
 
     def infnet_ascent_step(self, batch: dict[str, torch.Tensor]) -> None:
-        """One step of the inference optimizer raising the eq. 5 objective (+ ``infnet_ce`` × MLE, lowered)."""
-        loss = -self.inference_objective(batch)
+        """One step of the inference optimizer raising the eq. 5 objective (+ ``infnet_ce`` × MLE, lowered), from one
+        forward pass of F and of A."""
+        (f_out, f_nll), (a_out, a_nll) = self.inference(self.cost_net, batch), self.inference(self.infnet, batch)
+        loss = -self.inference_objective(batch, (f_out, a_out))
         if self.infnet_ce:
-            nll = self.inference(self.cost_net, batch)[1] + self.inference(self.infnet, batch)[1]
-            loss = loss + self.infnet_ce * nll.mean()
+            loss = loss + self.infnet_ce * (f_nll + a_nll).mean()
         self._step_theta(loss)
 
     def spen_inference(self, batch: dict[str, torch.Tensor], augmented: bool = False) -> torch.Tensor:
@@ -409,6 +418,8 @@ class BilevelEnergyTask(Task):
         return EnergyOutput(self.energy_pretrain_loss(batch).mean())
 
     def _bilevel_step(self, batch: dict[str, torch.Tensor]) -> EnergyOutput:
+        if self.method == "explicit":  # one pass of E's features for the step (with_energy_features)
+            batch = self.with_energy_features(batch)
         for _ in range(self.inner_steps):
             self._step_theta(self.aux_loss(batch))
         theta, phi = self.inference_parameters(), self.energy_parameters()
@@ -433,9 +444,12 @@ class BilevelEnergyTask(Task):
             return self._pretrain_step(batch)
         if self.method in ("implicit", "explicit"):
             return self._bilevel_step(batch)
-        if self.method == "infnet":
+        if self.method == "infnet":  # Tu & Gimpel's alternation: θ ascends, then φ descends at θ's new outputs
+            batch = self.with_energy_features(batch)
             self.infnet_ascent_step(batch)
-            objective = self.inference_objective(batch, detach=True)
+            with torch.no_grad():
+                outputs = (self.inference(self.cost_net, batch)[0], self.inference(self.infnet, batch)[0])
+            objective = self.inference_objective(batch, outputs)
             return EnergyOutput(objective, objective.detach())
         # spen
         y_bar = self.spen_inference(batch, augmented=True)

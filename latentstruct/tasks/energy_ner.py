@@ -204,6 +204,10 @@ class SequenceLabelEnergy(BilevelEnergyTask):
             return cached
         return self.energy_net.token_features(batch["x"], batch["lengths"], self._extra(batch))
 
+    def with_energy_features(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``batch`` with b(x, t) of the energy (``_energy_features``), one BiLSTM pass for the step's energies."""
+        return {**batch, "_energy_features": self.energy_features(batch)}
+
     def double_backward_context(self, batch: dict[str, torch.Tensor]):
         if self.method == "implicit" and batch["x"].is_cuda:
             return torch.backends.cudnn.flags(enabled=False)  # cuDNN's LSTM backward has no derivative

@@ -21,13 +21,16 @@ _spec.loader.exec_module(layers)
 @pytest.mark.slow
 def test_every_configuration_composes_with_its_overrides_applied(tmp_path):
     configs = layers.configurations()
-    assert len({c.key for c in configs}) == len(configs) == 11
+    assert len({c.key for c in configs}) == len(configs) == 15
     assert set(layers.TASK_BASELINE.values()) <= {c.key for c in configs}
     for config in configs:
         overrides = layers.run_overrides(config, steps=7, threads=1, device="cpu", eval_subset=32)
         cfg = compose(*check_command_line(overrides))  # as python -m latentstruct.train reads
         assert cfg.trainer.max_steps == cfg.trainer.eval_every == 7 and cfg.trainer.threads == 1
-        assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64}[config.task]
+        assert cfg.trainer.batch_size == {"SST": 32, "ListOps": 64, "NER": 32}[config.task]
+        if config.task == "NER":  # the method from the first step, on the campaign's word vectors
+            assert cfg.trainer.phases == [] and cfg.task.phases == 0 and not cfg.embedding.freeze
+            assert cfg.embedding.pretrained.startswith("glove/glove.6B.50d")
         if config.task == "SST" and config.cap != "—":
             assert cfg.task.structure.sparsemap_max_iter == (None if config.cap == "exact" else 50)
         # the run-time check reads the same file a run leaves in .hydra/
@@ -110,6 +113,7 @@ def test_summary_and_markdown_on_fake_numbers():
         "make": "make bench-layers",
         "command": "python bench/layers.py",
         "notes": ["a note"],
+        "tasks": ["SST"],
     }
     meta["failures"] = layers.failures(_fake_results())
     assert meta["failures"] == [
@@ -117,6 +121,7 @@ def test_summary_and_markdown_on_fake_numbers():
         "now `sst_marginals` repeat 1: failed: boom",
     ]
     text = layers.markdown(list(rows.values()), meta)
+    assert "repeat(s), SST with random embeddings and small evaluation subsets (see Notes)" in text  # its tasks only
     assert "- git commit: abc (dirty)" in text and "0123456789ab (r: s)" in text and "- a note" in text
     assert "| SST | BiLSTM (baseline) | — | 0.200 | 0.200 | 1.00× | 1.0 | 1.0 |" in text
     assert "| SST | SparseMAP | exact | timeout | 1.000 | — | — | 5.0 |" in text

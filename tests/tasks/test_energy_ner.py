@@ -174,6 +174,46 @@ def test_the_phi_gradient_is_the_implicit_gradient_or_the_explicit_one(primary):
     assert diff > 1e-4 * max(float(g.abs().max()) for g in grads["explicit"])  # the implicit term is there
 
 
+@pytest.mark.parametrize("infnet_ce", [0.0, 1.0])
+def test_the_infnet_step_is_the_eq5_ascent_then_the_descent_at_the_new_outputs(infnet_ce):
+    """InfNet (+ its token cross-entropy: InfNet+): θ after the step's ascent and the φ-gradient of its descent,
+    against eq. 5 computed independently from the networks (every energy on a BiLSTM pass of its own, F and A run
+    afresh after the ascent): the task's one pass of E's features and of F and A per half-step changes nothing."""
+    batch = _batch()
+    x, lengths = batch["x"][:, :4], batch["lengths"]
+    gold = _one_hot(batch["y"][:, :4], lengths, 4)
+    mask = length_mask(lengths, 4).unsqueeze(-1).double()
+    settings = dict(lam=0.7, infnet_ce=infnet_ce, inner_optimizer="sgd", inner_lr=0.1)
+    task, ref = _task("infnet", **settings), _task("infnet", **settings)
+    out = task(batch)
+    out.loss.backward()
+
+    def energy(y):
+        return ref.energy_net.energy(ref.energy_net.features(x, lengths), y, lengths)
+
+    def run(net):
+        logits = net.logits(x, lengths)
+        return torch.softmax(logits, -1) * mask, sequence_nll(logits, gold, lengths)
+
+    def objective(f, a):
+        return (F.relu(hamming_loss(f, gold, lengths) - energy(f) + energy(gold))
+                + 0.7 * F.relu(energy(gold) - energy(a))).mean()
+
+    (f, f_nll), (a, a_nll) = run(ref.cost_net), run(ref.infnet)
+    theta = ref.inference_parameters()
+    ascent = torch.autograd.grad(-objective(f, a) + infnet_ce * (f_nll + a_nll).mean(), theta)
+    with torch.no_grad():
+        for p, g in zip(theta, ascent, strict=True):
+            p -= 0.1 * g
+    for got, want in zip(task.inference_parameters(), theta, strict=True):
+        torch.testing.assert_close(got, want)
+    descent = objective(run(ref.cost_net)[0].detach(), run(ref.infnet)[0].detach())
+    assert out.loss.item() == pytest.approx(descent.item(), rel=1e-12)
+    for p, want in zip(task.energy_parameters(), torch.autograd.grad(descent, ref.energy_parameters()), strict=True):
+        torch.testing.assert_close(p.grad, want)
+    assert all(p.grad is None for p in task.inference_parameters())
+
+
 @pytest.mark.parametrize("features", [False, True])
 def test_forward_over_reverse_products_give_the_double_backward_gradient_through_the_bilstm(features):
     """task.hvp=forward_over_reverse through A's BiLSTM (packed, trainable word vectors; NER+'s feature
