@@ -4,7 +4,7 @@ them the device-hours of each full table (``scripts/gpu_check.sh`` runs it on th
     python bench/tables.py --device cuda --out timing.json [--tables spigot/table3_sst energy/ner ...]
                            [--deadline UNIX_SECONDS] [--max-configs N] [--warmup 2] [--min-seconds 1] [--max-steps 40]
                            [--memory-gib 8] [--config-seconds 600] [--threads 1] [--resume] [--max-per-experiment N]
-                           [--eval-examples N] [--skip PATTERN ...]
+                           [--eval-examples N] [--skip PATTERN ...] [--retime PATTERN ...]
     python bench/tables.py --render timing.json            # the sheet as Markdown (scripts/gpu_report.py uses it)
     python bench/tables.py --page cpu.json > cpu.md         # the CPU plan (make bench-cpu: results/bench/cpu.md)
 
@@ -49,7 +49,9 @@ others are estimated, below). Configurations run in order until ``--deadline`` (
 another like the slowest so far, or ``--max-configs`` are done. A configuration not timed is estimated from the
 timed ones of the same experiment in the same table (their median run-seconds, marked ``≈``); one without such a
 sibling stays unknown, and its table's device-hours are then a lower bound. A configuration that fails (missing
-data: SNLI's training split) says why.
+data: SNLI's training split) says why. With ``--resume``, ``--retime PATTERN`` times again the configurations of
+the asked tables whose overrides match (the code they run changed); every configuration timed records the commit it
+was timed at (``commit``), and the page names those timed at another commit than the sheet's first.
 
 **Against the runs.** The page (``--page``) sets what the campaign's committed runs took (their records' wall clocks,
 ``campaign/<paper>-<table>/records.tar.gz``) against what the sheet plans for the same configurations, and lists the
@@ -114,6 +116,7 @@ class Cell:
     load: list[float] = field(default_factory=list)  # 1-minute load average before and after timing it
     partial: list = field(default_factory=list)  # [phase, steps done, seconds] of the phase being timed
     eval_scale: float = 1.0  # s_eval = the evaluation's seconds on --eval-examples per split x this
+    commit: str | None = None  # the commit it was timed at (None: a sheet from before this field, its own commit)
 
 
 #: what became of a configuration, in the sheet's order
@@ -480,13 +483,13 @@ def run(args) -> dict:
         resumed = [{k: earlier.get(k) for k in ("git_commit", "hardware", "cpu", "generated")},
                    *earlier.get("resumed", [])]
         before = {(c["table"], tuple(c["overrides"])): c for c in earlier["configs"]
-                  if c["status"] not in ("untimed", "estimated")}
+                  if c["status"] not in ("untimed", "estimated") and not _retimed(c, asked, args)}
     all_cells = [c for t in chosen for c in cells(t)]
     for cell in all_cells:
         for key, value in before.get((cell.table, tuple(cell.overrides)), {}).items():
             setattr(cell, key, value)
     slowest, done = 0.0, 0
-    started = time.time()
+    started, commit = time.time(), _commit()
     tried: dict = {}  # configurations timed (or tried) per experiment of a table
     for cell in all_cells:
         key = (cell.table, cell.experiment)
@@ -510,6 +513,7 @@ def run(args) -> dict:
             timeout = max(5.0, min(timeout, args.deadline + 30 - time.time()))
         t0, load = time.perf_counter(), os.getloadavg()[0]
         time_isolated(cell, args, timeout)
+        cell.commit = commit
         cell.took, cell.load = time.perf_counter() - t0, [round(load, 2), round(os.getloadavg()[0], 2)]
         slowest, done = max(slowest, cell.took), done + 1
         steps = ", ".join("—" if s is None else f"{s * 1e3:.1f}" for s in cell.s_per_step)
@@ -519,6 +523,21 @@ def run(args) -> dict:
         if args.out is not None:  # after each configuration: a sheet survives a command killed at its limit
             _write(args.out, _sheet(all_cells, device, args, started, resumed))
     return _sheet(all_cells, device, args, started, resumed)
+
+
+def _retimed(config: dict, asked: list[str], args) -> bool:
+    """Whether ``--retime`` asks for an earlier sheet's ``config`` to be timed again (a table asked for, a pattern
+    matching its overrides)."""
+    return config["table"] in asked and any(fnmatch(" ".join(config["overrides"]), pattern)
+                                            for pattern in getattr(args, "retime", None) or ())
+
+
+def _commit() -> str:
+    """HEAD's commit (12 hex digits), + ``-dirty`` with uncommitted changes."""
+    from latentstruct.records import git_commit
+
+    sha, dirty = git_commit()
+    return f"{sha}{'-dirty' if dirty else ''}"
 
 
 def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, resumed: list | None = None) -> dict:
@@ -559,8 +578,20 @@ def resumed_note(sheet: dict) -> str:
     earlier = [f"{r.get('git_commit') or '?'} on {r.get('hardware') or '?'} ({r.get('cpu') or 'CPU model not recorded'}"
                f", {r.get('generated') or '?'})"
                for r in sheet.get("resumed") or ()]
-    return f" It resumes the sheet(s) timed at {'; '.join(earlier)}: their configurations are kept as timed there." \
+    note = f" It resumes the sheet(s) timed at {'; '.join(earlier)}: their configurations are kept as timed there." \
         if earlier else ""
+    first = (sheet.get("resumed") or [{}])[-1].get("git_commit") or sheet.get("git_commit")
+    later: dict[str, dict[str, int]] = {}
+    for c in sheet["configs"]:
+        if c.get("commit") and c["commit"].removesuffix("-dirty") != first:
+            experiments = later.setdefault(c["commit"], {})
+            name = f"{c['table']} `{c['experiment'] or ' '.join(c['overrides'])}`"
+            experiments[name] = experiments.get(name, 0) + 1
+    for commit, experiments in later.items():
+        note += (f" Timed at {commit} (`--retime`, or added since): "
+                 + ", ".join(f"{name} ({n} configuration{'s' if n > 1 else ''})" for name, n in experiments.items())
+                 + ".")
+    return note
 
 
 def render(sheet: dict) -> list[str]:
@@ -967,6 +998,9 @@ def main(argv=None) -> int:
                              "estimated from them (≈)")
     parser.add_argument("--skip", nargs="*", metavar="PATTERN",
                         help="leave untimed the configurations whose overrides match a pattern ('*listops_chart_*')")
+    parser.add_argument("--retime", nargs="*", metavar="PATTERN",
+                        help="with --resume: time again the asked tables' configurations whose overrides match "
+                             "('*ner_infnet*': their code changed)")
     parser.add_argument("--eval-examples", type=int,
                         help="time the evaluation on the first N examples of valid and test, scaled to their sizes")
     parser.add_argument("--resume", action="store_true",

@@ -190,6 +190,37 @@ def test_a_resumed_sheet_keeps_the_earlier_sheets_tables_and_times_only_those_as
     assert first["git_commit"] in bench.resumed_note(sheet) and bench.resumed_note(first) == ""
 
 
+def test_retime_times_the_matching_configurations_again_and_the_page_names_their_commit(monkeypatch, tmp_path):
+    """--retime PATTERN with --resume: the asked table's configurations matching it are timed again (the others are
+    kept), each records the commit it was timed at, and the note names the configurations timed at a later one."""
+    calls = []
+
+    def timed(cell, args, timeout):
+        calls.append(" ".join(cell.overrides))
+        cell.status, cell.run_seconds = "timed", 60.0
+
+    monkeypatch.setattr(bench, "time_isolated", timed)
+    monkeypatch.setattr(bench, "_commit", lambda: "a" * 12)
+    out = tmp_path / "timing.json"
+    args = argparse.Namespace(device="cpu", tables=["energy/ner"], max_configs=None, deadline=None, out=out,
+                              skip=None, resume=False, max_per_experiment=1, config_seconds=600.0, retime=None,
+                              warmup=2, min_seconds=1.0, max_steps=40, memory_gib=8.0, threads=1)
+    first = bench.run(args)
+    bench._write(out, first)
+    assert len(calls) == 9 and {c["commit"] for c in first["configs"] if c["status"] == "timed"} == {"a" * 12}
+    monkeypatch.setattr(bench, "_commit", lambda: "b" * 12)
+    args.resume, args.retime, calls[:] = True, ["*ner_infnet*"], []
+    sheet = bench.run(args)
+    assert calls == [f"+experiment={name} dataset.features=False" for name in ("ner_infnet", "ner_infnet_plus")]
+    commits = {" ".join(c["overrides"]): c["commit"] for c in sheet["configs"] if c["status"] == "timed"}
+    assert commits["+experiment=ner_infnet dataset.features=False"] == "b" * 12
+    assert commits["+experiment=ner_mbce dataset.features=False"] == "a" * 12  # kept as timed
+    sheet["resumed"][-1]["git_commit"] = "a" * 12  # the first sheet's commit (here a test's checkout)
+    note = bench.resumed_note(sheet)
+    assert f"Timed at {'b' * 12} (" in note and "energy/ner `ner_infnet` (1 configuration)" in note
+    assert "ner_mbce" not in note.split("Timed at")[1]
+
+
 def test_the_campaigns_runs_are_set_against_the_plan_for_the_same_configurations(tmp_path):
     """cpu.md's campaign section: each completed run in a table's committed records is matched to the sheet's
     configuration it ran (its overrides among the run's), and its wall clock summed against that configuration's
