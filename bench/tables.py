@@ -949,7 +949,8 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         "",
         "**What we will run** is the spec's `cpu_plan` block where the spec states one (— where it does not): `run`, "
         "the budget in words; its CPU-hours from the configurations below that the plan runs (its `only` patterns, "
-        "`seeds` runs each where it says), or the plan's own `cpu_hours`; — while one of them has no time.",
+        "`seeds` runs each where it says), or the plan's own `cpu_hours`; — while one of them has no time. A plan's "
+        "`note` (what the timing cannot see) follows the table.",
         "",
         "| table | runs | timed / estimated / failed / over memory / over time / untimed runs | CPU-hours, paper's "
         "protocol (one run at a time) | longest run (h) | what we will run | its CPU-hours |",
@@ -962,6 +963,8 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
         lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(longest, 2)} | "
                      f"{plan.get('run', '—')} | {_num(_plan_hours(configs, t['table'], plan), 1)} |")
+    notes = [(t["table"], _plan_of(t["table"]).get("note")) for t in sheet["tables"]]
+    lines += ["", *[f"- {table}: {note}" for table, note in notes if note]] if any(n for _, n in notes) else []
     over = [c for c in configs if c["status"] in ("memory", "time", "failed")]
     lines += ["", "## What the full protocol cannot do here", ""]
     lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {'failed: ' if c['status'] == 'failed' else ''}"

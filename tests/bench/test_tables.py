@@ -96,7 +96,8 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
                        load=[3.0, 7.5])
     hog = bench.Cell("spigot/table2", "s", ["+experiment=b"], 4, "b", status="memory", error="over 8 GiB",
                      peak_rss_gib=8.1, load=[7.5, 2.0])
-    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25})
+    monkeypatch.setattr(bench, "_plan_of", lambda table: {"run": "1 of 4 seeds", "cpu_hours": 0.25,
+                                                          "note": "steps timed at initialisation"})
     monkeypatch.setattr(campaign, "STATE", tmp_path / "no campaign")
     cells = [timed, hog]
     sheet = {"tables": bench.summarise(cells), "configs": [vars(c) for c in cells], "cpu_cores": 2, "cpu": "AMD EPYC",
@@ -108,6 +109,7 @@ def test_the_cpu_plan_page_says_the_load_what_does_not_fit_and_what_we_will_run(
     row = next(line for line in lines if line.startswith("| spigot/table2 |"))
     assert row == "| spigot/table2 | 8 | 4 / 0 / 0 / 4 / 0 / 0 | 0.1 (lower bound) | 0.03 | 1 of 4 seeds | 0.2 |"
     assert "- spigot/table2 `+experiment=b`: over 8 GiB, peak 8.1 GiB resident" in lines
+    assert lines[lines.index(row) + 2] == "- spigot/table2: steps timed at initialisation"  # the plan's note
     lab = lines[lines.index("## The lab") + 2]  # the lab's runs counted from its grid, its hours from its spec
     assert "1,375 runs" in lab and "3.1 CPU-hours" in lab
     cost = tmp_path / "matrix.json"  # and what it cost, when make table-lab-matrix has written it
