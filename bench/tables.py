@@ -488,8 +488,10 @@ def run(args) -> dict:
     for cell in all_cells:
         for key, value in before.get((cell.table, tuple(cell.overrides)), {}).items():
             setattr(cell, key, value)
+    from latentstruct.records import environment
+
     slowest, done = 0.0, 0
-    started, commit = time.time(), _commit()
+    started, commit, env = time.time(), _commit(), environment(device)
     tried: dict = {}  # configurations timed (or tried) per experiment of a table
     for cell in all_cells:
         key = (cell.table, cell.experiment)
@@ -521,8 +523,8 @@ def run(args) -> dict:
               f"eval {cell.s_eval or 0:.2f} s ({cell.took:.1f} s, {cell.peak_rss_gib or 0:.1f} GiB, load "
               f"{cell.load[0]:.1f}-{cell.load[1]:.1f}){'  ' + cell.error if cell.error else ''}", flush=True)
         if args.out is not None:  # after each configuration: a sheet survives a command killed at its limit
-            _write(args.out, _sheet(all_cells, device, args, started, resumed))
-    return _sheet(all_cells, device, args, started, resumed)
+            _write(args.out, _sheet(all_cells, device, args, started, resumed, env))
+    return _sheet(all_cells, device, args, started, resumed, env)
 
 
 def _retimed(config: dict, asked: list[str], args) -> bool:
@@ -540,15 +542,17 @@ def _commit() -> str:
     return f"{sha}{'-dirty' if dirty else ''}"
 
 
-def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, resumed: list | None = None) -> dict:
+def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, resumed: list | None = None,
+           env: dict | None = None) -> dict:
     """The sheet of ``all_cells`` as timed so far, the untimed ones estimated (on copies); ``resumed``: the earlier
-    sheets whose configurations it kept (their commit, hardware, date), newest first."""
+    sheets whose configurations it kept (their commit, hardware, date), newest first; ``env``: the code and machine
+    (``latentstruct.records.environment`` when the timing began: the sheet it writes would make the tree dirty)."""
     from bench.trees import cpu_name
     from latentstruct.records import environment
 
     cells = [Cell(**asdict(c)) for c in all_cells]
     _estimate(cells)
-    return {"device": device.type, **environment(device), "torch_threads": torch.get_num_threads(),
+    return {"device": device.type, **(env or environment(device)), "torch_threads": torch.get_num_threads(),
             "cpu_cores": os.cpu_count(), "cpu": cpu_name(),  # the model: a sheet of another machine reads otherwise
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
