@@ -124,7 +124,7 @@ table-direct-vae: ## seed 003 semi-supervised VAE: direct vs GSM x 5 label count
 table-direct-vae-unsupervised: ## seed 003 unsupervised discrete VAE: direct, GSM, ST, exact, SFE x K=10,50; bits -> results/direct/vae_unsupervised.md
 	@$(MAKE) --no-print-directory table T=direct/vae_unsupervised
 
-ablation-vae-direct-anneal: install ## the unsupervised VAE's direct rows with |eps| annealed faster (rates 1e-4, 3.5e-4; 20 epochs, K = 10, 50) at the table's pinned code, ~0.5 CPU-h; ONLY=summary runs none -> results/direct/vae_unsupervised_direct_anneal.md
+ablation-vae-direct-anneal: install ## the unsupervised VAE's direct rows with |eps| annealed faster (rates 1e-4, 3.5e-4 at K = 10, 50; 3.5e-4 on 20 bits; 20 epochs) at the table's pinned code, ~0.8 CPU-h; ONLY=summary runs none -> results/direct/vae_unsupervised_direct_anneal.md
 	nice -n 5 $(BIN)/python -m scripts.ablation vae-direct-anneal $(if $(ONLY),--only $(ONLY))
 
 table-listops: ## issue #7 ListOps: LSTM, gold trees, merge parsers, chart x 7 estimators -> results/listops/
