@@ -1,6 +1,7 @@
 """The reproduction campaign: paper tables built over days of CPU time, a few hours at a time, each from one code.
 
     python -m scripts.campaign start T [--seeds S] [--args '...'] [--pin-only]  # pin T to HEAD (once), then run
+    python -m scripts.campaign repin T                 # its code changed: retire its runs, pin it to HEAD again
     python -m scripts.campaign run T [--jobs 2]        # run T's missing runs at its pinned commit (in the background)
     python -m scripts.campaign run T1 T2 ... [--jobs 2]  # a queue: each table as soon as a slot is free, in order
     python -m scripts.campaign stop [T ...] [--grace 300]  # stop T's runs (default: every running table's): each
@@ -95,6 +96,32 @@ def start(table: str, seeds: str, args: str) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry, indent=1) + "\n")
     return entry
+
+
+def repin(table: str) -> dict:
+    """Pin ``table`` again, to HEAD, with its plan's seeds and args, when the code it runs changed (a table is one
+    code): refused while it runs, at the commit it is pinned to, or on uncommitted code. Its run directories move to
+    ``<campaign root>/retired/<sweep directory>-<old commit>`` (kept there, never run or packed again) and its
+    committed records, checkpoints and plan leave ``campaign/<paper>-<table>/`` (git history keeps them: commit the
+    removal with the new plan); ``run`` then starts the table over at HEAD."""
+    old = plan(table)
+    if _running(table):
+        raise SystemExit(f"error: {table} is running: `python -m scripts.campaign stop {table}` first")
+    if old["commit"] == _git("rev-parse", "HEAD"):
+        raise SystemExit(f"error: {table} is pinned to HEAD already ({old['commit'][:12]})")
+    if _git("status", "--porcelain", "--untracked-files=no", "--", "latentstruct", "configs"):
+        raise SystemExit("error: latentstruct/ or configs/ has uncommitted changes: commit them first (a table runs "
+                         "one committed code)")
+    sweep = carry.sweep_dir(table, campaign_root() / "runs")
+    if sweep.is_dir():
+        retired = campaign_root() / "retired" / f"{sweep.name}-{old['commit'][:12]}"
+        retired.parent.mkdir(parents=True, exist_ok=True)
+        sweep.rename(retired)
+        print(f"campaign: {table}'s runs at {old['commit'][:12]} retired to {retired}", flush=True)
+    saved = state_dir(table)
+    for path in [saved / carry.RECORDS, *saved.glob("checkpoints.tar.*"), saved / "plan.json"]:
+        path.unlink(missing_ok=True)
+    return start(table, old.get("seeds", ""), old.get("args", ""))
 
 
 def code_dir(commit: str) -> Path:
@@ -337,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--wait", action="store_true")
     s.add_argument("--pin-only", action="store_true",
                    help="pin it without running it (to queue it behind a running table: `run T1 T2`)")
+    sub.add_parser("repin", help="the table's code changed: retire its runs and records, pin it to HEAD again with "
+                                 "its seeds and args (then `run` it)").add_argument("table")
     r = sub.add_parser("run", help="run a started table's missing runs at its pinned commit; several tables: a queue, "
                                    "each started in order as soon as a slot is free")
     r.add_argument("table", nargs="+")
@@ -359,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.verb == "start":
         print(f"campaign: pinned {json.dumps(start(a.table, a.seeds, a.args))}")
         return 0 if a.pin_only else run(a.table, a.jobs, a.wait)
+    if a.verb == "repin":
+        print(f"campaign: pinned {json.dumps(repin(a.table))}")
+        return 0
     if a.verb == "run":
         return queue(a.table, a.jobs, a.wait)
     if a.verb == "stop":

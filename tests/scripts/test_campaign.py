@@ -43,6 +43,38 @@ def test_a_table_is_pinned_once_to_a_clean_commit_and_runs_its_code(places, monk
         campaign.plan("spigot/table2")
 
 
+def test_repin_retires_the_runs_and_records_and_pins_head_with_the_same_protocol(places, monkeypatch):
+    """A table whose code changed: its run directories move to retired/ (not deleted), its committed records and
+    checkpoints leave campaign/, and it is pinned to HEAD with its seeds and args; refused while it runs, at HEAD
+    already, or on uncommitted code."""
+    answers = {"status": "", "rev-parse": "a" * 40}
+    monkeypatch.setattr(campaign, "_git", lambda *args, **kw: answers[args[0]])
+    monkeypatch.setattr(campaign, "_running", lambda table: False)
+    campaign.start("energy/ner", "301", "embedding.freeze=false")
+    saved = campaign.state_dir("energy/ner")
+    for name in (campaign.carry.RECORDS, "checkpoints.tar.000"):
+        (saved / name).write_text("x")
+    sweep = campaign.carry.sweep_dir("energy/ner", places / "campaign" / "runs")
+    (sweep / "run-1").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="HEAD already"):
+        campaign.repin("energy/ner")
+    answers["rev-parse"] = "b" * 40
+    monkeypatch.setattr(campaign, "_running", lambda table: True)
+    with pytest.raises(SystemExit, match="is running"):
+        campaign.repin("energy/ner")
+    monkeypatch.setattr(campaign, "_running", lambda table: False)
+    answers["status"] = " M latentstruct/tasks/energy.py"
+    with pytest.raises(SystemExit, match="uncommitted"):
+        campaign.repin("energy/ner")
+    assert (sweep / "run-1").is_dir() and (saved / campaign.carry.RECORDS).is_file()  # refused: nothing moved
+    answers["status"] = ""
+    entry = campaign.repin("energy/ner")
+    assert entry["commit"] == "b" * 40 and (entry["seeds"], entry["args"]) == ("301", "embedding.freeze=false")
+    assert campaign.plan("energy/ner") == entry and sorted(p.name for p in saved.iterdir()) == ["plan.json"]
+    assert not sweep.exists()
+    assert (places / "campaign" / "retired" / f"{sweep.name}-{'a' * 12}" / "run-1").is_dir()
+
+
 def test_save_packs_records_without_checkpoints(places, monkeypatch):
     (places / "state" / "spigot-table2").mkdir(parents=True)
     (places / "state" / "spigot-table2" / "plan.json").write_text(json.dumps({"table": "spigot/table2",
