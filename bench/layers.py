@@ -499,11 +499,23 @@ def failures(results: dict[str, dict[str, list]]) -> list[str]:
 DEFAULT_OUT = Path("results/bench/layers.md")
 
 
+def make_command(args, parser: argparse.ArgumentParser) -> str:
+    """The ``make bench-layers`` line that runs ``args`` again: every option off its default in BENCH_LAYERS_ARGS
+    (``--data-dir`` is the environment's)."""
+    make = "make bench-layers" + (f" BENCH_BASELINE={args.baseline}" if args.baseline else "")
+    extra = [f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+             for k, v in vars(args).items()
+             if k not in ("out", "baseline", "data_dir") and v is not None and v != parser.get_default(k)]
+    if extra:
+        make += f" BENCH_LAYERS_ARGS='{' '.join(extra)}'"
+    return make + (f" BENCH_LAYERS_OUT={args.out}" if args.out != DEFAULT_OUT else "")
+
+
 def _default_data_dir() -> Path:
     return Path(os.environ.get("LATENTSTRUCT_DATA") or "data").resolve()  # paths.data_dir's default
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out",
@@ -532,7 +544,12 @@ def main(argv=None) -> int:
         nargs="*",
         help="configuration key prefixes, e.g. sst_baseline listops (default: all; a task's baseline is always added)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    options = parser()
+    args = options.parse_args(argv)
     args.data_dir = args.data_dir.resolve()
 
     configs = configurations()
@@ -560,11 +577,7 @@ def main(argv=None) -> int:
 
     rows = summarize(results, configs)
     tasks = list(dict.fromkeys(c.task for c in configs))
-    make = "make bench-layers" + (f" BENCH_BASELINE={args.baseline}" if args.baseline else "")
-    if args.only:
-        make += f" BENCH_LAYERS_ARGS='--only {' '.join(args.only)}'"
-    if args.out != DEFAULT_OUT:
-        make += f" BENCH_LAYERS_OUT={args.out}"
+    make = make_command(args, options)
     meta = {
         **env,
         "baseline": baseline,

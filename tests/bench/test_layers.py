@@ -132,3 +132,13 @@ def test_summary_and_markdown_on_fake_numbers():
     now_only = layers.summarize({"now": _fake_results()["now"]}, configs)
     text = layers.markdown(now_only, {**meta, "baseline": None})
     assert "before" not in text.split("## Notes")[0].split("|", 1)[1] and "| SST | Marginals | — | 0.400" in text
+
+
+def test_the_make_line_carries_every_option_off_its_default():
+    options = layers.parser()
+    args = options.parse_args(["--baseline", "fd96a4d", "--only", "ner", "--repeats", "3", "--steps", "60", "--out",
+                               "results/bench/layers_ner.md"])
+    assert layers.make_command(args, options) == (
+        "make bench-layers BENCH_BASELINE=fd96a4d BENCH_LAYERS_ARGS='--repeats 3 --steps 60 --only ner' "
+        "BENCH_LAYERS_OUT=results/bench/layers_ner.md")
+    assert layers.make_command(options.parse_args([]), options) == "make bench-layers"
