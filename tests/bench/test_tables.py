@@ -24,7 +24,7 @@ _spec.loader.exec_module(bench)
     ("spigot/table3_sst", 9, 27),  # 9 methods x 3 seeds
     ("spigot/table2", 26, 104),  # glob(synthetic_*) = 13 methods x K in {3, 10} x 4 seeds
     ("energy/mlc", 14, 42),  # the spec's dataset=bibtex,delicious replaces the sweep's default
-    ("direct/sorting", 24, 240),  # seeds range(301,311)
+    ("direct/sorting", 24, 480),  # seeds range(301,321)
     ("listops/table", 14, 42),  # two sweeps
 ])
 def test_the_grid_is_the_sweeps_jobs_without_their_seeds(table, configs, runs):
