@@ -85,3 +85,19 @@ def test_the_vae_curve_reads_the_bound_and_the_runs_own_schedule(tmp_path):
     page = ablation.vae_page({"commit": "a810499c8551" + "0" * 28, "args": "", "rows": [row]})
     assert ("| 10 | direct, rate 1e-4, 20 epochs | 168.50 ± 0.00 (168.50) | 200.0 / 180.0 / 170.0 | "
             "-20.0 / -5.0 / -4.0 | 0.50 / 1.00 / 2.00 | 0.95 / 0.78 / 0.61 | 300 |") in page
+
+
+def test_the_sigma_path_reads_the_runs_valid_sigma_and_the_page_sets_it_per_seed(tmp_path):
+    run, fixed = tmp_path / "learned", tmp_path / "sigma0"
+    for d in (run, fixed):
+        d.mkdir()
+    pd.DataFrame({"step": [50, 100, 150], "valid/sigma": [0.3, 0.5, 0.04]}).to_csv(run / "history.csv", index=False)
+    pd.DataFrame({"step": [50, 100], "valid/acc": [1.0, 2.0]}).to_csv(fixed / "history.csv", index=False)
+    path = ablation.sigma_path(run)
+    assert path == {"first": 0.3, "last": 0.04, "min": 0.04, "max": 0.5} and ablation.sigma_path(fixed) == {}
+    rows = [{"row": name, "seeds": [301], "commits": ["39124fcac386"], "wall_seconds": [200], "sigma": [p],
+             "test/acc": [93.3], "test/acc mean": 93.3, "test/acc sd": 0.0, "test/prop_wrong": [0.28],
+             "test/prop_wrong mean": 0.28, "test/prop_wrong sd": 0.0} for name, p in (("σ=0", {}), ("lr 1e-4", path))]
+    page = ablation.sorting_page({"commit": "39124fcac386" + "0" * 28, "args": "", "rows": rows})
+    assert "| σ=0 | 301 | 93.30 ± 0.00 (93.30) | 0.28 ± 0.00 (0.28) | – | 200 |" in page
+    assert "| lr 1e-4 | 301 | 93.30 ± 0.00 (93.30) | 0.28 ± 0.00 (0.28) | 0.300 → 0.040 [0.040, 0.500] | 200 |" in page
