@@ -362,14 +362,15 @@ def _cell(row: dict, label: str) -> str:
 def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
     """The results file: header facts, the table, the protocol notes."""
     before = meta.get("baseline") is not None
-    exact_steps = f", {meta['exact_steps']} for exact SparseMAP on SST" if "SST" in meta.get("tasks", ["SST"]) else ""
+    tasks = meta.get("tasks", list(TASK_PROTOCOL))
+    exact_steps = f", {meta['exact_steps']} for exact SparseMAP on SST" if "SST" in tasks else ""
     lines = [
         "# Training-step benchmark",
         "",
         f"**Status: reduced protocol** — a timing benchmark, not a paper table: {meta['steps']} timed steps per run "
         f"({meta['baseline_steps']} for the baselines{exact_steps}), "
         f"{meta['repeats']} repeat(s), "
-        + ", ".join(TASK_PROTOCOL[t] for t in meta.get("tasks", TASK_PROTOCOL)) + " (see Notes).",
+        + ", ".join(TASK_PROTOCOL[t] for t in tasks) + " (see Notes).",
         "",
         "Seconds per training step of the paper configurations through `python -m latentstruct.train` (steady "
         "state: the warm-up steps subtracted, see Notes), median over repeats"

@@ -491,7 +491,8 @@ def run(args) -> dict:
     from latentstruct.records import environment
 
     slowest, done = 0.0, 0
-    started, commit, env = time.time(), _commit(), environment(device)
+    started, env = time.time(), environment(device)
+    commit = _commit(env)
     tried: dict = {}  # configurations timed (or tried) per experiment of a table
     for cell in all_cells:
         key = (cell.table, cell.experiment)
@@ -534,12 +535,9 @@ def _retimed(config: dict, asked: list[str], args) -> bool:
                                             for pattern in getattr(args, "retime", None) or ())
 
 
-def _commit() -> str:
-    """HEAD's commit (12 hex digits), + ``-dirty`` with uncommitted changes."""
-    from latentstruct.records import git_commit
-
-    sha, dirty = git_commit()
-    return f"{sha}{'-dirty' if dirty else ''}"
+def _commit(env: dict) -> str:
+    """The code's commit of ``env`` (``latentstruct.records.environment``), + ``-dirty`` with uncommitted changes."""
+    return f"{env['git_commit']}{'-dirty' if env['git_dirty'] else ''}"
 
 
 def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, resumed: list | None = None,
@@ -960,15 +958,17 @@ def page(sheet: dict, command: str = "make bench-cpu") -> list[str]:
         "protocol (one run at a time) | longest run (h) | what we will run | its CPU-hours |",
         "|---|---|---|---|---|---|---|",
     ]
+    notes = []  # the plans' notes, under the table
     for t in sheet["tables"]:
         plan = _plan_of(t["table"])
+        if plan.get("note"):
+            notes.append(f"- {t['table']}: {plan['note']}")
         hours = _num(t["device_hours"], 1) + ("" if t["complete"] else " (lower bound)")
         longest = None if t["longest_run_minutes"] is None else t["longest_run_minutes"] / 60
         counts = " / ".join(str(t.get(f"runs_{k}", 0)) for k in STATUSES)
         lines.append(f"| {t['table']} | {t['runs']} | {counts} | {hours} | {_num(longest, 2)} | "
                      f"{plan.get('run', '—')} | {_num(_plan_hours(configs, t['table'], plan), 1)} |")
-    notes = [(t["table"], _plan_of(t["table"]).get("note")) for t in sheet["tables"]]
-    lines += ["", *[f"- {table}: {note}" for table, note in notes if note]] if any(n for _, n in notes) else []
+    lines += ["", *notes] if notes else []
     over = [c for c in configs if c["status"] in ("memory", "time", "failed")]
     lines += ["", "## What the full protocol cannot do here", ""]
     lines += [f"- {c['table']} `{' '.join(c['overrides'])}`: {'failed: ' if c['status'] == 'failed' else ''}"

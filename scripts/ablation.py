@@ -227,12 +227,12 @@ VAE_AT = (1, 5, 10, 15, 20)  # the epochs the page compares at
 def vae_direct_anneal(only_summary: bool) -> None:
     from latentstruct.report.tables import filter_runs, load_runs
 
-    common = ["trainer.seed=301", f"trainer.max_epochs={VAE_EPOCHS}"]
-    runs = {f"rate{r}-K{k}": ["-m", "latentstruct.train", "+experiment=vae_unsup_direct", f"task.size={k}",
-                              *common[:1], f"task.anneal_rate={r}", *common[1:]]
-            for r in VAE_RATES for k in (10, 50)}
-    runs[f"rate{VAE_BITS_RATE}-bits"] = ["-m", "latentstruct.train", "+experiment=vae_unsup_bits_direct", *common[:1],
-                                         f"task.anneal_rate={VAE_BITS_RATE}", *common[1:]]
+    def direct(experiment: str, rate: str, *size: str) -> list[str]:
+        return ["-m", "latentstruct.train", f"+experiment={experiment}", *size, "trainer.seed=301",
+                f"task.anneal_rate={rate}", f"trainer.max_epochs={VAE_EPOCHS}"]
+
+    runs = {f"rate{r}-K{k}": direct("vae_unsup_direct", r, f"task.size={k}") for r in VAE_RATES for k in (10, 50)}
+    runs[f"rate{VAE_BITS_RATE}-bits"] = direct("vae_unsup_bits_direct", VAE_BITS_RATE)
     where, entry = ensure("vae_direct_anneal", VAE, runs, only_summary, "~5-20")
     table, mine = table_runs(VAE), load_runs(where)
     rows = []

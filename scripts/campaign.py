@@ -83,14 +83,19 @@ def pinned(state: Path | None = None) -> list[tuple[str, Path]]:
     return [(json.loads(p.read_text())["table"], p.parent) for p in sorted((state or STATE).glob("*/plan.json"))]
 
 
+def _require_committed_code() -> None:
+    """Refuse uncommitted changes to latentstruct/ or configs/ (a table runs one committed code)."""
+    if _git("status", "--porcelain", "--untracked-files=no", "--", "latentstruct", "configs"):
+        raise SystemExit("error: latentstruct/ or configs/ has uncommitted changes: commit them first (a table runs "
+                         "one committed code)")
+
+
 def start(table: str, seeds: str, args: str) -> dict:
     """Pin ``table`` to HEAD with its protocol (refused once pinned, or on a tree with uncommitted code)."""
     path = state_dir(table) / "plan.json"
     if path.is_file():
         raise SystemExit(f"error: {table} is pinned already ({path}): `run` goes on with it")
-    if _git("status", "--porcelain", "--untracked-files=no", "--", "latentstruct", "configs"):
-        raise SystemExit("error: latentstruct/ or configs/ has uncommitted changes: commit them first (a table runs "
-                         "one committed code)")
+    _require_committed_code()
     entry = {"table": table, "commit": _git("rev-parse", "HEAD"), "seeds": seeds, "args": args,
              "started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,9 +114,7 @@ def repin(table: str) -> dict:
         raise SystemExit(f"error: {table} is running: `python -m scripts.campaign stop {table}` first")
     if old["commit"] == _git("rev-parse", "HEAD"):
         raise SystemExit(f"error: {table} is pinned to HEAD already ({old['commit'][:12]})")
-    if _git("status", "--porcelain", "--untracked-files=no", "--", "latentstruct", "configs"):
-        raise SystemExit("error: latentstruct/ or configs/ has uncommitted changes: commit them first (a table runs "
-                         "one committed code)")
+    _require_committed_code()
     sweep = carry.sweep_dir(table, campaign_root() / "runs")
     if sweep.is_dir():
         retired = campaign_root() / "retired" / f"{sweep.name}-{old['commit'][:12]}"

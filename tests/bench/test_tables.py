@@ -202,7 +202,7 @@ def test_retime_times_the_matching_configurations_again_and_the_page_names_their
         cell.status, cell.run_seconds = "timed", 60.0
 
     monkeypatch.setattr(bench, "time_isolated", timed)
-    monkeypatch.setattr(bench, "_commit", lambda: "a" * 12)
+    monkeypatch.setattr(bench, "_commit", lambda env: "a" * 12)
     out = tmp_path / "timing.json"
     args = argparse.Namespace(device="cpu", tables=["energy/ner"], max_configs=None, deadline=None, out=out,
                               skip=None, resume=False, max_per_experiment=1, config_seconds=600.0, retime=None,
@@ -210,7 +210,7 @@ def test_retime_times_the_matching_configurations_again_and_the_page_names_their
     first = bench.run(args)
     bench._write(out, first)
     assert len(calls) == 9 and {c["commit"] for c in first["configs"] if c["status"] == "timed"} == {"a" * 12}
-    monkeypatch.setattr(bench, "_commit", lambda: "b" * 12)
+    monkeypatch.setattr(bench, "_commit", lambda env: "b" * 12)
     args.resume, args.retime, calls[:] = True, ["*ner_infnet*"], []
     sheet = bench.run(args)
     assert calls == [f"+experiment={name} dataset.features=False" for name in ("ner_infnet", "ner_infnet_plus")]
