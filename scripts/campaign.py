@@ -154,23 +154,37 @@ def command(table: str, entry: dict, jobs: int) -> tuple[list[str], dict, Path]:
     return argv, env, code
 
 
-def launch(table: str, jobs: int) -> subprocess.Popen:
+def _part(part: int) -> str:
+    """The suffix of a table's ``part``-th session's files: ``direct-vae.pid``, then ``direct-vae.2.pid``, ..."""
+    return "" if part == 1 else f".{part}"
+
+
+def _pid_files(table: str) -> list[Path]:
+    """The pid files of ``table``'s sessions: its sweep's, and a second sweep's where a queue widened it."""
+    name = table.replace("/", "-")
+    return sorted(campaign_root().glob(f"{name}.pid")) + sorted(campaign_root().glob(f"{name}.[0-9]*.pid"))
+
+
+def launch(table: str, jobs: int, part: int = 1) -> subprocess.Popen:
     """Start ``table``'s missing runs at its pinned code, ``jobs`` at a time, in a session of their own (its pid file
-    names it), the committed records restored first."""
+    names it), the committed records restored first. ``part`` 2: a second sweep of a table running already (a queue
+    widening it into free slots, :func:`queue`), its own pid file and log: the runs' claims keep the two sweeps off
+    each other's runs, each taking the next run that no one has claimed."""
     entry = plan(table)
     runs = campaign_root() / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    _stopped(table).unlink(missing_ok=True)
-    _restore(table, runs)
+    if part == 1:
+        _stopped(table).unlink(missing_ok=True)
+        _restore(table, runs)
     argv, env, code = command(table, entry, jobs)
-    log = _beside(table, ".log")
+    log = _beside(table, f"{_part(part)}.log")
     print(f"campaign: {table} at {entry['commit'][:12]} in {code}, {jobs} at a time; runs in {runs}; log {log}",
           flush=True)
     with open(log, "a") as out:
         proc = subprocess.Popen(argv, cwd=code, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     _nice_session(proc.pid)
-    _beside(table, ".pid").write_text(str(proc.pid))
+    _beside(table, f"{_part(part)}.pid").write_text(str(proc.pid))
     return proc
 
 
@@ -199,8 +213,11 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
     polls in a row (a sweep between two runs is no free slot; a table launched counts as holding its jobs until a run
     of it holds a claim, a table found running already one job) — with the free slots as its jobs. So the tail of one
     table, its last runs, overlaps the head of the next instead of leaving a core idle until the longest of them
-    ends. A table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table
-    that stops short (``stop``: its mark, :func:`_stopped`; a failed run: its sweep's exit status is not 0, or a run
+    ends. When no table is left to start and the last one launched runs on fewer slots than ``jobs`` (it started
+    beside the tail of the one before), it is widened once into the slots that came free: a second sweep of it
+    (``launch`` part 2) takes, run by run, the runs no one has claimed; the table ends when both sweeps have. A
+    table running already (``run`` of it, or an earlier queue's) is waited for, not launched again. A table that
+    stops short (``stop``: its mark, :func:`_stopped`; a failed run: its sweep's exit status is not 0, or a run
     of it is not completed) ends the queue there: no table after it starts, and the queue waits for those running.
     Without ``wait``, the queue itself waits in the background (a session of its own, its log ``queue.log``);
     ``stop`` of the running tables ends it."""
@@ -216,16 +233,19 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                                      "--wait"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         print(f"campaign: queue {' -> '.join(tables)} (pid {proc.pid}); log {log}")
         return 0
-    todo, active, code, free_before = list(tables), {}, 0, 0  # active: table -> its process (None: not ours)
+    todo, active, code, free_before = list(tables), {}, 0, 0  # active: table -> its processes (None: not ours)
     # a table launched here holds its jobs until a run of it holds a claim: its sweep may spend minutes on the runs it
     # skips (completed ones) before it claims one, and those minutes are no free slot
     starting: dict[str, int] = {}
+    given: dict[str, int] = {}  # the jobs of each table the queue launched
+    widened: set[str] = set()
     while todo or active:
-        for table, proc in list(active.items()):
-            if (proc.poll() is None) if proc else _running(table):
+        for table, procs in list(active.items()):
+            if any((p.poll() is None) if p else _running(table) for p in procs):
                 continue
             del active[table]
-            rc, left = (proc.returncode if proc else 0), _left(table)  # rc: unknown (0) for a table not ours
+            # rc: the first failed sweep's (unknown, 0, for a table not ours); left: after all its sweeps ended
+            rc, left = next((p.returncode for p in procs if p and p.returncode), 0), _left(table)
             stopped = _stopped(table).is_file()
             if rc or left or stopped:
                 print(f"campaign: {table} stopped short (exit {rc}, {left} runs not completed"
@@ -239,9 +259,11 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
             print(f"campaign: {todo[0]} is running already; waiting for it", flush=True)
             table = todo.pop(0)
             # an earlier queue's table may be skipping its completed runs, holding no claim yet: a job of it counts
-            active[table], starting[table] = None, 1
+            active[table], starting[table] = [None], 1
             continue
-        if todo:
+        # ours, launched on fewer slots, not widened yet (none after a table stopped short)
+        narrow = [t for t in active if given.get(t, jobs) < jobs and t not in widened and not code]
+        if todo or narrow:
             runs = campaign_root() / "runs"
             claims = carry.held_claims(runs)  # the campaign's runs running now
             for table in list(starting):
@@ -249,9 +271,16 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                     del starting[table]
             free = jobs - len(claims) - sum(starting.values())
             if free > 0 and (not active or free_before > 0):
-                table = todo.pop(0)
-                starting[table] = min(free, free_before) if active else free
-                active[table], free = launch(table, starting[table]), 0
+                if todo:
+                    table = todo.pop(0)
+                    starting[table] = given[table] = min(free, free_before) if active else free
+                    active[table], free = [launch(table, starting[table])], 0
+                else:  # the last table, alone now on fewer slots than the queue's: a second sweep takes the rest
+                    table, wider = narrow[0], min(free, free_before, jobs - given[narrow[0]])
+                    print(f"campaign: {table} widened: a second sweep, {wider} more at a time", flush=True)
+                    widened.add(table)
+                    active[table].append(launch(table, wider, part=2))
+                    free = 0
             free_before = free
         if todo or active:
             time.sleep(poll)
@@ -292,13 +321,13 @@ def sessions() -> list[int]:
 def stop(table: str, grace: float) -> int:
     """Stop ``table``'s runs (``run`` started them in a session of their own): every run checkpoints at its next step
     and exits, then what is left of the session is killed (:func:`scripts.carry.stop_group`); ``run`` resumes them."""
-    pgid = session(_beside(table, ".pid"))
-    if pgid is None:
+    pgids = _sessions(table)
+    if not pgids:
         print(f"campaign: {table} is not running")
         return 0
     _stopped(table).write_text(datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC\n"))
     # its own runs' claims only: another table's runs, not signalled, would hold theirs for the whole grace
-    carry.stop_group(pgid, carry.sweep_dir(table, campaign_root() / "runs"), f"campaign stop {table}", grace,
+    carry.stop_group(pgids, carry.sweep_dir(table, campaign_root() / "runs"), f"campaign stop {table}", grace,
                      log=lambda line: print(f"campaign: {line}"))
     print(f"campaign: {table} stopped; `python -m scripts.campaign save {table}` packs its records (then commit)")
     return 0
@@ -316,8 +345,13 @@ def save(table: str, checkpoints_mib: float = 0.0) -> dict:
                       budget=2**40, log=lambda line: print(f"campaign: {line}")) | {"commit": entry["commit"]}
 
 
+def _sessions(table: str) -> list[int]:
+    """The process groups of ``table``'s running sweeps (one, or two where a queue widened it)."""
+    return [g for path in _pid_files(table) if (g := session(path)) is not None]
+
+
 def _running(table: str) -> bool:
-    return session(_beside(table, ".pid")) is not None
+    return bool(_sessions(table))
 
 
 def _stopped(table: str) -> Path:

@@ -499,20 +499,25 @@ def run_until(cmd: list[str], seconds: float, claims: Path, grace: float = 90.0,
             signal.signal(s, handler)
 
 
-def stop_group(pgid: int, claims: Path, why: str, grace: float = 90.0, log=print, until_ended=None) -> None:
-    """Stop the runs of process group ``pgid``: SIGTERM (each run saves a checkpoint at its next step, records
-    ``status: interrupted`` and exits), then wait until no run under ``claims`` holds its claim (and, given
-    ``until_ended``, until it says the group's command ended), at most ``grace`` seconds; then SIGKILL what is left
-    of the group (idle launcher workers, a sweep that would start its next run, resource trackers)."""
+def stop_group(pgid: int | list[int], claims: Path, why: str, grace: float = 90.0, log=print,
+               until_ended=None) -> None:
+    """Stop the runs of process group ``pgid`` (or of each of a list, together): SIGTERM (each run saves a checkpoint
+    at its next step, records ``status: interrupted`` and exits), then wait until no run under ``claims`` holds its
+    claim (and, given ``until_ended``, until it says the group's command ended), at most ``grace`` seconds; then
+    SIGKILL what is left of the group (idle launcher workers, a sweep that would start its next run, resource
+    trackers)."""
+    pgids = pgid if isinstance(pgid, list) else [pgid]
     _say(log, f"stopping the runs: {why}; each saves a checkpoint at its next step")
-    _signal_group(pgid, signal.SIGTERM)
+    for group in pgids:
+        _signal_group(group, signal.SIGTERM)
     end = time.monotonic() + grace
     while ((until_ended is not None and not until_ended()) or held_claims(claims)) and time.monotonic() < end:
         time.sleep(0.5)
     if held_claims(claims):
         _say(log, f"runs still holding their claims after {grace:.0f} s are killed: "
                   f"{', '.join(str(p.parent) for p in held_claims(claims))}")
-    _signal_group(pgid, signal.SIGKILL)
+    for group in pgids:
+        _signal_group(group, signal.SIGKILL)
 
 
 def _say(log, line: str) -> None:

@@ -152,10 +152,10 @@ def test_the_campaigns_session_is_niced_not_only_its_processes():
 
 _SWEEP = """
 import fcntl, os, pathlib, signal, subprocess, sys, time
-run = pathlib.Path(sys.argv[1]) / "run"
+run = pathlib.Path(sys.argv[1]) / sys.argv[3]
 deaf = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                          "time.sleep(600)"])  # an idle launcher worker that ignores SIGTERM
-(run.parent / "deaf.pid").write_text(str(deaf.pid))
+(run.parent / f"{run.name}.deaf.pid").write_text(str(deaf.pid))
 stopping = []
 signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
 run.mkdir()
@@ -183,37 +183,43 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
     # the campaign's leader runs latentstruct.report.reproduce (or .matrix): so does this stand-in, by its argv
     sweep = campaign.carry.sweep_dir("spigot/table2", runs)
     sweep.mkdir(parents=True)
-    proc = subprocess.Popen([sys.executable, "-c", _SWEEP, str(sweep), "latentstruct.report.reproduce"],
-                            start_new_session=True)
-    (places / "campaign" / "spigot-table2.pid").write_text(str(proc.pid))
+    # two sweeps of the table (a queue widened it): its pid file and the second's
+    procs = [subprocess.Popen([sys.executable, "-c", _SWEEP, str(sweep), "latentstruct.report.reproduce", name],
+                              start_new_session=True) for name in ("run", "run2")]
+    (places / "campaign" / "spigot-table2.pid").write_text(str(procs[0].pid))
+    (places / "campaign" / "spigot-table2.2.pid").write_text(str(procs[1].pid))
     # another table's run, which this stop does not signal, holds its claim throughout: the stop does not wait for it
     other_run = campaign.carry.sweep_dir("direct/sorting", runs) / "run"
     other_run.mkdir(parents=True)
     fd = os.open(other_run / "claim.json", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
-        while not (sweep / "run" / "claim.json").exists() or not (sweep / "deaf.pid").exists():
-            assert proc.poll() is None
+        while not all((sweep / name / "claim.json").exists() and (sweep / f"{name}.deaf.pid").exists()
+                      for name in ("run", "run2")):
+            assert all(proc.poll() is None for proc in procs)
             time.sleep(0.05)
+        assert campaign._running("spigot/table2") and len(campaign._sessions("spigot/table2")) == 2
         started = time.monotonic()
         assert campaign.stop("spigot/table2", grace=60) == 0
         assert time.monotonic() - started < 30
-        assert proc.wait(timeout=30) == -9  # killed once its run had checkpointed, not left to start another
-        assert json.loads((sweep / "run" / "metrics.json").read_text())["status"] == "interrupted"
-        deaf = int((sweep / "deaf.pid").read_text())
-        for _ in range(200):
-            if not alive(deaf):
-                break
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the deaf worker outlived the stop")
+        for proc, name in zip(procs, ("run", "run2"), strict=True):
+            assert proc.wait(timeout=30) == -9  # killed once its run had checkpointed, not left to start another
+            assert json.loads((sweep / name / "metrics.json").read_text())["status"] == "interrupted"
+            deaf = int((sweep / f"{name}.deaf.pid").read_text())
+            for _ in range(200):
+                if not alive(deaf):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the deaf worker outlived the stop")
         said = capsys.readouterr().out
         assert "stopping the runs: campaign stop spigot/table2" in said and "campaign save spigot/table2" in said
         assert "still holding" not in said
     finally:
         os.close(fd)
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 class _World:
@@ -225,28 +231,36 @@ class _World:
         self.started = {table: 0 for table in outside}  # tables running already, not the queue's
         self.launched = []
 
-    def launch(self, table, jobs):
-        self.launched.append((table, jobs, self.tick))
-        self.started[table] = self.tick
+    def launch(self, table, jobs, part=1):
+        sweep = table if part == 1 else f"{table}#{part}"  # a widened table's second sweep: its own profile
+        self.launched.append((sweep, jobs, self.tick))
+        self.started[sweep] = self.tick
         world = self
 
         class Proc:
             returncode = None
 
             def poll(self):
-                if world.running(table):
+                if world._sweep_runs(sweep):
                     return None
-                self.returncode = world.exits.get(table, 0)
+                self.returncode = world.exits.get(sweep, 0)
                 return self.returncode
 
         return Proc()
 
+    def _profile(self, sweep):  # a second sweep not profiled finds nothing left to run: it ends at the next poll
+        return self.profiles.get(sweep, [0])
+
+    def _sweep_runs(self, sweep):
+        return sweep in self.started and self.tick - self.started[sweep] < len(self._profile(sweep))
+
     def running(self, table):
-        return table in self.started and self.tick - self.started[table] < len(self.profiles[table])
+        return any(self._sweep_runs(s) for s in self.started if s.split("#")[0] == table)
 
     def claims(self, root):
-        return [campaign.carry.sweep_dir(t, root) / f"run{i}" / "claim.json" for t, t0 in self.started.items()
-                if self.running(t) for i in range(self.profiles[t][self.tick - t0])]
+        return [campaign.carry.sweep_dir(s.split("#")[0], root) / f"run{s}{i}" / "claim.json"
+                for s, t0 in self.started.items() if self._sweep_runs(s)
+                for i in range(self._profile(s)[self.tick - t0])]
 
     def install(self, monkeypatch):
         monkeypatch.setattr(campaign, "launch", self.launch)
@@ -303,7 +317,7 @@ def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, mo
     # slot after table2 ends (6), not at ticks 1-2, when only table2's run held a claim
     world = _World({**slow, "spigot/table2": [1] * 6}, outside=["spigot/table2", "direct/sorting"]).install(monkeypatch)
     assert campaign.queue(tables, 2, wait=True, poll=0) == 0
-    assert world.launched == [("energy/mlc", 1, 7)]
+    assert world.launched == [("energy/mlc", 1, 7), ("energy/mlc#2", 1, 9)]  # alone from 8: widened (below)
     capsys.readouterr()
     # stopped between two runs, it leaves no unfinished run and, not the queue's, no exit status: stop's mark says it
     (places / "campaign").mkdir(parents=True, exist_ok=True)
@@ -323,6 +337,34 @@ def test_a_queue_starts_each_table_in_order_as_soon_as_a_slot_is_free(places, mo
     ((argv, kw),) = started
     assert argv[1:] == ["-m", "scripts.campaign", "run", *tables, "--jobs", "2", "--wait"]
     assert kw["start_new_session"] and (places / "campaign" / "queue.log").is_file()
+
+
+def test_the_last_table_of_a_queue_alone_on_fewer_slots_is_widened_once_by_a_second_sweep(places, monkeypatch,
+                                                                                           capsys):
+    """A table launched beside the tail of the one before runs on the slot that was free; once no table is left to
+    start and a slot has been free for two polls, a second sweep of it takes the rest (once); the table ends when both
+    sweeps have, stopped short if either failed. A table on every slot, or one not the queue's, is never widened."""
+    tables = ["spigot/table2", "energy/mlc"]
+    for t in tables:
+        state = places / "state" / t.replace("/", "-")
+        state.mkdir(parents=True)
+        (state / "plan.json").write_text(json.dumps({"table": t, "commit": "e" * 40}))
+    # table2 on both slots, one from tick 2; mlc at 3 on one; table2 ends at 5; free at 5 and 6: widened at 6
+    profiles = {"spigot/table2": [2, 2, 1, 1, 1], "energy/mlc": [1] * 10, "energy/mlc#2": [0, 1, 1, 1]}
+    world = _World(profiles).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    assert world.launched == [("spigot/table2", 2, 0), ("energy/mlc", 1, 3), ("energy/mlc#2", 1, 6)]
+    said = capsys.readouterr().out
+    assert said.count("widened") == 1 and said.count("energy/mlc complete") == 1 and world.tick == 13
+
+    world = _World(profiles, exits={"energy/mlc#2": 1}).install(monkeypatch)  # the second sweep fails
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 1
+    assert "energy/mlc stopped short (exit 1" in capsys.readouterr().out and world.tick == 13  # it waited for both
+
+    # table2 not the queue's, on both slots until 12: mlc launched on both when it ends, nothing to widen
+    world = _World({**profiles, "spigot/table2": [2] * 12}, outside=["spigot/table2"]).install(monkeypatch)
+    assert campaign.queue(tables, 2, wait=True, poll=0) == 0
+    assert world.launched == [("energy/mlc", 2, 12)] and "widened" not in capsys.readouterr().out
 
 
 def test_a_table_running_already_is_not_launched_again_and_waiting_waits_for_it(places, monkeypatch, capsys):
