@@ -57,7 +57,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised ablation-vae-direct-anneal ablation-sorting-sigma-lr table-listops \
-	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
+	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda ablation-citation-energies table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-compose bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
@@ -148,6 +148,9 @@ table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/1
 
 ablation-citation-lambda: install ## L_CD at 5, 10 and 50 labelled citations without eq. 6's lambda E(x, A(x)), at the citation table's pinned code, ~1 CPU-h; ONLY=summary runs none -> results/energy/citation_lambda_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation citation-lambda $(if $(ONLY),--only $(ONLY))
+
+ablation-citation-energies: install ## what the citation table's trained energies prefer (their exact minima, the gold's and A's rank), L_CD at lambda 1 and 0 and the floor, at the table's pinned code; trains nothing where the runs' weights are here, ~2 min -> results/energy/citation_energies.md
+	nice -n 5 $(BIN)/python -m scripts.ablation citation-energies $(if $(ONLY),--only $(ONLY))
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png
 	$(BIN)/python -m latentstruct.diagnose --sizes 10 30 --out results/lab/gradients.md

@@ -2,6 +2,7 @@
 (``campaign/<paper>-<table>/plan.json``), so that they compare with the table's runs and with nothing else.
 
     python -m scripts.ablation citation-lambda [--only summary]   # make ablation-citation-lambda
+    python -m scripts.ablation citation-energies [--only summary] # make ablation-citation-energies
     python -m scripts.ablation vae-direct-anneal [--only summary] # make ablation-vae-direct-anneal
     python -m scripts.ablation sorting-sigma-lr [--only summary]  # make ablation-sorting-sigma-lr
     python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
@@ -17,6 +18,13 @@ at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the
 seeds 301-303 (9 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each
 run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid
 tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
+
+citation-energies (issue #34, the same reading: is it the energy or A that fails?): no runs of its own; each L_CD
+run of the table (λ = 1), of citation-lambda (λ = 0) and each floor run at 5, 10 and 50 labelled, its model at its
+last step, through ``scripts/citation_energy_probe.py`` at the table's code: A's and the energy's exact minimum's
+token accuracy and author share, where the energy ranks the gold -> ``results/energy/citation_energies.md``
+(``.json``). A run whose weights are not here (the records keep none) is re-made from its configuration at that code
+(:func:`last_state`), its metrics checked equal to its record's.
 
 vae-direct-anneal (issue #34, direct/vae_unsupervised at the full schedule: direct, the seed's method, ends worst on
 the categorical latent, its valid bound stalled from the first epochs): direct with |ε| annealed faster
@@ -214,6 +222,119 @@ def citation_page(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------------------- citation-energies
+
+ENERGIES_OUT = ROOT / "results" / "energy" / "citation_energies"
+PROBE = ROOT / "scripts" / "citation_energy_probe.py"
+
+
+def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entry: dict) -> tuple[Path, bool]:
+    """A run directory holding ``run_dir``'s run at its last step (``checkpoint.pt``): ``run_dir`` itself where this
+    machine ran it, else (a fresh machine: the committed records keep no weights) the same run re-made from ``argv``
+    at the table's code into ``ablations/<name>/remade/<label>``, its metrics checked equal to the record's (runs
+    are deterministic at one code). Returns (the directory, whether it was re-made)."""
+    if Path(run_dir, "checkpoint.pt").is_file():
+        return Path(run_dir), False
+    again = campaign.campaign_root() / "ablations" / name / "remade" / label
+    if not (again / "checkpoint.pt").is_file():
+        _log(f"{label}: {run_dir} keeps no weights here: re-making it at {entry['commit'][:12]} -> {again}")
+        again.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{again}.out", "a") as out:
+            at_code(campaign.code_dir(entry["commit"]),
+                    [*argv, *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
+                     f"hydra.run.dir={again}"], stdout=out, stderr=subprocess.STDOUT)
+    made, recorded = ({k: v for k, v in json.loads(Path(d, "metrics.json").read_text())["metrics"].items()
+                       if not k.endswith("seconds")} for d in (again, run_dir))  # timings differ, the rest may not
+    if made != recorded:
+        raise SystemExit(f"error: {label} re-made at {entry['commit'][:12]} differs from its record: {made} against "
+                         f"{recorded}")
+    return again, True
+
+
+def citation_energies(only_summary: bool) -> None:
+    """The citation table's L_CD (λ = 1) and floor runs and the λ = 0 ablation's, at 5, 10 and 50 labelled: what
+    each trained energy prefers (:mod:`scripts.citation_energy_probe`, at the table's code)."""
+    from latentstruct.report.tables import filter_runs, load_runs
+
+    entry = campaign.plan(CITATION)
+    table = table_runs(CITATION)
+    lam0, _ = ensure("citation_lambda", CITATION, {}, True, "")  # its records restored (its runs: citation-lambda)
+    lam0 = load_runs(lam0)
+    rows, remade = [], 0
+    for n in CITATION_LABELLED:
+        match = {"dataset.labelled": n}
+        for label, short, experiment, runs_n, extra in (
+                ("floor (BiLSTM-CRF)", "crf", "citation_crf",
+                 filter_runs(table, {**match, "choices.experiment": "citation_crf"}), []),
+                ("L_CD, λ = 1 (the table's)", "cd", "citation_cd",
+                 filter_runs(table, {**match, "choices.experiment": "citation_cd"}), []),
+                ("L_CD, λ = 0", "lam0", "citation_cd", filter_runs(lam0, match), ["task.lam=0"])):
+            row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
+            dirs = []
+            for seed, run_dir in zip(row["seeds"], row["_dirs"], strict=True):
+                argv = ["-m", "latentstruct.train", f"+experiment={experiment}", f"dataset.labelled={n}",
+                        f"trainer.seed={seed}", *extra]
+                where, again = last_state(f"{short}-labelled{n}-{seed}", run_dir, argv, "citation_energies", entry)
+                dirs.append(str(where))
+                remade += again
+            if only_summary and remade:
+                raise SystemExit("error: --only summary: runs had to be re-made")
+            out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *dirs], capture_output=True, text=True)
+            probed = [json.loads(line) for line in out.stdout.splitlines()]
+            row.update(labelled=n, probe={split: [{k: v for k, v in p.items() if k not in ("run_dir", "split")}
+                                                  for p in probed if p["split"] == split]
+                                          for split in ("train", "valid", "test")})
+            rows.append(row)
+    write({"commit": entry["commit"], "args": entry["args"], "remade": remade, "rows": rows}, ENERGIES_OUT,
+          energies_page)
+
+
+def energies_page(summary: dict) -> str:
+    rows = summary["rows"]
+
+    def per_seed(r: dict, split: str, key: str, digits: int = 1) -> str:
+        values = [p[key] for p in r["probe"][split]]
+        return f"{statistics.fmean(values):.{digits}f} ({' / '.join(f'{v:.{digits}f}' for v in values)})"
+
+    lines = header(
+        "Cora citations (seed 004 Table 4): what the trained energies prefer", summary,
+        "`results/energy/citation.md`'s L_CD and floor rows and `results/energy/citation_lambda_ablation.md`'s "
+        "λ = 0 runs at 5, 10 and 50 labelled citations",
+        "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
+        f"`{summary['args'] or '(none)'}`",
+        "`make ablation-citation-energies` (`python -m scripts.ablation citation-energies`: "
+        "`scripts/citation_energy_probe.py` on each run's model at its last step, at the table's code)",
+        f"nothing is trained ({summary['remade']} runs re-made from their configurations where this machine kept no "
+        "weights, their metrics checked equal to the records'). E_φ is a linear chain, so argmin_y E_φ(x, y) is exact "
+        "(Viterbi). Per row, the mean over the seeds, then each seed's value.") + [
+        "Columns: **A**: token accuracy of the inference network's argmax (what the run reports, here at its last "
+        "step, not the epoch `select=best` picks); **argmin E**: token accuracy of the energy's own minimum; "
+        "**author %**: the share of tokens each tags author (gold 22.7 % on valid); **gold < all-author**: % of "
+        "citations whose gold tagging has a lower energy than tagging every token author; **gold < A**: % whose gold "
+        "has a lower energy than A's argmax (ties, as where A is right, count as not lower); **E gap gold / A**: "
+        "E_φ(x, y) − min E_φ per token for the gold y and for A's argmax (0: the minimum). The floor's A is an "
+        "untrained network (the CRF decodes with its energy), left out.", "",
+    ]
+    for split, title in (("valid", "Valid (100 citations)"), ("train", "The labelled training citations"),
+                         ("test", "Test (100 citations)")):
+        lines += [f"## {title}", "",
+                  "| labelled | row | seeds | A | argmin E | author % (A / argmin E) | gold < all-author | gold < A | "
+                  "E gap gold / A |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            floor = r["row"].startswith("floor")
+            a = "–" if floor else per_seed(r, split, "acc_A")
+            share = (f"– / {per_seed(r, split, 'author_E', 0)}" if floor else
+                     f"{per_seed(r, split, 'author_A', 0)} / {per_seed(r, split, 'author_E', 0)}")
+            below_a = "–" if floor else per_seed(r, split, "gold_below_A", 0)
+            gap = (f"{per_seed(r, split, 'gap_gold', 2)} / –" if floor else
+                   f"{per_seed(r, split, 'gap_gold', 2)} / {per_seed(r, split, 'gap_A', 2)}")
+            lines.append(f"| {r['labelled']} | {r['row']} | {', '.join(map(str, r['seeds']))} | {a} | "
+                         f"{per_seed(r, split, 'acc_E')} | {share} | {per_seed(r, split, 'gold_below_author', 0)} | "
+                         f"{below_a} | {gap} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------- vae-direct-anneal
 
 VAE = "direct/vae_unsupervised"
@@ -364,8 +485,8 @@ def sorting_page(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-ABLATIONS = {"citation-lambda": citation_lambda, "vae-direct-anneal": vae_direct_anneal,
-             "sorting-sigma-lr": sorting_sigma_lr}
+ABLATIONS = {"citation-lambda": citation_lambda, "citation-energies": citation_energies,
+             "vae-direct-anneal": vae_direct_anneal, "sorting-sigma-lr": sorting_sigma_lr}
 
 
 def main(argv: list[str] | None = None) -> int:

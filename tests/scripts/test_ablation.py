@@ -50,6 +50,38 @@ def test_an_ablation_runs_each_run_once_at_the_table_protocol_and_a_fresh_machin
     assert ablation.carry.run_status(where / "lam0-1") == "completed"
 
 
+#: a stand-in for a run that leaves its weights: metrics (its argv's acc=, a timing that differs) and checkpoint.pt
+FAKE_WEIGHTED_RUN = (
+    "import json, pathlib, sys, time; "
+    "d = pathlib.Path([a for a in sys.argv if a.startswith('hydra.run.dir=')][0].split('=', 1)[1]); "
+    "acc = float([a for a in sys.argv if a.startswith('acc=')][0].split('=')[1]); "
+    "d.mkdir(parents=True, exist_ok=True); (d / 'checkpoint.pt').write_text('w'); "
+    "(d / 'metrics.json').write_text(json.dumps({'status': 'completed', 'metrics': {'valid/acc': acc, "
+    "'valid/infer_seconds': time.time()}}))"
+)
+
+
+def test_a_run_without_its_weights_here_is_remade_at_the_tables_code_and_checked_against_its_record(fake_campaign,
+                                                                                                  capsys):
+    entry = ablation.campaign.plan("paper/table")
+    record = fake_campaign / "runs" / "cd-1"
+    record.mkdir(parents=True)
+    (record / "metrics.json").write_text(json.dumps({"metrics": {"valid/acc": 40.0, "valid/infer_seconds": 0.1}}))
+    argv = ["-c", FAKE_WEIGHTED_RUN, "acc=40.0"]
+    where, again = ablation.last_state("cd-1", record, argv, "probe", entry)
+    assert again and (where / "checkpoint.pt").is_file() and where.parent.name == "remade"
+    assert capsys.readouterr().out.count("re-making") == 1
+    assert ablation.last_state("cd-1", record, argv, "probe", entry) == (where, True)  # made once
+    assert "re-making" not in capsys.readouterr().out
+    (record / "checkpoint.pt").write_text("w")  # this machine ran it: its own directory, nothing re-made
+    assert ablation.last_state("cd-1", record, argv, "probe", entry) == (record, False)
+    other = fake_campaign / "runs" / "cd-2"
+    shutil.copytree(record, other)
+    (other / "checkpoint.pt").unlink()
+    with pytest.raises(SystemExit, match="differs from its record"):  # the code computes differently now
+        ablation.last_state("cd-2", other, ["-c", FAKE_WEIGHTED_RUN, "acc=41.0"], "probe", entry)
+
+
 def test_the_citation_trajectory_and_page(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -101,3 +133,21 @@ def test_the_sigma_path_reads_the_runs_valid_sigma_and_the_page_sets_it_per_seed
     page = ablation.sorting_page({"commit": "39124fcac386" + "0" * 28, "args": "", "rows": rows})
     assert "| σ=0 | 301 | 93.30 ± 0.00 (93.30) | 0.28 ± 0.00 (0.28) | – | 200 |" in page
     assert "| lr 1e-4 | 301 | 93.30 ± 0.00 (93.30) | 0.28 ± 0.00 (0.28) | 0.300 → 0.040 [0.040, 0.500] | 200 |" in page
+
+
+def test_the_energies_page_sets_each_split_per_row_and_leaves_the_floors_a_out(tmp_path):
+    probe = {"citations": 100, "tokens": 2515, "acc_A": 25.0, "acc_E": 28.0, "author_A": 97.0, "author_E": 85.0,
+             "gold_below_A": 9.0, "gold_below_author": 10.0, "gap_gold": 3.17, "gap_A": 0.13, "step": 240}
+    floor = {**probe, **{k: None for k in ("acc_A", "author_A", "gold_below_A", "gap_A")}, "acc_E": 39.0}
+    rows = []
+    for label, p in (("floor (BiLSTM-CRF)", floor), ("L_CD, λ = 1 (the table's)", probe)):
+        row = {"row": label, "labelled": 5, "seeds": [301, 302], "commits": ["a810499c8551"], "wall_seconds": [1, 2],
+               "probe": {split: [p, {**p, "acc_E": p["acc_E"] + 2}] for split in ("train", "valid", "test")}}
+        rows.append(row)
+    ablation.write({"commit": "a810499c8551" + "0" * 28, "args": "", "remade": 0, "rows": rows}, tmp_path / "page",
+                   ablation.energies_page)
+    page = (tmp_path / "page.md").read_text()
+    assert page.count("| 5 | floor (BiLSTM-CRF) | 301, 302 | – | 40.0 (39.0 / 41.0) | – / 85 (85 / 85) |") == 3
+    assert ("| 5 | L_CD, λ = 1 (the table's) | 301, 302 | 25.0 (25.0 / 25.0) | 29.0 (28.0 / 30.0) | 97 (97 / 97) / "
+            "85 (85 / 85) | 10 (10 / 10) | 9 (9 / 9) | 3.17 (3.17 / 3.17) / 0.13 (0.13 / 0.13) |") in page
+    assert page.index("## Valid") < page.index("## The labelled training") < page.index("## Test")
