@@ -14,10 +14,12 @@ into ``campaign/ablations-<name>/records.tar.gz`` (``scripts/carry.py``), which 
 them first, so it runs only what is missing. ``--only summary`` runs nothing and refuses while a run is missing.
 
 citation-lambda (issue #34, energy/citation's reading: L_CD falls below the floor at 5 and 10 labelled citations, not
-at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``), every other setting the table's, at 5, 10 and 50 labelled,
-seeds 301-303 (9 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor runs, with each
-run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the share of valid
-tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
+at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``: A no longer pulled by the energy, and no implicit term), and,
+apart, the implicit term alone dropped (``task.solver_max_iter=0``: MINRES returns w = 0, so φ's gradient is
+∂L_CD/∂φ; A still pulled by λ E), every other setting the table's, at 5, 10 and 50 labelled, seeds 301-303
+(:data:`CITATION_VARIANTS`: 18 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor
+runs, with each run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the
+share of valid tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
 
 citation-energies (issue #34, the same reading: is it the energy or A that fails?): no runs of its own; each L_CD
 run of the table (λ = 1), of citation-lambda (λ = 0) and each floor run at 5, 10 and 50 labelled, its model at its
@@ -177,21 +179,44 @@ def citation_trajectory(run_dir: str | Path) -> dict:
             "author_last": float(method["valid/author_share"].iloc[-1]), "method_epochs": len(method)}
 
 
-def citation_lambda(only_summary: bool) -> None:
-    from latentstruct.report.tables import filter_runs, load_runs
+#: the citation-lambda ablation's variants of the table's L_CD: label prefix -> (row, overrides)
+CITATION_VARIANTS = {
+    "lam0": ("L_CD, λ = 0", ["task.lam=0"]),
+    # MINRES capped at 0 products returns w = 0: φ's gradient is ∂L_CD/∂φ alone, A still pulled by λ E(x, A(x))
+    "noimp": ("L_CD, λ = 1, no implicit term", ["task.solver_max_iter=0"]),
+}
 
-    runs = {f"lam0-labelled{n}-{s}": ["-m", "latentstruct.train", "+experiment=citation_cd", f"dataset.labelled={n}",
-                                      f"trainer.seed={s}", "task.lam=0"]
-            for n in CITATION_LABELLED for s in CITATION_SEEDS}
-    where, entry = ensure("citation_lambda", CITATION, runs, only_summary, "~5-10")
+
+def citation_rows(n: int, table, mine) -> list[tuple[str, str, str, list[str], object]]:
+    """The rows the citation ablations compare at ``n`` labelled: (row, short name, experiment, the overrides the
+    runs add to it, the runs) for the table's floor and L_CD and each of :data:`CITATION_VARIANTS` (``mine``: the
+    citation-lambda ablation's runs, each variant by its directory's prefix)."""
+    from latentstruct.report.tables import filter_runs
+
+    match = {"dataset.labelled": n}
+    variant = mine["run_dir"].map(lambda d: Path(d).name.split("-", 1)[0])
+    return [("floor (BiLSTM-CRF)", "crf", "citation_crf", [],
+             filter_runs(table, {**match, "choices.experiment": "citation_crf"})),
+            ("L_CD, λ = 1 (the table's)", "cd", "citation_cd", [],
+             filter_runs(table, {**match, "choices.experiment": "citation_cd"}))] + [
+            (label, short, "citation_cd", extra, filter_runs(mine[variant == short], match))
+            for short, (label, extra) in CITATION_VARIANTS.items()]
+
+
+def citation_lambda_runs() -> dict[str, list[str]]:
+    return {f"{short}-labelled{n}-{s}": ["-m", "latentstruct.train", "+experiment=citation_cd", f"dataset.labelled={n}",
+                                         f"trainer.seed={s}", *extra]
+            for short, (_, extra) in CITATION_VARIANTS.items() for n in CITATION_LABELLED for s in CITATION_SEEDS}
+
+
+def citation_lambda(only_summary: bool) -> None:
+    from latentstruct.report.tables import load_runs
+
+    where, entry = ensure("citation_lambda", CITATION, citation_lambda_runs(), only_summary, "~3-10")
     table, mine = table_runs(CITATION), load_runs(where)
     rows = []
     for n in CITATION_LABELLED:
-        match = {"dataset.labelled": n}
-        for label, runs_n in (
-                ("floor (BiLSTM-CRF)", filter_runs(table, {**match, "choices.experiment": "citation_crf"})),
-                ("L_CD, λ = 1 (the table's)", filter_runs(table, {**match, "choices.experiment": "citation_cd"})),
-                ("L_CD, λ = 0", filter_runs(mine, match))):
+        for label, _, _, _, runs_n in citation_rows(n, table, mine):
             row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
             row.update(labelled=n, trajectory=[citation_trajectory(d) for d in row["_dirs"]])
             rows.append(row)
@@ -201,12 +226,15 @@ def citation_lambda(only_summary: bool) -> None:
 def citation_page(summary: dict) -> str:
     rows = summary["rows"]
     lines = header(
-        "Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), by ablation", summary,
+        "Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), or without its implicit term, by "
+        "ablation", summary,
         "`results/energy/citation.md`'s L_CD rows at 5, 10 and 50 labelled citations",
         "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
         f"`{summary['args'] or '(none)'}`",
         "`make ablation-citation-lambda` (`python -m scripts.ablation citation-lambda`)",
-        "the λ = 0 runs differ from the table's L_CD runs in `task.lam` alone. Valid and test: token accuracy at the "
+        "the λ = 0 runs differ from the table's L_CD runs in `task.lam` alone (A no longer pulled by the energy, and "
+        "no implicit term), the no-implicit-term runs in `task.solver_max_iter=0` alone (MINRES returns w = 0: φ's "
+        "gradient is ∂L_CD/∂φ, A still pulled by λ E(x, A(x))). Valid and test: token accuracy at the "
         "method epoch `select=best` picks; after pretraining / best / last: valid token accuracy after phase 0, at the "
         "best and at the last method epoch (of 10); author: the share of valid tokens tagged author at the last epoch "
         "(gold 22.7 %).") + [
@@ -252,23 +280,18 @@ def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entr
 
 
 def citation_energies(only_summary: bool) -> None:
-    """The citation table's L_CD (λ = 1) and floor runs and the λ = 0 ablation's, at 5, 10 and 50 labelled: what
-    each trained energy prefers (:mod:`scripts.citation_energy_probe`, at the table's code)."""
-    from latentstruct.report.tables import filter_runs, load_runs
+    """The citation table's L_CD (λ = 1) and floor runs and the citation-lambda ablation's, at 5, 10 and 50
+    labelled: what each trained energy prefers (:mod:`scripts.citation_energy_probe`, at the table's code)."""
+    from latentstruct.report.tables import load_runs
 
     entry = campaign.plan(CITATION)
     table = table_runs(CITATION)
-    lam0, _ = ensure("citation_lambda", CITATION, {}, True, "")  # its records restored (its runs: citation-lambda)
-    lam0 = load_runs(lam0)
+    # citation-lambda's runs, its committed records restored (refused while one is missing: run that ablation first)
+    mine, _ = ensure("citation_lambda", CITATION, citation_lambda_runs(), True, "")
+    mine = load_runs(mine)
     rows, remade = [], 0
     for n in CITATION_LABELLED:
-        match = {"dataset.labelled": n}
-        for label, short, experiment, runs_n, extra in (
-                ("floor (BiLSTM-CRF)", "crf", "citation_crf",
-                 filter_runs(table, {**match, "choices.experiment": "citation_crf"}), []),
-                ("L_CD, λ = 1 (the table's)", "cd", "citation_cd",
-                 filter_runs(table, {**match, "choices.experiment": "citation_cd"}), []),
-                ("L_CD, λ = 0", "lam0", "citation_cd", filter_runs(lam0, match), ["task.lam=0"])):
+        for label, short, experiment, extra, runs_n in citation_rows(n, table, mine):
             row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
             dirs = []
             for seed, run_dir in zip(row["seeds"], row["_dirs"], strict=True):
