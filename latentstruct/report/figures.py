@@ -406,7 +406,8 @@ def inner_steps(runs_root, out, num_clusters: int = 10, experiments=_INNER,
     head = []
     if spec:
         gaps = [f"not drawn: {'; '.join(missing)}"] if missing else []
-        data = status.sidecar(spec, out.with_suffix(".md"), status.facts(used), [], gaps=gaps)
+        found = status.facts(used, status.recorded_keys(spec))
+        data = status.sidecar(spec, out.with_suffix(".md"), found, [], gaps=gaps)
         status.write_sidecar(out.with_suffix(".md"), data)
         head = [data["status_line"], ""]
     lines = provenance(used, (spec or {}).get("command", "make spigot-inner-steps"))

@@ -12,7 +12,8 @@ A table spec's ``paper_protocol`` block says what the paper ran (or, where the p
       data:                          # data the paper used that a run may lack: when the run's flat config `key` is
         - {key: embedding.pretrained, missing: null, paper: frozen GloVe 840B, instead: random embeddings,
            stand_ins: {glove/glove.6B.50d.txt: GloVe 6B 50d}}
-                                     # `missing`, the run used `instead` (the key must be a provenance_keys entry);
+                                     # `missing`, the run used `instead` (the runs' values of the key are
+                                     # read whether or not it is a provenance_keys entry: recorded_keys);
                                      # a value among `stand_ins` is named as what stood in for the paper's data
 
 :func:`facts` (what the runs were) + the protocol + the long table give :func:`summary`: the status (``full``,
@@ -37,6 +38,7 @@ from latentstruct.report import code
 __all__ = [
     "SIDECAR_FORMAT",
     "protocol",
+    "recorded_keys",
     "facts",
     "summary",
     "status_line",
@@ -58,6 +60,13 @@ def protocol(spec: dict) -> dict:
         other = Path(spec.get("spec_path", "spec.yaml")).parent / f"{block}.yaml"
         block = (yaml.safe_load(other.read_text()) or {}).get("paper_protocol") or {}
     return block
+
+
+def recorded_keys(spec: dict) -> dict:
+    """The flat config keys whose run values :func:`facts` reads for ``spec``: its ``provenance_keys`` and every data
+    key of its protocol (a time table's shared one too), so that a substitution is never "not recorded" for want of
+    a provenance line."""
+    return {**{e["key"]: e["key"] for e in protocol(spec).get("data") or []}, **(spec.get("provenance_keys") or {})}
 
 
 def _text(value) -> str:

@@ -325,7 +325,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
     """
     paper = bool(spec.get("reference"))
     used = _used(spec, runs)
-    found = status.facts(used, spec.get("provenance_keys"))
+    found = status.facts(used, status.recorded_keys(spec))
     data = status.sidecar(spec, out_path, found, df.to_dict("records"))
     lines = [f"# {spec.get('title', spec['table'])}", "", data["status_line"], "", *_provenance(spec, used), "",
              legend(spec)]

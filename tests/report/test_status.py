@@ -108,6 +108,12 @@ def test_substituted_data_is_named_and_an_unrecorded_key_is_said(tmp_path):
     stand_in = {**entry, "stand_ins": {3: "a smaller real set"}}
     named = status.summary({**found, "data": {"dataset.dim": ["3"]}}, {"data": [stand_in]}, df.to_dict("records"), {})
     assert "a smaller real set instead of the real data" in named["differs"]
+    # the runs' values are read for a protocol's data key without a provenance line (a time table's shared protocol)
+    bare = _with(_spec(tmp_path), paper_protocol={"data": [entry]})
+    out = tmp_path / "bare.md"
+    assert tables.main([str(bare), "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert "toy data instead of the real data" in data["differs"] and not data["unknown"]
 
 
 def test_a_table_without_a_completed_run_is_blocked_with_the_runs_error(tmp_path):
