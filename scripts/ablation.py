@@ -14,16 +14,18 @@ into ``campaign/ablations-<name>/records.tar.gz`` (``scripts/carry.py``), which 
 them first, so it runs only what is missing. ``--only summary`` runs nothing and refuses while a run is missing.
 
 citation-lambda (issue #34, energy/citation's reading: L_CD falls below the floor at 5 and 10 labelled citations, not
-at 50): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``: A no longer pulled by the energy, and no implicit term), and,
-apart, the implicit term alone dropped (``task.solver_max_iter=0``: MINRES returns w = 0, so φ's gradient is
-∂L_CD/∂φ; A still pulled by λ E), every other setting the table's, at 5, 10 and 50 labelled, seeds 301-303
-(:data:`CITATION_VARIANTS`: 18 runs, ~3-10 min each); the page sets them beside the table's L_CD (λ = 1) and floor
+at 50), three variants of its L_CD (:data:`CITATION_VARIANTS`), every other setting the table's, at 5, 10 and 50
+labelled, seeds 301-303 (27 runs, ~1-10 min each): eq. 6's λ E(x, A(x)) set to 0 (``task.lam=0``: A no longer pulled
+by the energy, and no implicit term); the implicit term alone dropped (``task.solver_max_iter=0``: MINRES returns
+w = 0, so φ's gradient is ∂L_CD/∂φ; A still pulled by λ E); a von Neumann series, the seed's kind of H⁻¹v (20 terms,
+α = 5e-3), for the table's MINRES (``task.inverse_solver=neumann``). A run that fails (the series' diverge) is
+recorded as failed and shown with its error. The page sets them beside the table's L_CD (λ = 1) and floor
 runs, with each run's valid token accuracy after pretraining, at the selected and at the last method epoch, and the
 share of valid tokens tagged author -> ``results/energy/citation_lambda_ablation.md`` (``.json``).
 
 citation-energies (issue #34, the same reading: is it the energy or A that fails?): no runs of its own; each L_CD
-run of the table (λ = 1), of citation-lambda (λ = 0) and each floor run at 5, 10 and 50 labelled, its model at its
-last step, through ``scripts/citation_energy_probe.py`` at the table's code: A's and the energy's exact minimum's
+run of the table (λ = 1), of citation-lambda (its variants) and each floor run at 5, 10 and 50 labelled, its model at
+its last step, through ``scripts/citation_energy_probe.py`` at the table's code: A's and the energy's exact minimum's
 token accuracy and author share, where the energy ranks the gold -> ``results/energy/citation_energies.md``
 (``.json``). A run whose weights are not here (the records keep none) is re-made from its configuration at that code
 (:func:`last_state`), its metrics checked equal to its record's.
@@ -62,23 +64,28 @@ def _log(line: str) -> None:
     print(f"ablation: {line}", flush=True)
 
 
-def at_code(code: Path, argv: list[str], **kw) -> subprocess.CompletedProcess:
+def at_code(code: Path, argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
     """``python argv`` under the pinned worktree's package (``PYTHONPATH``, working directory), one thread, under
-    ``nice``; raises if it fails."""
+    ``nice``; raises if it fails (``check``)."""
     env = {**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(["nice", "-n", str(campaign.NICE), sys.executable, *argv], cwd=code, env=env, check=True,
+    return subprocess.run(["nice", "-n", str(campaign.NICE), sys.executable, *argv], cwd=code, env=env, check=check,
                           **kw)
 
 
+DONE = ("completed", "failed")  # an ablation's run that is not run again
+
+
 def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool, minutes: str) -> tuple[Path, dict]:
-    """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not completed, as ``python argv``
-    followed by the table's protocol (its plan's args) and ``hydra.run.dir``. Returns (its runs' folder, the plan)."""
+    """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not done, as ``python argv``
+    followed by the table's protocol (its plan's args) and ``hydra.run.dir``. Returns (its runs' folder, the plan).
+    Done: completed, or failed with its record saying why (a run is deterministic at one code: run again, it fails
+    again; its page shows the error); a run that fails without a record stops the ablation."""
     entry = campaign.plan(table)
     root, state = campaign.campaign_root(), campaign.STATE / f"ablations-{name}"
     where = root / "ablations" / name
     if (state / carry.RECORDS).is_file():
         carry.unpack(state, root, log=_log)
-    todo = [label for label in runs if carry.run_status(where / label) != "completed"]
+    todo = [label for label in runs if carry.run_status(where / label) not in DONE]
     if todo and only_summary:
         raise SystemExit(f"error: {len(todo)} runs of the ablation {name} not completed ({', '.join(todo)}): run "
                          "it without --only summary first")
@@ -94,8 +101,13 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
         _log(f"{label} ({i} of {len(todo)}) at {entry['commit'][:12]} -> {run_dir} ({minutes} min, one thread)")
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{run_dir}.out", "a") as out:
-            at_code(code, [*runs[label], *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
-                           f"hydra.run.dir={run_dir}"], stdout=out, stderr=subprocess.STDOUT)
+            done = at_code(code, [*runs[label], *entry["args"].split(), "trainer.progress=False",
+                                  "trainer.resume=True", f"hydra.run.dir={run_dir}"], check=False, stdout=out,
+                           stderr=subprocess.STDOUT)
+        if done.returncode and carry.run_status(run_dir) != "failed":
+            raise SystemExit(f"error: {label} exited {done.returncode} without a record of its failure: {run_dir}.out")
+        if done.returncode:
+            _log(f"{label} failed: {json.loads((run_dir / 'metrics.json').read_text()).get('error', '')[:200]}")
         pack()
     return where, entry
 
@@ -184,6 +196,9 @@ CITATION_VARIANTS = {
     "lam0": ("L_CD, λ = 0", ["task.lam=0"]),
     # MINRES capped at 0 products returns w = 0: φ's gradient is ∂L_CD/∂φ alone, A still pulled by λ E(x, A(x))
     "noimp": ("L_CD, λ = 1, no implicit term", ["task.solver_max_iter=0"]),
+    # the seed's kind of H⁻¹v: the von Neumann series, 20 terms, step α = 5e-3 (Tu & Gimpel's; the seed gives none),
+    # for the table's MINRES at tol 0.2
+    "series": ("L_CD, 20-term series (α = 5e-3)", ["task.inverse_solver=neumann"]),
 }
 
 
@@ -218,7 +233,10 @@ def citation_lambda(only_summary: bool) -> None:
     for n in CITATION_LABELLED:
         for label, _, _, _, runs_n in citation_rows(n, table, mine):
             row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
-            row.update(labelled=n, trajectory=[citation_trajectory(d) for d in row["_dirs"]])
+            failed = runs_n[~runs_n["completed"]].sort_values("seed")
+            row.update(labelled=n, trajectory=[citation_trajectory(d) for d in row["_dirs"]],
+                       failed=[{"seed": int(s), "error": str(e)} for s, e in zip(failed["seed"], failed["error"],
+                                                                                   strict=True)])
             rows.append(row)
     write({"commit": entry["commit"], "args": entry["args"], "rows": rows}, CITATION_OUT, citation_page)
 
@@ -226,15 +244,18 @@ def citation_lambda(only_summary: bool) -> None:
 def citation_page(summary: dict) -> str:
     rows = summary["rows"]
     lines = header(
-        "Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), or without its implicit term, by "
-        "ablation", summary,
+        "Cora citations (seed 004 Table 4): L_CD without eq. 6's λ E(x, A(x)), without its implicit term, or with "
+        "the seed's series, by ablation", summary,
         "`results/energy/citation.md`'s L_CD rows at 5, 10 and 50 labelled citations",
         "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
         f"`{summary['args'] or '(none)'}`",
         "`make ablation-citation-lambda` (`python -m scripts.ablation citation-lambda`)",
         "the λ = 0 runs differ from the table's L_CD runs in `task.lam` alone (A no longer pulled by the energy, and "
         "no implicit term), the no-implicit-term runs in `task.solver_max_iter=0` alone (MINRES returns w = 0: φ's "
-        "gradient is ∂L_CD/∂φ, A still pulled by λ E(x, A(x))). Valid and test: token accuracy at the "
+        "gradient is ∂L_CD/∂φ, A still pulled by λ E(x, A(x))), the series runs in `task.inverse_solver=neumann` "
+        "alone (the seed's kind of H⁻¹v, a von Neumann series: 20 terms, α = 5e-3, Tu & Gimpel's, the seed giving "
+        "none; for the table's MINRES at tol 0.2). Valid and test: token "
+        "accuracy at the "
         "method epoch `select=best` picks; after pretraining / best / last: valid token accuracy after phase 0, at the "
         "best and at the last method epoch (of 10); author: the share of valid tokens tagged author at the last epoch "
         "(gold 22.7 %).") + [
@@ -243,8 +264,10 @@ def citation_page(summary: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        path = "; ".join(f"{t['pretrained']:.1f} → {t['best']:.1f} ({t['best_epoch']}) → {t['last']:.1f}, "
-                         f"{t['author_last']:.0f} %" for t in r["trajectory"])
+        path = "; ".join([f"{t['pretrained']:.1f} → {t['best']:.1f} ({t['best_epoch']}) → {t['last']:.1f}, "
+                          f"{t['author_last']:.0f} %" for t in r["trajectory"]] +
+                         [f"seed {f['seed']} failed: {f['error'].split('; configuration')[0]}"
+                          for f in r.get("failed", [])])
         lines.append(f"| {r['labelled']} | {r['row']} | {', '.join(map(str, r['seeds']))} | {cell(r, 'valid/acc')} | "
                      f"{cell(r, 'test/acc')} | {path} | {', '.join(map(str, r['wall_seconds']))} |")
     return "\n".join(lines) + "\n"
@@ -256,14 +279,17 @@ ENERGIES_OUT = ROOT / "results" / "energy" / "citation_energies"
 PROBE = ROOT / "scripts" / "citation_energy_probe.py"
 
 
-def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entry: dict) -> tuple[Path, bool]:
+def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entry: dict,
+               make: bool = True) -> tuple[Path, bool]:
     """A run directory holding ``run_dir``'s run at its last step (``checkpoint.pt``): ``run_dir`` itself where this
     machine ran it, else (a fresh machine: the committed records keep no weights) the same run re-made from ``argv``
     at the table's code into ``ablations/<name>/remade/<label>``, its metrics checked equal to the record's (runs
-    are deterministic at one code). Returns (the directory, whether it was re-made)."""
+    are deterministic at one code; ``make`` false: refused). Returns (the directory, whether it was re-made)."""
     if Path(run_dir, "checkpoint.pt").is_file():
         return Path(run_dir), False
     again = campaign.campaign_root() / "ablations" / name / "remade" / label
+    if not (again / "checkpoint.pt").is_file() and not make:
+        raise SystemExit(f"error: {label}: {run_dir} keeps no weights here; run without --only summary to re-make it")
     if not (again / "checkpoint.pt").is_file():
         _log(f"{label}: {run_dir} keeps no weights here: re-making it at {entry['commit'][:12]} -> {again}")
         again.parent.mkdir(parents=True, exist_ok=True)
@@ -297,11 +323,10 @@ def citation_energies(only_summary: bool) -> None:
             for seed, run_dir in zip(row["seeds"], row["_dirs"], strict=True):
                 argv = ["-m", "latentstruct.train", f"+experiment={experiment}", f"dataset.labelled={n}",
                         f"trainer.seed={seed}", *extra]
-                where, again = last_state(f"{short}-labelled{n}-{seed}", run_dir, argv, "citation_energies", entry)
+                where, again = last_state(f"{short}-labelled{n}-{seed}", run_dir, argv, "citation_energies", entry,
+                                          make=not only_summary)
                 dirs.append(str(where))
                 remade += again
-            if only_summary and remade:
-                raise SystemExit("error: --only summary: runs had to be re-made")
             out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *dirs], capture_output=True, text=True)
             probed = [json.loads(line) for line in out.stdout.splitlines()]
             row.update(labelled=n, probe={split: [{k: v for k, v in p.items() if k not in ("run_dir", "split")}
@@ -322,7 +347,7 @@ def energies_page(summary: dict) -> str:
     lines = header(
         "Cora citations (seed 004 Table 4): what the trained energies prefer", summary,
         "`results/energy/citation.md`'s L_CD and floor rows and `results/energy/citation_lambda_ablation.md`'s "
-        "λ = 0 runs at 5, 10 and 50 labelled citations",
+        "runs at 5, 10 and 50 labelled citations",
         "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
         f"`{summary['args'] or '(none)'}`",
         "`make ablation-citation-energies` (`python -m scripts.ablation citation-energies`: "
@@ -344,6 +369,9 @@ def energies_page(summary: dict) -> str:
                   "| labelled | row | seeds | A | argmin E | author % (A / argmin E) | gold < all-author | gold < A | "
                   "E gap gold / A |", "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            if not r["probe"][split]:  # every run of the row failed (the citation-lambda page says how)
+                lines.append(f"| {r['labelled']} | {r['row']} | – | no completed run | | | | | |")
+                continue
             floor = r["row"].startswith("floor")
             a = "–" if floor else per_seed(r, split, "acc_A")
             share = (f"– / {per_seed(r, split, 'author_E', 0)}" if floor else

@@ -72,6 +72,8 @@ def test_a_run_without_its_weights_here_is_remade_at_the_tables_code_and_checked
     assert again and (where / "checkpoint.pt").is_file() and where.parent.name == "remade"
     assert capsys.readouterr().out.count("re-making") == 1
     assert ablation.last_state("cd-1", record, argv, "probe", entry) == (where, True)  # made once
+    with pytest.raises(SystemExit, match="keeps no weights here"):  # --only summary re-makes nothing
+        ablation.last_state("cd-9", record, argv, "probe", entry, make=False)
     assert "re-making" not in capsys.readouterr().out
     (record / "checkpoint.pt").write_text("w")  # this machine ran it: its own directory, nothing re-made
     assert ablation.last_state("cd-1", record, argv, "probe", entry) == (record, False)
@@ -80,6 +82,28 @@ def test_a_run_without_its_weights_here_is_remade_at_the_tables_code_and_checked
     (other / "checkpoint.pt").unlink()
     with pytest.raises(SystemExit, match="differs from its record"):  # the code computes differently now
         ablation.last_state("cd-2", other, ["-c", FAKE_WEIGHTED_RUN, "acc=41.0"], "probe", entry)
+
+
+#: a stand-in for a run that fails: with its record (status failed, the error), or without one
+FAKE_FAILED_RUN = (
+    "import json, pathlib, sys; "
+    "d = pathlib.Path([a for a in sys.argv if a.startswith('hydra.run.dir=')][0].split('=', 1)[1]); "
+    "d.mkdir(parents=True, exist_ok=True); "
+    "'record' in sys.argv and (d / 'metrics.json').write_text(json.dumps({'status': 'failed', "
+    "'error': 'non-finite value at step 89'})); sys.exit(1)"
+)
+
+
+def test_a_run_that_fails_with_its_record_is_done_and_one_without_stops_the_ablation(fake_campaign, capsys):
+    runs = {"series-1": ["-c", FAKE_FAILED_RUN, "record"], "ok-1": ["-c", FAKE_RUN]}
+    where, _ = ablation.ensure("f", "paper/table", runs, only_summary=False, minutes="1")
+    assert ablation.carry.run_status(where / "series-1") == "failed"
+    assert ablation.carry.run_status(where / "ok-1") == "completed"  # the next run went on
+    assert "series-1 failed: non-finite value at step 89" in capsys.readouterr().out
+    ablation.ensure("f", "paper/table", runs, only_summary=True, minutes="1")  # done: not run again
+    assert "of 2)" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="without a record of its failure"):
+        ablation.ensure("f", "paper/table", {"crash-1": ["-c", FAKE_FAILED_RUN]}, only_summary=False, minutes="1")
 
 
 def test_the_citation_trajectory_and_page(tmp_path):
