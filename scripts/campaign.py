@@ -299,15 +299,19 @@ def _nice_session(pid: int, nice: int = NICE) -> None:
         pass
 
 
-def session(pid_file: Path) -> int | None:
+def session(pid_file: Path, table: str | None = None) -> int | None:
     """The process group of the campaign session whose leader ``pid_file`` names (``run`` started it in a session of
     its own), or None when it is not running. A pid file outlives its process, and the number may be another
-    program's now: a leader that does not run ``latentstruct.report`` is not the campaign's."""
+    program's now: a leader that does not run ``latentstruct.report`` is not the campaign's, and, given ``table``,
+    one whose arguments do not name it is another table's (the lab's matrix names none)."""
     try:
         pgid = os.getpgid(int(pid_file.read_text()))
         cmdline = Path(f"/proc/{pgid}/cmdline")
-        if cmdline.exists() and b"latentstruct.report" not in cmdline.read_bytes():
-            return None
+        if cmdline.exists():
+            args = cmdline.read_bytes()
+            if b"latentstruct.report" not in args or (table and table != carry.LAB_MATRIX
+                                                        and table.encode() not in args.split(b"\0")):
+                return None
         return pgid
     except (OSError, ValueError):
         return None
@@ -347,7 +351,7 @@ def save(table: str, checkpoints_mib: float = 0.0) -> dict:
 
 def _sessions(table: str) -> list[int]:
     """The process groups of ``table``'s running sweeps (one, or two where a queue widened it)."""
-    return [g for path in _pid_files(table) if (g := session(path)) is not None]
+    return [g for path in _pid_files(table) if (g := session(path, table)) is not None]
 
 
 def _running(table: str) -> bool:

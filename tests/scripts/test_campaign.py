@@ -184,8 +184,8 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
     sweep = campaign.carry.sweep_dir("spigot/table2", runs)
     sweep.mkdir(parents=True)
     # two sweeps of the table (a queue widened it): its pid file and the second's
-    procs = [subprocess.Popen([sys.executable, "-c", _SWEEP, str(sweep), "latentstruct.report.reproduce", name],
-                              start_new_session=True) for name in ("run", "run2")]
+    procs = [subprocess.Popen([sys.executable, "-c", _SWEEP, str(sweep), "latentstruct.report.reproduce", name,
+                               "spigot/table2"], start_new_session=True) for name in ("run", "run2")]
     (places / "campaign" / "spigot-table2.pid").write_text(str(procs[0].pid))
     (places / "campaign" / "spigot-table2.2.pid").write_text(str(procs[1].pid))
     # another table's run, which this stop does not signal, holds its claim throughout: the stop does not wait for it
@@ -199,6 +199,9 @@ def test_stop_waits_for_the_runs_checkpoints_then_ends_the_whole_session(places,
             assert all(proc.poll() is None for proc in procs)
             time.sleep(0.05)
         assert campaign._running("spigot/table2") and len(campaign._sessions("spigot/table2")) == 2
+        # a stale pid file whose number is another table's campaign session now: not this table's
+        (places / "campaign" / "direct-sorting.2.pid").write_text(str(procs[1].pid))
+        assert not campaign._running("direct/sorting") and len(campaign.sessions()) == 2
         started = time.monotonic()
         assert campaign.stop("spigot/table2", grace=60) == 0
         assert time.monotonic() - started < 30
