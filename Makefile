@@ -146,10 +146,10 @@ table-energy-citation: ## seed 004 Table 4: floor, GE, R-SPEN, L_DVN, L_CD x 5/1
 	$(BIN)/python -m latentstruct.data.citation_rules --out $(RESULTS_DIR)/energy/citation_rules.md
 	@$(MAKE) --no-print-directory table T=energy/citation
 
-ablation-citation-lambda: install ## L_CD at 5, 10 and 50 labelled citations without eq. 6's lambda E(x, A(x)), without the implicit term alone, and with the seed's Neumann series for MINRES, at the citation table's pinned code, ~2.5 CPU-h; ONLY=summary runs none -> results/energy/citation_lambda_ablation.md
+ablation-citation-lambda: install ## L_CD at 5, 10 and 50 labelled citations without eq. 6's lambda E(x, A(x)), without the implicit term alone, and with a von Neumann series (20 terms) for MINRES, at the citation table's pinned code, ~2.5 CPU-h; ONLY=summary runs none -> results/energy/citation_lambda_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation citation-lambda $(if $(ONLY),--only $(ONLY))
 
-ablation-citation-energies: install ## what the citation table's trained energies prefer (their exact minima, the gold's and A's rank), L_CD at lambda 1 and 0 and the floor, at the table's pinned code; trains nothing where the runs' weights are here, ~2 min -> results/energy/citation_energies.md
+ablation-citation-energies: install ## what the citation table's trained energies prefer (their exact minima, the gold's and A's rank): its L_CD and floor runs and the citation-lambda variants, at the table's pinned code; trains nothing where the runs' weights are here, ~2 min -> results/energy/citation_energies.md
 	nice -n 5 $(BIN)/python -m scripts.ablation citation-energies $(if $(ONLY),--only $(ONLY))
 
 table-lab-gradients: install ## the gradient microscope: every estimator x structure against the exact expected-loss gradient, at the enumerable sizes and n = 10, 30 (tags, trees; ~40-60 min) -> results/lab/gradients.md, .csv, .png
