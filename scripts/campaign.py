@@ -238,7 +238,6 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
     # skips (completed ones) before it claims one, and those minutes are no free slot
     starting: dict[str, int] = {}
     given: dict[str, int] = {}  # the jobs of each table the queue launched
-    widened: set[str] = set()
     while todo or active:
         for table, procs in list(active.items()):
             if any((p.poll() is None) if p else _running(table) for p in procs):
@@ -261,8 +260,8 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
             # an earlier queue's table may be skipping its completed runs, holding no claim yet: a job of it counts
             active[table], starting[table] = [None], 1
             continue
-        # ours, launched on fewer slots, not widened yet (none after a table stopped short)
-        narrow = [t for t in active if given.get(t, jobs) < jobs and t not in widened and not code]
+        # ours, launched on fewer slots, not widened yet (one sweep), none after a table stopped short
+        narrow = [t for t, procs in active.items() if given.get(t, jobs) < jobs and len(procs) == 1 and not code]
         if todo or narrow:
             runs = campaign_root() / "runs"
             claims = carry.held_claims(runs)  # the campaign's runs running now
@@ -278,7 +277,6 @@ def queue(tables: list[str], jobs: int, wait: bool, poll: float = 60.0) -> int:
                 else:  # the last table, alone now on fewer slots than the queue's: a second sweep takes the rest
                     table, wider = narrow[0], min(free, free_before, jobs - given[narrow[0]])
                     print(f"campaign: {table} widened: a second sweep, {wider} more at a time", flush=True)
-                    widened.add(table)
                     active[table].append(launch(table, wider, part=2))
                     free = 0
             free_before = free
