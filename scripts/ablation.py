@@ -75,6 +75,16 @@ def at_code(code: Path, argv: list[str], check: bool = True, **kw) -> subprocess
 DONE = ("completed", "failed")  # an ablation's run that is not run again
 
 
+def run_at_protocol(entry: dict, argv: list[str], run_dir: Path, check: bool = True) -> subprocess.CompletedProcess:
+    """``python argv`` at the table's pinned code (``entry``: its plan) followed by its protocol (the plan's args)
+    into ``run_dir`` (``hydra.run.dir``; resumed if interrupted), its output appended to ``<run_dir>.out``."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{run_dir}.out", "a") as out:
+        return at_code(campaign.code_dir(entry["commit"]),
+                       [*argv, *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
+                        f"hydra.run.dir={run_dir}"], check=check, stdout=out, stderr=subprocess.STDOUT)
+
+
 def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool, minutes: str) -> tuple[Path, dict]:
     """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not done, as ``python argv``
     followed by the table's protocol (its plan's args) and ``hydra.run.dir``. Returns (its runs' folder, the plan).
@@ -95,15 +105,10 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
 
     if not todo and not only_summary and not (state / carry.RECORDS).is_file():
         pack()  # runs made before their records were kept
-    code = campaign.code_dir(entry["commit"]) if todo else None
     for i, label in enumerate(todo, 1):
         run_dir = where / label
         _log(f"{label} ({i} of {len(todo)}) at {entry['commit'][:12]} -> {run_dir} ({minutes} min, one thread)")
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{run_dir}.out", "a") as out:
-            done = at_code(code, [*runs[label], *entry["args"].split(), "trainer.progress=False",
-                                  "trainer.resume=True", f"hydra.run.dir={run_dir}"], check=False, stdout=out,
-                           stderr=subprocess.STDOUT)
+        done = run_at_protocol(entry, runs[label], run_dir, check=False)
         if done.returncode and carry.run_status(run_dir) != "failed":
             raise SystemExit(f"error: {label} exited {done.returncode} without a record of its failure: {run_dir}.out")
         if done.returncode:
@@ -218,9 +223,14 @@ def citation_rows(n: int, table, mine) -> list[tuple[str, str, str, list[str], o
             for short, (label, extra) in CITATION_VARIANTS.items()]
 
 
+def citation_argv(experiment: str, labelled: int, seed: int, extra: list[str]) -> list[str]:
+    """The training command of a citation run (``python argv``), before the table's protocol."""
+    return ["-m", "latentstruct.train", f"+experiment={experiment}", f"dataset.labelled={labelled}",
+            f"trainer.seed={seed}", *extra]
+
+
 def citation_lambda_runs() -> dict[str, list[str]]:
-    return {f"{short}-labelled{n}-{s}": ["-m", "latentstruct.train", "+experiment=citation_cd", f"dataset.labelled={n}",
-                                         f"trainer.seed={s}", *extra]
+    return {f"{short}-labelled{n}-{s}": citation_argv("citation_cd", n, s, extra)
             for short, (_, extra) in CITATION_VARIANTS.items() for n in CITATION_LABELLED for s in CITATION_SEEDS}
 
 
@@ -292,11 +302,7 @@ def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entr
         raise SystemExit(f"error: {label}: {run_dir} keeps no weights here; run without --only summary to re-make it")
     if not (again / "checkpoint.pt").is_file():
         _log(f"{label}: {run_dir} keeps no weights here: re-making it at {entry['commit'][:12]} -> {again}")
-        again.parent.mkdir(parents=True, exist_ok=True)
-        with open(f"{again}.out", "a") as out:
-            at_code(campaign.code_dir(entry["commit"]),
-                    [*argv, *entry["args"].split(), "trainer.progress=False", "trainer.resume=True",
-                     f"hydra.run.dir={again}"], stdout=out, stderr=subprocess.STDOUT)
+        run_at_protocol(entry, argv, again)
     made, recorded = ({k: v for k, v in json.loads(Path(d, "metrics.json").read_text())["metrics"].items()
                        if not k.endswith("seconds")} for d in (again, run_dir))  # timings differ, the rest may not
     if made != recorded:
@@ -310,29 +316,30 @@ def citation_energies(only_summary: bool) -> None:
     labelled: what each trained energy prefers (:mod:`scripts.citation_energy_probe`, at the table's code)."""
     from latentstruct.report.tables import load_runs
 
-    entry = campaign.plan(CITATION)
     table = table_runs(CITATION)
     # citation-lambda's runs, its committed records restored (refused while one is missing: run that ablation first)
-    mine, _ = ensure("citation_lambda", CITATION, citation_lambda_runs(), True, "")
+    mine, entry = ensure("citation_lambda", CITATION, citation_lambda_runs(), True, "")
     mine = load_runs(mine)
     rows, remade = [], 0
     for n in CITATION_LABELLED:
         for label, short, experiment, extra, runs_n in citation_rows(n, table, mine):
             row = seeds_row(label, runs_n, ("valid/acc", "test/acc"))
-            dirs = []
+            row.update(labelled=n, _weights=[])
             for seed, run_dir in zip(row["seeds"], row["_dirs"], strict=True):
-                argv = ["-m", "latentstruct.train", f"+experiment={experiment}", f"dataset.labelled={n}",
-                        f"trainer.seed={seed}", *extra]
-                where, again = last_state(f"{short}-labelled{n}-{seed}", run_dir, argv, "citation_energies", entry,
+                where, again = last_state(f"{short}-labelled{n}-{seed}", run_dir,
+                                          citation_argv(experiment, n, seed, extra), "citation_energies", entry,
                                           make=not only_summary)
-                dirs.append(str(where))
+                row["_weights"].append(str(where))
                 remade += again
-            out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *dirs], capture_output=True, text=True)
-            probed = [json.loads(line) for line in out.stdout.splitlines()]
-            row.update(labelled=n, probe={split: [{k: v for k, v in p.items() if k not in ("run_dir", "split")}
-                                                  for p in probed if p["split"] == split]
-                                          for split in ("train", "valid", "test")})
             rows.append(row)
+    # one probe process for every run (its lines in the order of the directories given, each naming its own)
+    out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *(d for r in rows for d in r["_weights"])],
+                  capture_output=True, text=True)
+    probed = [json.loads(line) for line in out.stdout.splitlines()]
+    for row in rows:
+        mine_ = [p for p in probed if p["run_dir"] in row["_weights"]]
+        row["probe"] = {split: [{k: v for k, v in p.items() if k not in ("run_dir", "split")}
+                                for p in mine_ if p["split"] == split] for split in ("train", "valid", "test")}
     write({"commit": entry["commit"], "args": entry["args"], "remade": remade, "rows": rows}, ENERGIES_OUT,
           energies_page)
 
@@ -341,7 +348,10 @@ def energies_page(summary: dict) -> str:
     rows = summary["rows"]
 
     def per_seed(r: dict, split: str, key: str, digits: int = 1) -> str:
+        """Mean (each seed's); – where the probe has no value (A's columns of a run without A: the floor)."""
         values = [p[key] for p in r["probe"][split]]
+        if any(v is None for v in values):
+            return "–"
         return f"{statistics.fmean(values):.{digits}f} ({' / '.join(f'{v:.{digits}f}' for v in values)})"
 
     lines = header(
@@ -372,16 +382,11 @@ def energies_page(summary: dict) -> str:
             if not r["probe"][split]:  # every run of the row failed (the citation-lambda page says how)
                 lines.append(f"| {r['labelled']} | {r['row']} | – | no completed run | | | | | |")
                 continue
-            floor = r["row"].startswith("floor")
-            a = "–" if floor else per_seed(r, split, "acc_A")
-            share = (f"– / {per_seed(r, split, 'author_E', 0)}" if floor else
-                     f"{per_seed(r, split, 'author_A', 0)} / {per_seed(r, split, 'author_E', 0)}")
-            below_a = "–" if floor else per_seed(r, split, "gold_below_A", 0)
-            gap = (f"{per_seed(r, split, 'gap_gold', 2)} / –" if floor else
-                   f"{per_seed(r, split, 'gap_gold', 2)} / {per_seed(r, split, 'gap_A', 2)}")
-            lines.append(f"| {r['labelled']} | {r['row']} | {', '.join(map(str, r['seeds']))} | {a} | "
-                         f"{per_seed(r, split, 'acc_E')} | {share} | {per_seed(r, split, 'gold_below_author', 0)} | "
-                         f"{below_a} | {gap} |")
+            lines.append(f"| {r['labelled']} | {r['row']} | {', '.join(map(str, r['seeds']))} | "
+                         f"{per_seed(r, split, 'acc_A')} | {per_seed(r, split, 'acc_E')} | "
+                         f"{per_seed(r, split, 'author_A', 0)} / {per_seed(r, split, 'author_E', 0)} | "
+                         f"{per_seed(r, split, 'gold_below_author', 0)} | {per_seed(r, split, 'gold_below_A', 0)} | "
+                         f"{per_seed(r, split, 'gap_gold', 2)} / {per_seed(r, split, 'gap_A', 2)} |")
         lines.append("")
     return "\n".join(lines)
 
