@@ -533,14 +533,14 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR) -> list[s
     the second through — a value outside its choices or a number outside its range. A sweep (``-m``) is checked job by
     job: each combination of its experiments' and options' values is composed (beyond :data:`MAX_COMPOSED` combinations,
     each value once with the others' first), and in each every value of every swept key is validated in turn, set as its
-    override sets it — so ``-m optim.lr=1e-3,-1e-3`` is refused before its first job runs. Anything else (an unknown
-    option of a group, a value of the wrong type, a malformed override or flag, a sweep config's
-    ``hydra.sweeper.params``) is left to Hydra, which reports it as it always does.
+    override sets it — so ``-m optim.lr=1e-3,-1e-3`` is refused before its first job runs. A sweep config's own
+    ``hydra.sweeper.params`` (``+sweep=listops_chart``: its experiments) join the command line's sweeps where the
+    command line does not set their key, as Hydra's sweeper joins them. Anything else (an unknown option of a group, a
+    value of the wrong type, a malformed override or flag) is left to Hydra, which reports it as it always does.
     """
     from hydra import compose, initialize_config_dir
     from hydra._internal.utils import get_args_parser  # Hydra's own reading of its command line
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import OverrideType, ValueType
     from hydra.errors import HydraException
 
     known = {e for names in experiments(config_dir).values() for e in names}
@@ -559,32 +559,25 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR) -> list[s
     fixed: list[str] = []
     grid: list[list[str]] = []
     swept: list[tuple[str, list[str]]] = []
-    for o in overrides:
-        if o.is_sweep_override() and o.value_type not in (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP,
-                                                          ValueType.RANGE_SWEEP):
-            return args  # glob, interval: the sweeper's to enumerate
-        values = o.sweep_string_iterator() if o.is_sweep_override() else iter([o.get_value_element_as_str()])
-        if o.key_or_group == "experiment" and o.type is not OverrideType.DEL:
-            values = list(values)
-            for name in values:
-                if name not in known and name != "null":
-                    raise ConfigError(_unknown_experiment(name, config_dir))
-            values = iter(values)
-        if o.type is OverrideType.DEL:
-            fixed.append(o.input_line)
-            continue
-        group = o.package is not None or "/" in o.key_or_group or (config_dir / o.key_or_group).is_dir()
-        key = o.get_key_element()
-        if o.type is OverrideType.CHANGE and not group and not o.key_or_group.startswith("hydra"):
-            key = f"++{key}"
-        items = [f"{key}={value}" for value in values]
-        if len(items) == 1:
-            fixed.append(items[0])
-        elif group or o.key_or_group.startswith("hydra"):
-            grid.append(items)
-        else:
-            swept.append((o.key_or_group, items))
     parse = OverridesParser.create().parse_override
+    for o in overrides:
+        if not _classify(o, known, config_dir, fixed, grid, swept):
+            return args  # glob, interval: the sweeper's to enumerate
+    # a sweep config's own sweeper params (+sweep=listops_chart: its experiments), where the command line does not set
+    # the key: without them a setting of a part that an experiment chooses looks like a part with no option
+    if any(o.key_or_group == "sweep" for o in overrides):
+        given = {o.key_or_group for o in overrides}
+        try:
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                params = compose("train", overrides=fixed, return_hydra_config=True).hydra.sweeper.params or {}
+            for key, value in params.items():
+                o = parse(f"{key}={value}")
+                if o.key_or_group not in given and not _classify(o, known, config_dir, fixed, grid, swept):
+                    return args
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001  (a sweep that does not compose: Hydra composes it again and reports it)
+            return args
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
             for combination in _sweep_jobs(grid):
@@ -603,6 +596,39 @@ def check_command_line(args: list[str], config_dir: Path = CONFIG_DIR) -> list[s
             raise ConfigError(unread) from None
         return args
     return args
+
+
+def _classify(o, known: set[str], config_dir: Path, fixed: list[str], grid: list[list[str]],
+              swept: list[tuple[str, list[str]]]) -> bool:
+    """Put the parsed override ``o`` of :func:`check_command_line` into ``fixed``, ``grid`` or ``swept``; an unknown
+    experiment raises :class:`ConfigError`. False for a sweep only the sweeper enumerates (glob, interval)."""
+    from hydra.core.override_parser.types import OverrideType, ValueType
+
+    if o.is_sweep_override() and o.value_type not in (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP,
+                                                      ValueType.RANGE_SWEEP):
+        return False
+    values = o.sweep_string_iterator() if o.is_sweep_override() else iter([o.get_value_element_as_str()])
+    if o.key_or_group == "experiment" and o.type is not OverrideType.DEL:
+        values = list(values)
+        for name in values:
+            if name not in known and name != "null":
+                raise ConfigError(_unknown_experiment(name, config_dir))
+        values = iter(values)
+    if o.type is OverrideType.DEL:
+        fixed.append(o.input_line)
+        return True
+    group = o.package is not None or "/" in o.key_or_group or (config_dir / o.key_or_group).is_dir()
+    key = o.get_key_element()
+    if o.type is OverrideType.CHANGE and not group and not o.key_or_group.startswith("hydra"):
+        key = f"++{key}"
+    items = [f"{key}={value}" for value in values]
+    if len(items) == 1:
+        fixed.append(items[0])
+    elif group or o.key_or_group.startswith("hydra"):
+        grid.append(items)
+    else:
+        swept.append((o.key_or_group, items))
+    return True
 
 
 def _unread_part(err: BaseException) -> str | None:
