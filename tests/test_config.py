@@ -278,8 +278,9 @@ def test_a_sweep_configs_own_experiments_are_composed_with_the_command_line():
     """``+sweep=listops_chart`` names its experiments in its sweeper params, not on the command line: a setting of a
     part that those experiments choose (the chart's composer) is theirs, not a part without an option; and a value
     out of range under them is refused as the command line's own sweeps are. (Before: "task.composer holds settings
-    (checkpoint) but no option" refused the ListOps table's documented reduced run.)"""
-    ok = ["-m", "+sweep=listops_chart", "trainer.seed=301", "+preset=listops_cpu", "task.composer.checkpoint=false"]
+    (checkpoint) but no option" refused the ListOps table's reduced run, which Hydra runs. Its ``++``: Hydra applies
+    a multirun's plain overrides to its base configuration too, where no experiment chose the composer.)"""
+    ok = ["-m", "+sweep=listops_chart", "trainer.seed=301", "+preset=listops_cpu", "++task.composer.checkpoint=false"]
     assert config.check_command_line(ok) == ok
     with pytest.raises(config.ConfigError, match=r"out of range"):
         config.check_command_line(["-m", "+sweep=listops_chart", "optim.lr=-1e-3"])
