@@ -443,7 +443,8 @@ def _inner_data(table: pd.DataFrame, num_clusters: int, n_seeds: int, colors: di
 def setting_curves(spec_path, runs_root, metric: str, out) -> Path:
     """One line per row of a table spec: ``metric`` (centre ± error, the spec's ``aggregate``) against its settings
     in the spec's order (e.g. the sorting table's d; settings without a completed run are left out), with the
-    paper's numbers dashed where the spec has them."""
+    paper's numbers dashed where the spec has them; a panel per section of the spec where two or more have runs
+    (the VAE's MNIST and Fashion-MNIST), so that no line joins two datasets."""
     spec = spec_path if isinstance(spec_path, dict) else load_spec(spec_path)
     return _write(_setting_data(spec, build_table(spec, runs_root), metric), out)
 
@@ -458,20 +459,33 @@ def _setting_data(spec: dict, df: pd.DataFrame, metric: str) -> dict:
     if df.empty:
         raise ValueError(f"no completed run for {metric} in any cell of {spec['table']}")
     order = [s["name"] for s in spec["settings"] if s["name"] in set(df["setting"])]  # settings with runs only
-    series = []
-    for color, row in enumerate(spec["rows"]):
-        cells = df[df["row"] == row["name"]]
-        if cells.empty:
-            continue
-        x = [order.index(s) for s in cells["setting"]]
-        series.append(_series(row.get("label", row["name"]), color, x, cells["ours"], err=cells["ours_err"]))
-        if cells["paper"].notna().any():
-            series.append(_series(None, color, x, cells["paper"], dashed=True))
-    panel = {"title": _runs_per_line(df["n_runs"]), "ylabel": f"{_axis_label(spec, metric)} "
-             f"({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", "xticks": list(range(len(order))),
-             "xticklabels": order, "series": series}
-    return {"figure": "curves", "panels": [panel], "title": spec.get("title", ""), "panel_width": 7.5,
-            "paper_dashed": bool(df["paper"].notna().any())}
+    # a panel per section of the spec with runs (one dataset each: no line joins two datasets), else one panel
+    groups = [(section.get("title"), [name for name in order if name in section["settings"]])
+              for section in spec.get("sections") or []]
+    groups = [group for group in groups if group[1]]
+    if len(groups) < 2:
+        groups = [(None, order)]
+    panels = []
+    for title, names in groups:
+        part = df[df["setting"].isin(names)]
+        series = []
+        for color, row in enumerate(spec["rows"]):
+            cells = part[part["row"] == row["name"]]
+            if cells.empty:
+                continue
+            x = [names.index(s) for s in cells["setting"]]
+            series.append(_series(row.get("label", row["name"]), color, x, cells["ours"], err=cells["ours_err"]))
+            if cells["paper"].notna().any():
+                series.append(_series(None, color, x, cells["paper"], dashed=True))
+        runs = _runs_per_line(part["n_runs"])
+        heads = {name.split(" ", 1)[0] for name in names}  # 'mnist 50', 'mnist 100' under MNIST: '50', '100'
+        ticks = [name.split(" ", 1)[1] for name in names] if title and len(heads) == 1 and all(
+            " " in name for name in names) else names
+        panels.append({"title": f"{title}: {runs}" if title else runs, "ylabel": f"{_axis_label(spec, metric)} "
+                       f"({CENTRE_LABELS[spec.get('aggregate', 'median_se')]})", "xticks": list(range(len(names))),
+                       "xticklabels": ticks, "series": series})
+    return {"figure": "curves", "panels": panels, "title": spec.get("title", ""),
+            "panel_width": 7.5 if len(panels) == 1 else 5.0, "paper_dashed": bool(df["paper"].notna().any())}
 
 
 def _axis_label(spec: dict, metric: str) -> str:

@@ -287,3 +287,25 @@ def test_from_table_redraws_the_figures_of_a_committed_table_without_its_runs(tm
     (tmp_path / "other").mkdir()
     with pytest.raises(ValueError, match="no setting-curves or inner-steps figure"):
         figures.from_table(_spec(tmp_path / "other"))
+
+
+def test_setting_curves_draw_a_panel_per_section_so_no_line_joins_two_datasets():
+    """The semi-supervised VAE's settings run over MNIST then Fashion-MNIST: one panel drew a line from MNIST's last
+    label count to Fashion-MNIST's first. With two sections with runs, each gets its panel, its own x axis and its
+    ticks without the dataset; a section without runs gets none; one section (or none) keeps one panel."""
+    settings = [f"{d} {n}" for d in ("mnist", "fashion") for n in (50, 100)]
+    spec = {"table": "t", "title": "T", "aggregate": "mean_std", "metrics": [{"name": "test/acc", "label": "acc"}],
+            "settings": [{"name": s} for s in [*settings, "cifar 50"]], "rows": [{"name": "a"}, {"name": "b"}],
+            "sections": [{"title": "MNIST", "settings": settings[:2]}, {"title": "Fashion", "settings": settings[2:]},
+                         {"title": "CIFAR", "settings": ["cifar 50"]}]}
+    df = pd.DataFrame([{"row": r, "setting": s, "metric": "test/acc", "ours": float(i), "ours_err": 0.0, "n_runs": 1,
+                        "paper": 90.0 if r == "a" else None} for i, (r, s) in enumerate(itertools.product("ab",
+                                                                                                         settings))])
+    data = figures._setting_data(spec, df, "test/acc")
+    assert [p["title"] for p in data["panels"]] == ["MNIST: n = 1 run per line", "Fashion: n = 1 run per line"]
+    for panel in data["panels"]:
+        assert panel["xticklabels"] == ["50", "100"] and panel["xticks"] == [0, 1]
+        assert [s["x"] for s in panel["series"]] == [[0, 1]] * 3  # a's line, a's paper (dashed), b's line
+    assert data["panels"][1]["series"][0]["y"] == [2.0, 3.0]
+    one = figures._setting_data({**spec, "sections": spec["sections"][:1]}, df, "test/acc")
+    assert len(one["panels"]) == 1 and one["panels"][0]["xticklabels"] == settings
