@@ -186,7 +186,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
 
     ``spec_path`` is a spec file or a spec from :func:`load_spec`; ``runs_root`` a directory or the frame of
     :func:`load_runs`. Columns: row, setting, metric, ours, ours_err, n_runs (runs with a value), n_done (completed
-    runs of the cell, with a value or not), n_failed, paper, paper_err,
+    runs of the cell, with a value or not), n_failed (interrupted runs, which resume, are not), paper, paper_err,
     diff (ours − paper), tol, agrees (bool, or None when there is no paper number or no completed run), per_seed
     (the run values in seed order, formatted), steps (the distinct training lengths of the cell's runs).
     """
@@ -197,6 +197,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     out = []
     for row, setting, cell in _cells(spec, runs):
         done = cell[cell["completed"]] if len(cell) else cell
+        failed = int((~cell["completed"] & (cell["status"] != "interrupted")).sum()) if len(cell) else 0  # resumable
         for metric in spec["metrics"]:
             column = _metric_column(metric["name"])
             values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
@@ -206,7 +207,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
             known = spec.get("verdict", True) and not (math.isnan(ours) or math.isnan(paper))
             out.append({"row": row["name"], "setting": setting["name"], "metric": metric_id(metric),
                         "ours": ours, "ours_err": ours_err, "n_runs": int(pd.Series(values).notna().sum()),
-                        "n_done": int(len(done)), "n_failed": int(len(cell) - len(done)),
+                        "n_done": int(len(done)), "n_failed": failed,
                         "paper": paper, "paper_err": paper_err,
                         "diff": ours - paper, "tol": allowed if known else math.nan,
                         "agrees": bool(abs(ours - paper) <= allowed) if known else None,

@@ -184,9 +184,11 @@ def test_failed_runs_excluded_and_counted(tmp_path):
     assert "**Failed runs: 1.**" in out.read_text() and "- 1 × RuntimeError: boom" in out.read_text()
     _run(tmp_path / "runs", "stopped", "synthetic_spigot", status="interrupted", seed=10)
     runs = tables.load_runs(tmp_path / "runs")
+    df = tables.build_table(_spec(tmp_path), runs)
+    assert df.set_index(["row", "metric"]).loc[("spigot", "test/acc"), "n_failed"] == 1  # the crash, not the stop
     text = tables.write_markdown(df, tables.load_spec(_spec(tmp_path)), tmp_path / "out" / "t1.md", runs).read_text()
     assert "4 completed, 1 failed, 1 interrupted (each resumes when run again)" in text
-    assert "**Failed runs: 1.**" in text  # an interrupted run is not a failure
+    assert "**Failed runs: 1.**" in text and "(4, 1 failed)" in text  # an interrupted run is not a failure
 
 
 def test_a_table_of_failed_runs_only_needs_allow_empty_and_lists_their_errors(tmp_path):
