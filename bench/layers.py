@@ -80,7 +80,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this tree's latentstruct (its commit heads the table), not another installed copy
 
-from bench.trees import Tree, baseline_tree, check_import, cpu_name, this_tree, tree_env  # noqa: E402
+from bench.trees import Tree, baseline_tree, check_import, this_tree, tree_env  # noqa: E402
 from latentstruct.records import environment  # noqa: E402
 
 
@@ -582,7 +582,6 @@ def main(argv=None) -> int:
     meta = {
         **env,
         "baseline": baseline,
-        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "device": args.device,
         "threads": args.threads,

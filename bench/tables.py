@@ -545,13 +545,12 @@ def _sheet(all_cells: list[Cell], device: torch.device, args, started: float, re
     """The sheet of ``all_cells`` as timed so far, the untimed ones estimated (on copies); ``resumed``: the earlier
     sheets whose configurations it kept (their commit, hardware, date), newest first; ``env``: the code and machine
     (``latentstruct.records.environment`` when the timing began: the sheet it writes would make the tree dirty)."""
-    from bench.trees import cpu_name
     from latentstruct.records import environment
 
     cells = [Cell(**asdict(c)) for c in all_cells]
     _estimate(cells)
     return {"device": device.type, **(env or environment(device)), "torch_threads": torch.get_num_threads(),
-            "cpu_cores": os.cpu_count(), "cpu": cpu_name(),  # the model: a sheet of another machine reads otherwise
+            "cpu_cores": os.cpu_count(),  # environment's "cpu", the model: a sheet of another machine reads otherwise
             "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seconds": time.time() - started,
             "options": {k: getattr(args, k, None) for k in ("warmup", "min_seconds", "max_steps", "max_configs",

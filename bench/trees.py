@@ -74,16 +74,6 @@ def check_import(tree: Tree, env: dict[str, str]) -> str:
     return out
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def stamp(*paths: str) -> dict[str, str]:
     """What a one-process benchmark's sheet records of where it ran: this checkout's commit ("(dirty)" when any of
     ``paths`` has uncommitted changes), the machine and the time."""

@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import socket
 import subprocess
 import tempfile
@@ -23,7 +24,7 @@ __all__ = ["NOT_RESULT", "LENGTH", "LOCATION", "RUN_FILE", "REPORT_FILE", "RunMi
            "fingerprint", "differences", "check_run_dir", "write_run_file", "threads", "COMMIT_ENV", "git_commit",
            "FINAL_WEIGHTS", "CLAIM", "Claim", "claim", "describe_claim", "flatten", "LEGACY_PARTS", "nested",
            "write_json", "remove_partial_writes", "read_record", "write_history", "save_checkpoint", "load_checkpoint",
-           "model_weights", "load_model_weights", "environment"]
+           "model_weights", "load_model_weights", "cpu_name", "environment"]
 
 # What a run computes is its configuration minus these flat keys (and prefixes): where its files go, how it reports
 # progress, when it checkpoints, whether it resumes, and the device (a run may move between CPU and GPU; the record
@@ -282,11 +283,25 @@ def git_commit() -> tuple[str, bool | None]:
         return "unknown", None
 
 
+def cpu_name() -> str:
+    """The host CPU's model (``/proc/cpuinfo``'s model name, else what :mod:`platform` says)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(device: torch.device) -> dict[str, Any]:
-    """git commit, hardware ("cpu" or the GPU's name), the torch version and its threads, for the run record."""
+    """git commit, hardware ("cpu" or the GPU's name), the host CPU's model, the torch version and its threads, for
+    the run record. The CPU's model is there because one code and seed can compute differently on two CPUs (the
+    kernels a library picks differ): issue #34's NER InfNet run, epoch 11 valid span F1 78.55 on one machine, 79.21
+    on another, from bit-identical pretraining."""
     sha, dirty = git_commit()
     hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "torch": torch.__version__,
+    return {"git_commit": sha, "git_dirty": dirty, "hardware": hardware, "cpu": cpu_name(), "torch": torch.__version__,
             "threads": threads()}
 
 

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 import latentstruct.train as train_module
 from latentstruct.config import ConfigError, TrainerConf, validate
 from latentstruct.data.images import DATASETS
-from latentstruct.records import MACHINE_COLUMNS, flatten, load_checkpoint, save_checkpoint
+from latentstruct.records import MACHINE_COLUMNS, cpu_name, flatten, load_checkpoint, save_checkpoint
 from latentstruct.tasks import Task
 from tests.data.test_cora import write_cora
 from tests.data.test_images import write_cifar, write_mnist
@@ -109,6 +109,7 @@ def test_run_record_contract(tmp_path):
     for key in ("metrics", "best_epoch", "seed", "git_commit", "hardware", "torch", "wall_seconds", "cpu_seconds"):
         assert key in on_disk
     assert on_disk["hardware"] == "cpu"
+    assert on_disk["cpu"] == cpu_name() and on_disk["cpu"]  # the host CPU's model: kernels differ between CPUs
     assert 0 < on_disk["cpu_seconds"] <= on_disk["wall_seconds"] * on_disk["threads"]["intra_op"] + 0.5
     history = pd.read_csv(run / "history.csv")
     assert list(history["step"]) == [10, 20, 30]

@@ -35,7 +35,7 @@ __all__ = ["provenance", "load_runs", "load_spec", "output_path", "filter_runs",
            "build_table", "legend", "notes", "groups", "write_markdown", "parse_provenance", "parse_cells",
            "committed_tables", "main"]
 
-_RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "torch", "threads", "fingerprint",
+_RECORD_FIELDS = ("status", "seed", "git_commit", "git_dirty", "hardware", "cpu", "torch", "threads", "fingerprint",
                   "wall_seconds", "cpu_seconds", "seconds_per_step", "seconds_per_epoch", "implicit_share", "steps",
                   "best_epoch", "best_step", "error")
 
@@ -269,6 +269,12 @@ def _run_counts(used: pd.DataFrame, completed: int) -> str:
     return text + (f", {interrupted} interrupted (each resumes when run again)" if interrupted else "")
 
 
+def _counts(values: pd.Series, missing: str) -> str:
+    """``A (12), B (3)``: each distinct value with its count, most first; ``missing`` for the empty ones."""
+    counts = values.fillna(missing).replace("", missing).value_counts()
+    return ", ".join(f"{v} ({n})" for v, n in counts.items()) or "—"
+
+
 def provenance(used: pd.DataFrame, command: str) -> list[str]:
     """Markdown bullet lines: commits, hardware, torch, seeds, run counts and wall time of the runs ``used``."""
     used = used.drop_duplicates("run_dir") if len(used) else used
@@ -280,6 +286,7 @@ def provenance(used: pd.DataFrame, command: str) -> list[str]:
     wall = done.get("wall_seconds", pd.Series(dtype=float)).astype(float)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return [f"- git commit(s): {values('git_commit', used)}", f"- hardware: {values('hardware', used)}",
+            f"- host CPU model(s), runs each: {_counts(used.get('cpu', pd.Series(dtype=object)), 'not recorded')}",
             f"- torch: {values('torch', used)}", f"- torch threads per run: {values('threads', used)}",
             f"- seeds: {values('seed')}",
             f"- runs: {_run_counts(used, len(done))}",

@@ -188,7 +188,15 @@ def test_failed_runs_excluded_and_counted(tmp_path):
     assert df.set_index(["row", "metric"]).loc[("spigot", "test/acc"), "n_failed"] == 1  # the crash, not the stop
     text = tables.write_markdown(df, tables.load_spec(_spec(tmp_path)), tmp_path / "out" / "t1.md", runs).read_text()
     assert "4 completed, 1 failed, 1 interrupted (each resumes when run again)" in text
+    assert "- host CPU model(s), runs each: not recorded (6)" in text  # the helper's records name no CPU
     assert "**Failed runs: 1.**" in text and "(4, 1 failed)" in text  # an interrupted run is not a failure
+
+
+def test_provenance_counts_the_runs_of_each_host_cpu():
+    used = pd.DataFrame({"run_dir": list("abcd"), "status": ["completed"] * 3 + ["interrupted"],
+                         "completed": [True] * 3 + [False], "cpu": ["Xeon", "EPYC", "Xeon", None],
+                         "wall_seconds": [1.0, 2.0, 3.0, None]})
+    assert "- host CPU model(s), runs each: Xeon (2), EPYC (1), not recorded (1)" in tables.provenance(used, "make x")
 
 
 def test_a_table_of_failed_runs_only_needs_allow_empty_and_lists_their_errors(tmp_path):
