@@ -197,7 +197,7 @@ def build_table(spec_path, runs_root) -> pd.DataFrame:
     out = []
     for row, setting, cell in _cells(spec, runs):
         done = cell[cell["completed"]] if len(cell) else cell
-        failed = int((~cell["completed"] & (cell["status"] != "interrupted")).sum()) if len(cell) else 0  # resumable
+        failed = int(_failed(cell).sum())
         for metric in spec["metrics"]:
             column = _metric_column(metric["name"])
             values = done.sort_values("seed")[column] if column in done else pd.Series(dtype=float)
@@ -262,10 +262,17 @@ def _provenance(spec: dict, used: pd.DataFrame) -> list[str]:
     return status.annotate(lines, status.protocol(spec))
 
 
+def _failed(runs: pd.DataFrame) -> pd.Series:
+    """Which of ``runs`` failed: ended without completing, and not interrupted (an interrupted run resumes)."""
+    if not len(runs):
+        return pd.Series(False, index=runs.index, dtype=bool)
+    return ~runs["completed"] & (runs["status"] != "interrupted")
+
+
 def _run_counts(used: pd.DataFrame, completed: int) -> str:
     """``12 completed, 1 failed`` (``, 2 interrupted (each resumes when run again)`` when some were stopped)."""
     interrupted = int((used["status"] == "interrupted").sum()) if len(used) else 0
-    text = f"{completed} completed, {len(used) - completed - interrupted} failed"
+    text = f"{completed} completed, {int(_failed(used).sum())} failed"
     return text + (f", {interrupted} interrupted (each resumes when run again)" if interrupted else "")
 
 
@@ -378,8 +385,7 @@ def write_markdown(df: pd.DataFrame, spec: dict, out_path: str | Path, runs: pd.
         if which.any():
             lines += ["", f"{note}: " + ", ".join(f"{names[c.row]} {c.setting} {c.metric}"
                                                   for _, c in df[which].iterrows())]
-    failing = ~used["completed"] & (used["status"] != "interrupted") if len(used) else None  # interrupted: resumable
-    failed = used[failing].drop_duplicates("run_dir") if len(used) else used
+    failed = used[_failed(used)].drop_duplicates("run_dir") if len(used) else used
     if len(failed):
         errors = failed["error"].fillna("no error recorded").astype(str).value_counts()
         lines += ["", f"**Failed runs: {len(failed)}.** Their errors (metrics.json):", ""]
