@@ -438,6 +438,11 @@ class TrainerConf:
     keep_checkpoint: bool = _help(
         "keep checkpoint.pt once the run completes (what resuming it for more steps, and the tree drawings, read); "
         "false: remove it then", True)
+    init_from: str | None = _help(
+        "a completed run's directory whose final checkpoint this run starts from (weights, optimizer moments, step, "
+        "history, random state), then trains on under its own configuration (its learning rates, to its own "
+        "length): a fork, e.g. an ablation of a later phase; the source's fingerprint and step join this run's "
+        "identity (trainer.forked_from), its path does not; null = from scratch", None)
 
 
 @dataclass

@@ -37,10 +37,12 @@ NOT_RESULT = ("paths", "logger", "sweep", "trainer.resume", "trainer.force", "tr
 #: how long a run trains: not part of its identity either, since a run goes on exactly to a longer length in the same
 #: directory (train.py); a shorter one than a directory's completed run is refused there
 LENGTH = ("trainer.max_steps", "trainer.max_epochs")
-#: where a run finds its inputs (the data root a dataset reads, the GloVe cache): settings of every depth whose last
-#: name is one of these are not part of its identity either, so that the same run resumes and is skipped on a machine
-#: whose data lie elsewhere (the campaign's, the GPU machine's); an identity recorded with them is compared without
-LOCATION = ("data_dir", "cache_dir")
+#: where a run finds its inputs (the data root a dataset reads, the GloVe cache, the run a fork starts from: its
+#: fingerprint and step are in the identity instead, as ``trainer.forked_from``, train.py): settings of every depth
+#: whose last name is one of these are not part of its identity either, so that the same run resumes and is skipped on
+#: a machine whose data lie elsewhere (the campaign's, the GPU machine's); an identity recorded with them is compared
+#: without them
+LOCATION = ("data_dir", "cache_dir", "init_from")
 #: the file of a run directory that records what the run computes (its identity) and its fingerprint
 RUN_FILE = "run.json"
 #: the file of a completed run that holds what the reports draw of its final model (``Task.report_record``)

@@ -227,6 +227,48 @@ def _check_same_run(saved: dict, current: dict, where: Path) -> None:
                           + "\nuse another run directory, or trainer.force=true to start over")
 
 
+def _fork_source(source: Path) -> tuple[str, int]:
+    """(``<fingerprint>@<step>``, the step) of the completed run in ``source`` that ``trainer.init_from`` forks:
+    what the fork's identity records of it (its path is where it lies, not what it computed)."""
+    record = read_record(source) or {}
+    if record.get("status") != "completed":
+        raise ValueError(f"trainer.init_from={source}: not a completed run (status: {record.get('status', 'none')}); "
+                         "a fork starts from a completed run's final checkpoint")
+    recorded = _read_run_file(source) or {}
+    if "fingerprint" not in recorded:
+        raise ValueError(f"trainer.init_from={source}: no {RUN_FILE} says what that run computed")
+    return f"{recorded['fingerprint']}@{record['steps']}", int(record["steps"])
+
+
+def _fork_checkpoint(source: Path, device: torch.device, max_steps: int) -> dict[str, Any]:
+    """The final checkpoint of the completed run in ``source`` (``trainer.init_from``), checked to be of its last
+    step and before this run's ``max_steps``."""
+    _, steps = _fork_source(source)
+    path = source / "checkpoint.pt"
+    ckpt = load_checkpoint(path, device) if path.exists() else None
+    if ckpt is None or ckpt.get(FINAL_WEIGHTS) or ckpt.get("step") != steps:
+        raise ValueError(f"trainer.init_from={source}: no checkpoint of its last step ({steps:,}) to start from "
+                         "(run it with trainer.keep_checkpoint=true)")
+    if steps >= max_steps:
+        raise ValueError(f"trainer.init_from={source}: it ends at step {steps:,}, this run at {max_steps:,}: a fork "
+                         "trains on past its source")
+    return ckpt
+
+
+@contextlib.contextmanager
+def _own_hyperparameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    """Keep the hyper-parameters (learning rate, betas, ...) of ``optimizer`` and of the task's own optimizers (the
+    inference networks' of the energy tasks) over those of a loaded state: a fork's settings are its own, its
+    moments its source's."""
+    owned = [optimizer, *(v for m in model.modules() for v in vars(m).values()
+                          if isinstance(v, torch.optim.Optimizer))]
+    kept = [[{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups] for opt in owned]
+    yield
+    for opt, groups in zip(owned, kept, strict=True):
+        for group, settings in zip(opt.param_groups, groups, strict=True):
+            group.update(settings)
+
+
 def _since(now: dict[str, float], before: dict[str, float], into: dict[str, float]) -> dict[str, float]:
     """Each running total of ``now`` (Task.timings, Task.counts) less its value ``before``, also added to ``into``
     (the phase's sums)."""
@@ -334,6 +376,8 @@ def train(cfg: DictConfig, console: bool = True) -> dict[str, Any]:
         validate(cfg)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         ident, located = identity(resolved), location(resolved)
+        if cfg.trainer.init_from:
+            ident["trainer.forked_from"] = _fork_source(Path(cfg.trainer.init_from))[0]
         if cfg.trainer.force:
             try:
                 recorded = check_run_dir(out, ident)
@@ -409,6 +453,9 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     config = OmegaConf.to_container(cfg)  # the run's configuration: logged, checkpointed, compared on resume
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path, device) if resume and ckpt_path.exists() else None
+    forked = ckpt is None and bool(tc.init_from)  # a fork's first start: from its source's final checkpoint
+    if forked:
+        ckpt = _fork_checkpoint(Path(tc.init_from), device, max_steps)
     completed = record.get("status") == "completed"
     if completed:  # a completed run asked for again at another length: go on from its final checkpoint, or refuse
         done = record.get("steps", 0)
@@ -438,9 +485,11 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
     window = (0.0, 0)  # the same sums, of the steps up to the last evaluation
     evaluations = _evaluation_steps(phases, tc.eval_every, max_steps)
     if ckpt is not None:
-        _check_same_run(ckpt["config"], config, ckpt_path)
-        load_model_weights(model, ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        if not forked:
+            _check_same_run(ckpt["config"], config, ckpt_path)
+        with _own_hyperparameters(model, optimizer) if forked else contextlib.nullcontext():
+            load_model_weights(model, ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
         step, history, elapsed = ckpt["step"], ckpt["history"], ckpt["wall_seconds"]
         cpu_elapsed = ckpt.get("cpu_seconds")  # None: a checkpoint from before runs counted it
         # a run gone on to a longer length keeps the evaluations that a run of that length makes, not its old end,
@@ -453,7 +502,10 @@ def _run(cfg: DictConfig, out: Path, resume: bool, stop: StopSignals, record: di
         else:
             loss_sum, loss_count = ckpt["loss_sum"], ckpt["loss_count"]
         _set_rng_state(ckpt["rng"])
-        if completed:
+        if forked:
+            log.info("%s: forked from %s at its step %s (its fingerprint %s)", out, tc.init_from, f"{step:,}",
+                     ident["trainer.forked_from"].split("@")[0])
+        elif completed:
             log.info("%s: going on from its completed run of %s steps to %s", out, f"{step:,}", f"{max_steps:,}")
         else:
             log.info("resumed %s at step %d", out, step)

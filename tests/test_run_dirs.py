@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 import latentstruct.train as train_module
@@ -163,3 +164,63 @@ def test_the_commit_stamp_wins_over_git_where_it_is_set(monkeypatch):
     assert git_commit() == ("0123456789ab", True) != (sha, True)
     monkeypatch.setenv(COMMIT_ENV, "fedcba987654")
     assert git_commit() == ("fedcba987654", False)
+
+
+def test_a_fork_goes_on_from_its_source_under_its_own_settings(tmp_path):
+    """trainer.init_from: a fork of the same configuration continues its source exactly (weights, moments, random
+    state, history); one with another learning rate trains on with that rate from the source's step; the source's
+    fingerprint and step are its identity's, the source's path is not."""
+    args = [*TINY, *STEPS, "trainer.select=best"]
+    straight = train_run(tmp_path, *args, "trainer.max_steps=24", name="straight")
+    source = train_run(tmp_path, *args, "trainer.max_steps=10", name="source")
+    same = train_run(tmp_path, *args, "trainer.max_steps=24", f"trainer.init_from={tmp_path / 'source'}", name="same")
+    assert same["metrics"] == straight["metrics"] and same["steps"] == 24
+    columns = lambda name: pd.read_csv(tmp_path / name / "history.csv").drop(columns=list(MACHINE_COLUMNS))  # noqa: E731
+    pd.testing.assert_frame_equal(columns("same"), columns("straight"))
+    recorded = json.loads((tmp_path / "same" / RUN_FILE).read_text())
+    assert recorded["identity"]["trainer.forked_from"] == f"{source['fingerprint']}@10"
+    assert "trainer.init_from" not in recorded["identity"] and same["fingerprint"] != straight["fingerprint"]
+
+    faster = train_run(tmp_path, *args, "trainer.max_steps=24", "optim.lr=0.05",
+                       f"trainer.init_from={tmp_path / 'source'}", name="faster")
+    assert faster["metrics"] != straight["metrics"]
+    ckpt = torch.load(tmp_path / "faster" / "checkpoint.pt", weights_only=False)
+    assert {g["lr"] for g in ckpt["optimizer"]["param_groups"]} == {0.05}
+    assert [row["step"] for row in ckpt["history"]][:1] == [10]  # the source's evaluations are the fork's
+    again = train_run(tmp_path, *args, "trainer.max_steps=24", "optim.lr=0.05",
+                      f"trainer.init_from={tmp_path / 'source'}", name="faster")
+    assert again == faster  # completed: skipped
+    with pytest.raises(RunMismatch, match=r"trainer.forked_from: .*@10 → \(absent\)"):  # not the fork's directory
+        train_run(tmp_path, *args, "trainer.max_steps=24", "optim.lr=0.05", name="faster")
+
+
+def test_a_fork_needs_a_completed_source_with_its_last_checkpoint_before_its_own_end(tmp_path):
+    args = [*TINY, *STEPS]
+    fork = lambda steps, name="fork": train_run(  # noqa: E731
+        tmp_path, *args, f"trainer.max_steps={steps}", f"trainer.init_from={tmp_path / 'source'}", name=name)
+    with pytest.raises(ValueError, match="not a completed run"):
+        fork(20)
+    train_run(tmp_path, *args, "trainer.max_steps=10", name="source")
+    with pytest.raises(ValueError, match="it ends at step 10, this run at 10"):
+        fork(10)
+    (tmp_path / "source" / "checkpoint.pt").unlink()
+    with pytest.raises(ValueError, match="no checkpoint of its last step"):
+        fork(20, name="fork2")
+
+
+def test_a_fork_keeps_its_own_settings_of_the_task_s_optimizers():
+    class Task(torch.nn.Module):
+        def __init__(self, lr):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(2))
+            self.inner = torch.optim.Adam([self.w], lr=lr)
+
+    source, fork = Task(1e-3), Task(1e-4)
+    source.w.grad = torch.ones(2)
+    source.inner.step()
+    outer = torch.optim.SGD(fork.parameters(), lr=0.5)
+    with train_module._own_hyperparameters(fork, outer):
+        fork.inner.load_state_dict(source.inner.state_dict())
+        outer.load_state_dict(torch.optim.SGD(source.parameters(), lr=9.0).state_dict())
+    assert fork.inner.param_groups[0]["lr"] == 1e-4 and outer.param_groups[0]["lr"] == 0.5
+    assert fork.inner.state[fork.w]["step"] == 1  # the moments are the source's
