@@ -175,3 +175,33 @@ def test_the_energies_page_sets_each_split_per_row_and_leaves_the_floors_a_out(t
     assert ("| 5 | L_CD, λ = 1 (the table's) | 301, 302 | 25.0 (25.0 / 25.0) | 29.0 (28.0 / 30.0) | 97 (97 / 97) / "
             "85 (85 / 85) | 10 (10 / 10) | 9 (9 / 9) | 3.17 (3.17 / 3.17) / 0.13 (0.13 / 0.13) |") in page
     assert page.index("## Valid") < page.index("## The labelled training") < page.index("## Test")
+
+
+def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_the_arms_by_epoch():
+    import subprocess
+
+    config = subprocess.run(["git", "-C", str(ablation.ROOT), "show", f"{ablation.FORK_COMMIT}:latentstruct/config.py"],
+                            capture_output=True, text=True)
+    assert config.returncode == 0 and "init_from" in config.stdout  # the pinned commit exists and forks
+    assert ablation.NER_STEPS == ablation.NER_PRETRAIN + 439 * ablation.NER_METHOD_EPOCHS
+
+    def run(label, row, overrides, epochs, valid):
+        return {"label": label, "row": row, "overrides": overrides, "fingerprint": "039a58209336", "cpu": "Xeon",
+                "commit": "8ba1b42", "wall_seconds": 100, "epochs": epochs, "valid": valid,
+                "test": [v - 10 for v in valid], "test_at_best": max(valid[10:], default=0) - 10}
+
+    pre = list(range(1, 11))
+    rows = [run("base", "base: pretraining", [], pre, [70.0 + e for e in pre]),
+            run("energy_frozen", "energy frozen", ["optim.lr=1e-12"], pre + [11, 12],
+                [70.0 + e for e in pre] + [82.5, 81.0])]
+    summary = {"commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28, "args": "x=1",
+               "rows": rows, "table_run": {"fingerprint": "039a58209336", "commit": "cb8c1918d7a4",
+                                           "epochs": pre + [11], "valid": [70.0 + e for e in pre] + [78.55],
+                                           "test": [0.0] * 11}}
+    page = ablation.ner_infnet_page(summary)
+    assert "the same as the table's seed-301 run's" in page and "equal to that run's at two decimals" in page
+    assert "| base: pretraining | – | epoch 10: 80.00 | – | – | 100 |" in page
+    assert "| energy frozen | `optim.lr=1e-12` | 82.50, 81.00, –, –, –, – | 82.50 (11) | 72.50 | 100 |" in page
+    assert "| 78.55, –, –, –, –, – | – | – | – |" in page
+    summary["table_run"]["valid"][3] = 1.0  # the table's run computed pretraining differently: said so
+    assert "**differs** from that run's" in ablation.ner_infnet_page(summary)
