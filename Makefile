@@ -57,7 +57,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised ablation-vae-direct-anneal ablation-sorting-sigma-lr table-listops \
-	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda ablation-citation-energies ablation-ner-infnet table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
+	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda ablation-citation-energies ablation-ner-infnet ablation-pos-infnet table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-compose bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
@@ -129,6 +129,9 @@ ablation-vae-direct-anneal: install ## the unsupervised VAE's direct rows with |
 
 ablation-ner-infnet: install ## NER's InfNet (seed 301) forked at the end of pretraining: 6 method epochs as run, with the energy frozen, with the inference networks' lr 1e-4, with their cross-entropy (InfNet+), at the first commit with trainer.init_from, ~1 CPU-h; ONLY=summary runs none -> results/energy/ner_infnet_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet $(if $(ONLY),--only $(ONLY))
+
+ablation-pos-infnet: install ## the same ablation of Twitter POS's InfNet (seed 301; 42 batches an epoch), ~10 CPU-min; ONLY=summary runs none -> results/energy/pos_infnet_ablation.md
+	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet $(if $(ONLY),--only $(ONLY))
 
 ablation-sorting-sigma-lr: install ## sorting's learned sigma with its SGD lr raised (1e-4, 1e-2; d = 100, seeds 301-303) at the table's pinned code, ~0.5 CPU-h; ONLY=summary runs none -> results/direct/sorting_sigma_lr.md
 	nice -n 5 $(BIN)/python -m scripts.ablation sorting-sigma-lr $(if $(ONLY),--only $(ONLY))

@@ -6,6 +6,7 @@
     python -m scripts.ablation vae-direct-anneal [--only summary] # make ablation-vae-direct-anneal
     python -m scripts.ablation sorting-sigma-lr [--only summary]  # make ablation-sorting-sigma-lr
     python -m scripts.ablation ner-infnet [--only summary]        # make ablation-ner-infnet
+    python -m scripts.ablation pos-infnet [--only summary]        # make ablation-pos-infnet
     python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
 
 An ablation's runs go one at a time, one thread, under ``nice``, from the campaign's worktree of the table's commit
@@ -44,17 +45,18 @@ learning rate raised (:data:`SORTING_LRS`), d = 100, seeds 301-303; the page set
 σ = 1 and learned-σ runs of the same seeds, with each run's σ path -> ``results/direct/sorting_sigma_lr.md``
 (``.json``).
 
-ner-infnet (issue #34, energy/ner: InfNet ends below the BiLSTM it starts from, every run reporting the first method
-epoch): the table's InfNet configuration, NER, seed 301, trained to the end of pretraining (the base, whose identity is
-the table's run's), then forks of it (``trainer.init_from``) that change one setting from the method phase on for 6
-epochs (:data:`NER_ARMS`): nothing, the energy's lr (frozen), the inference networks' lr, their cross-entropy
-(InfNet+). At :data:`FORK_COMMIT`, not the table's code, which cannot fork (its protocol otherwise) ->
-``results/energy/ner_infnet_ablation.md`` (``.json``).
+ner-infnet, pos-infnet (issue #34, energy/ner and energy/pos: InfNet ends below the BiLSTM it starts from, every NER
+run reporting the first method epoch): the table's InfNet configuration (NER: without features), seed 301, trained to
+the end of pretraining (the base, whose identity is the table's run's), then forks of it (``trainer.init_from``) that
+change one setting from the method phase on for 6 epochs (:data:`INFNET_ARMS`): nothing, the energy's lr (frozen),
+the inference networks' lr, their cross-entropy (InfNet+). At :data:`FORK_COMMIT`, not the tables' code, which cannot
+fork (their protocol otherwise) -> ``results/energy/{ner,pos}_infnet_ablation.md`` (``.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -552,19 +554,22 @@ def sorting_page(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------------------------------- ner-infnet
+# ------------------------------------------------------------------------------------- ner-infnet, pos-infnet
 
-NER = "energy/ner"
-NER_OUT = ROOT / "results" / "energy" / "ner_infnet_ablation"
-#: the first commit with trainer.init_from (a fork): the table's cb8c191 has none. Its latentstruct/ and configs/
-#: differ from cb8c191 in the records' CPU field, the reports and the fork alone; the page checks that the base run's
-#: identity is the table's seed-301 InfNet run's
+#: the first commit with trainer.init_from (a fork): the tables' own (NER cb8c191, POS 81c19b8) have none. The page
+#: checks that each base run's identity is its table's seed-301 InfNet run's and that its pretraining computes the same
 FORK_COMMIT = "8ba1b42fbeca9674ef9a66b9fb2cf99c258d7c34"
-NER_PRETRAIN = 4390  # the end of pretraining: 10 epochs × 439 batches of 32 (14,041 sentences)
-NER_METHOD_EPOCHS = 6
-NER_STEPS = NER_PRETRAIN + NER_METHOD_EPOCHS * 439
+INFNET_PRETRAIN_EPOCHS = 10  # the tables' pretraining (configs/trainer/ner_energy.yaml)
+INFNET_METHOD_EPOCHS = 6
+#: the tables an InfNet ablation forks: name -> (table, what the base adds to the table's protocol, which of the
+#: table's runs it is, batches per epoch, the metric's history column and name)
+INFNET_TABLES = {
+    "ner": ("energy/ner", ["dataset.features=false"], {"dataset.features": False}, 439, "valid/f1",
+            "span F1 (conlleval)"),  # 14,041 sentences
+    "pos": ("energy/pos", ["dataset=twpos"], {}, 42, "valid/acc", "token accuracy"),  # 1,327 tweets
+}
 #: the arms, each forked from the base at the end of pretraining: label -> (row, the overrides of the method phase)
-NER_ARMS = {
+INFNET_ARMS = {
     "as_run": ("as run (E: Adam 1e-3, A and F: Adam 1e-3)", []),
     # Adam's step is about lr per coordinate: at 1e-12 the energy does not move (a learning rate of 0 is refused)
     "energy_frozen": ("energy frozen (its lr 1e-12)", ["optim.lr=1e-12"]),
@@ -573,106 +578,116 @@ NER_ARMS = {
 }
 
 
-def ner_infnet(only_summary: bool) -> None:
-    """InfNet on NER, seed 301: the table's run to the end of pretraining (the base), then forks of it that change one
-    setting of the method phase (:data:`NER_ARMS`) for :data:`NER_METHOD_EPOCHS` epochs, all at :data:`FORK_COMMIT`
-    on one host."""
+def infnet_steps(per_epoch: int) -> tuple[int, int]:
+    """(the base's steps: the end of pretraining, the forks' steps: :data:`INFNET_METHOD_EPOCHS` epochs more)."""
+    return INFNET_PRETRAIN_EPOCHS * per_epoch, (INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS) * per_epoch
+
+
+def infnet_ablation(task: str, only_summary: bool) -> None:
+    """InfNet on ``task`` (:data:`INFNET_TABLES`), seed 301: the table's run to the end of pretraining (the base),
+    then forks of it that change one setting of the method phase (:data:`INFNET_ARMS`) for
+    :data:`INFNET_METHOD_EPOCHS` epochs, all at :data:`FORK_COMMIT` on one host."""
     import pandas as pd
 
     from latentstruct.report.tables import filter_runs
 
-    base = ["-m", "latentstruct.train", "+experiment=ner_infnet", "dataset.features=false", "trainer.seed=301"]
-    where = campaign.campaign_root() / "ablations" / "ner_infnet"
-    runs = {"base": [*base, f"trainer.max_steps={NER_PRETRAIN}"]}
-    runs |= {f"{label}": [*base, f"trainer.max_steps={NER_STEPS}", f"trainer.init_from={where / 'base'}", *extra]
-             for label, (_, extra) in NER_ARMS.items()}
-    entry = {**campaign.plan(NER), "commit": FORK_COMMIT}
-    # the table's protocol but the list of its rows: the experiment is the base's
-    entry["args"] = " ".join(a for a in entry["args"].split() if not a.startswith("+experiment="))
-    forks_left = [label for label in NER_ARMS if carry.run_status(where / label) not in DONE]
+    table, extra, match, per_epoch, column, _ = INFNET_TABLES[task]
+    pretrain, steps = infnet_steps(per_epoch)
+    name = f"{task}_infnet"
+    base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, "trainer.seed=301"]
+    where = campaign.campaign_root() / "ablations" / name
+    runs = {"base": [*base, f"trainer.max_steps={pretrain}"]}
+    runs |= {label: [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where / 'base'}", *arm]
+             for label, (_, arm) in INFNET_ARMS.items()}
+    plan = campaign.plan(table)
+    # the table's protocol, but not its list of rows: the experiment is the base's
+    entry = {**plan, "commit": FORK_COMMIT,
+             "args": " ".join(a for a in plan["args"].split() if not a.startswith("+experiment="))}
+    forks_left = [label for label in INFNET_ARMS if carry.run_status(where / label) not in DONE]
     if forks_left and not only_summary and not (where / "base" / "checkpoint.pt").is_file():
         # restored from the records (no checkpoints): re-made, exactly, for the forks still to run
-        for name in ("metrics.json", "run.json"):
-            (where / "base" / name).unlink(missing_ok=True)
-    where, _ = ensure("ner_infnet", NER, runs, only_summary, "~10-25", entry=entry)
-    table = filter_runs(table_runs(NER), {"choices.experiment": "ner_infnet", "dataset.features": False})
-    table = table[table["seed"] == 301]
+        for file in ("metrics.json", "run.json"):
+            (where / "base" / file).unlink(missing_ok=True)
+    where, _ = ensure(name, table, runs, only_summary, "~1-25", entry=entry)
+
+    def curve(run_dir: Path) -> dict:
+        history = pd.read_csv(run_dir / "history.csv")
+        return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
+
     rows = []
-    for label in ["base", *NER_ARMS]:
+    for label in ["base", *INFNET_ARMS]:
         record = json.loads((where / label / "metrics.json").read_text())
-        history = pd.read_csv(where / label / "history.csv")
-        rows.append({"label": label, "row": NER_ARMS[label][0] if label in NER_ARMS else "base: pretraining",
-                     "overrides": NER_ARMS[label][1] if label in NER_ARMS else [],
-                     "fingerprint": record["fingerprint"], "cpu": record.get("cpu"),
-                     "commit": record.get("git_commit"), "wall_seconds": round(record["wall_seconds"]),
-                     "epochs": [int(e) for e in history["epoch"]], "valid": list(history["valid/f1"]),
-                     "test": list(history["test/f1"]), "best_step": record.get("best_step"),
-                     "test_at_best": record["metrics"]["test/f1"], "valid_at_best": record["metrics"]["valid/f1"]})
+        row, arm = INFNET_ARMS.get(label, ("base: pretraining", []))
+        rows.append({"label": label, "row": row, "overrides": arm, "fingerprint": record["fingerprint"],
+                     "cpu": record.get("cpu"), "commit": record.get("git_commit"),
+                     "wall_seconds": round(record["wall_seconds"]), **curve(where / label),
+                     "test_at_best": record["metrics"]["test/acc"]})
+    found = filter_runs(table_runs(table), {"choices.experiment": "ner_infnet", **match})
+    found = found[found["seed"] == 301]
     reference = {}
-    if len(table):
-        run_dir = table["run_dir"].iloc[0]
-        history = pd.read_csv(Path(run_dir, "history.csv"))
-        reference = {"fingerprint": json.loads(Path(run_dir, "run.json").read_text())["fingerprint"],
-                     "commit": str(table["git_commit"].iloc[0]), "epochs": [int(e) for e in history["epoch"]],
-                     "valid": list(history["valid/f1"]), "test": list(history["test/f1"])}
-    write({"commit": FORK_COMMIT, "table_commit": campaign.plan(NER)["commit"], "args": entry["args"],
-           "rows": rows, "table_run": reference}, NER_OUT, ner_infnet_page)
+    if len(found):
+        run_dir = Path(found["run_dir"].iloc[0])
+        reference = {"fingerprint": json.loads((run_dir / "run.json").read_text())["fingerprint"],
+                     "commit": str(found["git_commit"].iloc[0]), **curve(run_dir)}
+    write({"task": task, "commit": FORK_COMMIT, "table_commit": plan["commit"], "args": entry["args"], "rows": rows,
+           "table_run": reference}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
 
 
-def ner_infnet_page(summary: dict) -> str:
-    rows, ref = summary["rows"], summary["table_run"]
+def infnet_page(summary: dict) -> str:
+    rows, ref, task = summary["rows"], summary["table_run"], summary["task"]
+    table, _, _, per_epoch, _, metric = INFNET_TABLES[task]
+    pretrain, steps = infnet_steps(per_epoch)
     base = rows[0]
-    method = range(11, 11 + NER_METHOD_EPOCHS)
+    first = INFNET_PRETRAIN_EPOCHS + 1
+    method = range(first, first + INFNET_METHOD_EPOCHS)
 
-    def at(values: list[float], epochs: list[int], wanted) -> str:
-        found = dict(zip(epochs, values, strict=True))
+    def at(curve: dict, wanted) -> str:
+        found = dict(zip(curve["epochs"], curve["valid"], strict=True))
         return ", ".join(f"{found[e]:.2f}" if e in found else "–" for e in wanted)
 
+    pre = range(1, first)
     same = ref and ref["fingerprint"] == base["fingerprint"]
-    pre = [e for e in range(1, 11)]
-    equal = ref and at(ref["valid"], ref["epochs"], pre) == at(base["valid"], base["epochs"], pre)
+    equal = ref and at(ref, pre) == at(base, pre)
     hosts = sorted({r["cpu"] or "not recorded" for r in rows})
+    what = {"ner": "NER (seed 004 Table 3)", "pos": "Twitter POS (seed 004 Table 9)"}[task]
     lines = [
-        "# NER (seed 004 Table 3): what makes InfNet fall in its method phase, by ablation", "",
-        f"Status: **ablation** of `results/energy/ner.md`'s InfNet row (NER, seed 301) at commit "
+        f"# {what}: what makes InfNet fall in its method phase, by ablation", "",
+        f"Status: **ablation** of `results/{table}.md`'s InfNet row ({task.upper()}, seed 301) at commit "
         f"{summary['commit'][:12]}, not the table's {summary['table_commit'][:12]}: forking a run "
-        "(`trainer.init_from`) came after it; their `latentstruct/` and `configs/` differ in the records' CPU "
-        "field, the reports and the fork alone. The table's protocol: full data, GloVe 6B 50d fine-tuned "
-        f"(`{summary['args']}`); "
-        f"CPU, one thread a run, {len(rows)} runs on {'; '.join(hosts)}. Made by `make ablation-ner-infnet` "
-        "(`python -m scripts.ablation ner-infnet`).", "",
-        f"The base is the table's configuration trained to the end of pretraining (step {NER_PRETRAIN:,}, epoch 10; "
-        f"fingerprint {base['fingerprint']}, "
+        "(`trainer.init_from`) came after it. The table's protocol: its full schedule and data "
+        f"(`{summary['args']}`); CPU, one thread a run, {len(rows)} runs on {'; '.join(hosts)}. Made by "
+        f"`make ablation-{task}-infnet` (`python -m scripts.ablation {task}-infnet`).", "",
+        f"The base is the table's configuration trained to the end of pretraining (step {pretrain:,}, epoch "
+        f"{first - 1}; fingerprint {base['fingerprint']}, "
         + ("the same as the table's seed-301 run's" if same else
            f"**not** the table's seed-301 run's ({ref.get('fingerprint', 'no such run here')})")
-        + "; its valid span F1 at epochs 1-10 " + ("equal to that run's at two decimals" if equal else
-                                                    "**differs** from that run's" if ref else "not compared")
+        + f"; its valid {metric} at epochs 1-{first - 1} "
+        + ("equal to that run's at two decimals" if equal else "**differs** from that run's" if ref else
+           "not compared")
         + "). Each arm forks the base's final checkpoint (weights, Adam moments, random state) and trains "
-        f"{NER_METHOD_EPOCHS} method epochs (to step {NER_STEPS:,}) with one setting changed from there on; "
-        "the as-run arm changes nothing, so it is the table's run continued on this host. E: the energy (its "
-        "optimizer `optim`), A and F: the test-time and cost-augmented inference networks (the task's own Adam, "
-        "`task.inner_lr`). Span F1 as conlleval computes it (%).", "",
-        f"| arm | changed from epoch 11 | valid span F1, epochs {method.start}-{method.stop - 1} | "
+        f"{INFNET_METHOD_EPOCHS} method epochs (to step {steps:,}) with one setting changed from there on; the as-run "
+        "arm changes nothing: the table's run continued on this host. E: the energy (its optimizer, `optim`); A and F: "
+        "the test-time and cost-augmented inference networks (the task's own Adam, `task.inner_lr`). Test: at the "
+        "best method epoch by valid, as the table reports.", "",
+        f"| arm | changed from epoch {first} | valid {metric}, epochs {method.start}-{method.stop - 1} | "
         "best valid (epoch) | test at it | run time (s) |",
         "|---|---|---|---|---|---|",
-        f"| base: pretraining | – | epoch 10: {at(base['valid'], base['epochs'], [10])} | – | – | "
-        f"{base['wall_seconds']} |",
+        f"| base: pretraining | – | epoch {first - 1}: {at(base, [first - 1])} | – | – | {base['wall_seconds']} |",
     ]
     for r in rows[1:]:
-        method_rows = [(v, e) for v, e in zip(r["valid"], r["epochs"], strict=True) if e > 10]
-        best_v, best_e = max(method_rows)
+        best_v, best_e = max((v, e) for v, e in zip(r["valid"], r["epochs"], strict=True) if e >= first)
         lines.append(f"| {r['row']} | {', '.join(f'`{o}`' for o in r['overrides']) or 'nothing'} | "
-                     f"{at(r['valid'], r['epochs'], method)} | {best_v:.2f} ({best_e}) | {r['test_at_best']:.2f} | "
-                     f"{r['wall_seconds']} |")
+                     f"{at(r, method)} | {best_v:.2f} ({best_e}) | {r['test_at_best']:.2f} | {r['wall_seconds']} |")
     if ref:
-        lines.append(f"| the table's run (commit {ref['commit'][:12]}, another host: the notes of "
-                     f"`results/energy/ner.md`) | – | {at(ref['valid'], ref['epochs'], method)} | – | – | – |")
-    lines += ["", "Run time: the fork's record counts its source's steps too (the base's pretraining)."]
+        lines.append(f"| the table's run (commit {ref['commit'][:12]}; its host: `results/{table}.md`) | – | "
+                     f"{at(ref, method)} | – | – | – |")
+    lines += ["", "Run time: a fork's record counts its source's steps too (the base's pretraining)."]
     return "\n".join(lines) + "\n"
 
 
 ABLATIONS = {"citation-lambda": citation_lambda, "citation-energies": citation_energies,
-             "vae-direct-anneal": vae_direct_anneal, "sorting-sigma-lr": sorting_sigma_lr, "ner-infnet": ner_infnet}
+             "vae-direct-anneal": vae_direct_anneal, "sorting-sigma-lr": sorting_sigma_lr,
+             **{f"{task}-infnet": functools.partial(infnet_ablation, task) for task in INFNET_TABLES}}
 
 
 def main(argv: list[str] | None = None) -> int:

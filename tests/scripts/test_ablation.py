@@ -183,25 +183,27 @@ def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_th
     config = subprocess.run(["git", "-C", str(ablation.ROOT), "show", f"{ablation.FORK_COMMIT}:latentstruct/config.py"],
                             capture_output=True, text=True)
     assert config.returncode == 0 and "init_from" in config.stdout  # the pinned commit exists and forks
-    assert ablation.NER_STEPS == ablation.NER_PRETRAIN + 439 * ablation.NER_METHOD_EPOCHS
+    assert ablation.infnet_steps(439) == (4390, 7024)  # NER: 10 epochs of pretraining, then 6
 
     def run(label, row, overrides, epochs, valid):
         return {"label": label, "row": row, "overrides": overrides, "fingerprint": "039a58209336", "cpu": "Xeon",
                 "commit": "8ba1b42", "wall_seconds": 100, "epochs": epochs, "valid": valid,
-                "test": [v - 10 for v in valid], "test_at_best": max(valid[10:], default=0) - 10}
+                "test_at_best": max(valid[10:], default=0) - 10}
 
     pre = list(range(1, 11))
     rows = [run("base", "base: pretraining", [], pre, [70.0 + e for e in pre]),
             run("energy_frozen", "energy frozen", ["optim.lr=1e-12"], pre + [11, 12],
                 [70.0 + e for e in pre] + [82.5, 81.0])]
-    summary = {"commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28, "args": "x=1",
+    summary = {"task": "ner", "commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28, "args": "x=1",
                "rows": rows, "table_run": {"fingerprint": "039a58209336", "commit": "cb8c1918d7a4",
-                                           "epochs": pre + [11], "valid": [70.0 + e for e in pre] + [78.55],
-                                           "test": [0.0] * 11}}
-    page = ablation.ner_infnet_page(summary)
+                                           "epochs": pre + [11], "valid": [70.0 + e for e in pre] + [78.55]}}
+    page = ablation.infnet_page(summary)
     assert "the same as the table's seed-301 run's" in page and "equal to that run's at two decimals" in page
     assert "| base: pretraining | – | epoch 10: 80.00 | – | – | 100 |" in page
     assert "| energy frozen | `optim.lr=1e-12` | 82.50, 81.00, –, –, –, – | 82.50 (11) | 72.50 | 100 |" in page
     assert "| 78.55, –, –, –, –, – | – | – | – |" in page
     summary["table_run"]["valid"][3] = 1.0  # the table's run computed pretraining differently: said so
-    assert "**differs** from that run's" in ablation.ner_infnet_page(summary)
+    assert "**differs** from that run's" in ablation.infnet_page(summary)
+    pos = ablation.infnet_page({**summary, "task": "pos", "table_run": {}})
+    assert "# Twitter POS (seed 004 Table 9)" in pos and "valid token accuracy, epochs 11-16" in pos
+    assert "not compared" in pos and "the table's run (commit" not in pos
