@@ -681,6 +681,10 @@ def infnet_page(summary: dict) -> str:
     if ref:
         lines.append(f"| the table's run (commit {ref['commit'][:12]}; its host: `results/{table}.md`) | – | "
                      f"{at(ref, method)} | – | – | – |")
+        lines += ["", "The as-run arm's valid " + metric + f" at epochs {method.start}-{method.stop - 1} "
+                  + ("equals the table's run's at two decimals." if at(rows[1], method) == at(ref, method) else
+                     "**differs** from the table's run's (another code or another host: see the status line and "
+                     f"`results/{table}.md`'s notes).")]
     lines += ["", "Run time: a fork's record counts its source's steps too (the base's pretraining)."]
     return "\n".join(lines) + "\n"
 

@@ -202,6 +202,7 @@ def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_th
     assert "| base: pretraining | – | epoch 10: 80.00 | – | – | 100 |" in page
     assert "| energy frozen | `optim.lr=1e-12` | 82.50, 81.00, –, –, –, – | 82.50 (11) | 72.50 | 100 |" in page
     assert "| 78.55, –, –, –, –, – | – | – | – |" in page
+    assert "The as-run arm's valid span F1 (conlleval) at epochs 11-16 **differs**" in page  # no as-run row here
     summary["table_run"]["valid"][3] = 1.0  # the table's run computed pretraining differently: said so
     assert "**differs** from that run's" in ablation.infnet_page(summary)
     pos = ablation.infnet_page({**summary, "task": "pos", "table_run": {}})
