@@ -46,11 +46,12 @@ learning rate raised (:data:`SORTING_LRS`), d = 100, seeds 301-303; the page set
 (``.json``).
 
 ner-infnet, pos-infnet (issue #34, energy/ner and energy/pos: InfNet ends below the BiLSTM it starts from, every NER
-run reporting the first method epoch): the table's InfNet configuration (NER: without features), seed 301, trained to
-the end of pretraining (the base, whose identity is the table's run's), then forks of it (``trainer.init_from``) that
-change one setting from the method phase on for 6 epochs (:data:`INFNET_ARMS`): nothing, the energy's lr (frozen),
-the inference networks' lr, their cross-entropy (InfNet+). At :data:`FORK_COMMIT`, not the tables' code, which cannot
-fork (their protocol otherwise) -> ``results/energy/{ner,pos}_infnet_ablation.md`` (``.json``).
+run reporting the first method epoch): the table's InfNet configuration (NER: without features), seeds 301-303, each
+trained to the end of pretraining (the base, whose identity is the table's run's), then forks of it
+(``trainer.init_from``) that change one setting from the method phase on for 6 epochs (:data:`INFNET_ARMS`):
+nothing, the energy's lr (frozen), the inference networks' lr, their cross-entropy (InfNet+). At
+:data:`FORK_COMMIT`, not the tables' code, which cannot fork (their protocol otherwise) ->
+``results/energy/{ner,pos}_infnet_ablation.md`` (``.json``).
 """
 
 from __future__ import annotations
@@ -561,6 +562,7 @@ def sorting_page(summary: dict) -> str:
 FORK_COMMIT = "8ba1b42fbeca9674ef9a66b9fb2cf99c258d7c34"
 INFNET_PRETRAIN_EPOCHS = 10  # the tables' pretraining (configs/trainer/ner_energy.yaml)
 INFNET_METHOD_EPOCHS = 6
+INFNET_SEEDS = (301, 302, 303)  # the tables' seeds
 #: the tables an InfNet ablation forks: name -> (table, what the base adds to the table's protocol, which of the
 #: table's runs it is, batches per epoch, the metric's history column and name)
 INFNET_TABLES = {
@@ -584,8 +586,8 @@ def infnet_steps(per_epoch: int) -> tuple[int, int]:
 
 
 def infnet_ablation(task: str, only_summary: bool) -> None:
-    """InfNet on ``task`` (:data:`INFNET_TABLES`), seed 301: the table's run to the end of pretraining (the base),
-    then forks of it that change one setting of the method phase (:data:`INFNET_ARMS`) for
+    """InfNet on ``task`` (:data:`INFNET_TABLES`), each of :data:`INFNET_SEEDS`: the table's run to the end of
+    pretraining (the base), then forks of it that change one setting of the method phase (:data:`INFNET_ARMS`) for
     :data:`INFNET_METHOD_EPOCHS` epochs, all at :data:`FORK_COMMIT` on one host."""
     import pandas as pd
 
@@ -594,98 +596,124 @@ def infnet_ablation(task: str, only_summary: bool) -> None:
     table, extra, match, per_epoch, column, _ = INFNET_TABLES[task]
     pretrain, steps = infnet_steps(per_epoch)
     name = f"{task}_infnet"
-    base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, "trainer.seed=301"]
     where = campaign.campaign_root() / "ablations" / name
-    runs = {"base": [*base, f"trainer.max_steps={pretrain}"]}
-    runs |= {label: [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where / 'base'}", *arm]
-             for label, (_, arm) in INFNET_ARMS.items()}
+    runs = {}
+    for seed in INFNET_SEEDS:
+        base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, f"trainer.seed={seed}"]
+        runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
+        runs |= {f"{label}-{seed}": [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where}/base-{seed}",
+                                     *arm] for label, (_, arm) in INFNET_ARMS.items()}
+        forks_left = [label for label in INFNET_ARMS if carry.run_status(where / f"{label}-{seed}") not in DONE]
+        if forks_left and not only_summary and not (where / f"base-{seed}" / "checkpoint.pt").is_file():
+            # restored from the records (no checkpoints): re-made, exactly, for the forks still to run
+            for file in ("metrics.json", "run.json"):
+                (where / f"base-{seed}" / file).unlink(missing_ok=True)
     plan = campaign.plan(table)
     # the table's protocol, but not its list of rows: the experiment is the base's
     entry = {**plan, "commit": FORK_COMMIT,
              "args": " ".join(a for a in plan["args"].split() if not a.startswith("+experiment="))}
-    forks_left = [label for label in INFNET_ARMS if carry.run_status(where / label) not in DONE]
-    if forks_left and not only_summary and not (where / "base" / "checkpoint.pt").is_file():
-        # restored from the records (no checkpoints): re-made, exactly, for the forks still to run
-        for file in ("metrics.json", "run.json"):
-            (where / "base" / file).unlink(missing_ok=True)
     where, _ = ensure(name, table, runs, only_summary, "~1-25", entry=entry)
 
     def curve(run_dir: Path) -> dict:
         history = pd.read_csv(run_dir / "history.csv")
         return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
 
-    rows = []
-    for label in ["base", *INFNET_ARMS]:
-        record = json.loads((where / label / "metrics.json").read_text())
-        row, arm = INFNET_ARMS.get(label, ("base: pretraining", []))
-        rows.append({"label": label, "row": row, "overrides": arm, "fingerprint": record["fingerprint"],
-                     "cpu": record.get("cpu"), "commit": record.get("git_commit"),
-                     "wall_seconds": round(record["wall_seconds"]), **curve(where / label),
-                     "test_at_best": record["metrics"]["test/acc"]})
     found = filter_runs(table_runs(table), {"choices.experiment": "ner_infnet", **match})
-    found = found[found["seed"] == 301]
-    reference = {}
-    if len(found):
-        run_dir = Path(found["run_dir"].iloc[0])
-        reference = {"fingerprint": json.loads((run_dir / "run.json").read_text())["fingerprint"],
-                     "commit": str(found["git_commit"].iloc[0]), **curve(run_dir)}
-    write({"task": task, "commit": FORK_COMMIT, "table_commit": plan["commit"], "args": entry["args"], "rows": rows,
-           "table_run": reference}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
+    seeds = []
+    for seed in INFNET_SEEDS:
+        arms = {}
+        for label in ["base", *INFNET_ARMS]:
+            record = json.loads((where / f"{label}-{seed}" / "metrics.json").read_text())
+            arms[label] = {"fingerprint": record["fingerprint"], "cpu": record.get("cpu"),
+                           "commit": record.get("git_commit"), "wall_seconds": round(record["wall_seconds"]),
+                           "test_at_best": record["metrics"]["test/acc"], **curve(where / f"{label}-{seed}")}
+        mine = found[found["seed"] == seed]
+        reference = {}
+        if len(mine):
+            run_dir = Path(mine["run_dir"].iloc[0])
+            reference = {"fingerprint": json.loads((run_dir / "run.json").read_text())["fingerprint"],
+                         "commit": str(mine["git_commit"].iloc[0]), **curve(run_dir)}
+        seeds.append({"seed": seed, "arms": arms, "table_run": reference})
+    write({"task": task, "commit": FORK_COMMIT, "table_commit": plan["commit"], "args": entry["args"], "rows": [],
+           "seeds": seeds}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
 
 
 def infnet_page(summary: dict) -> str:
-    rows, ref, task = summary["rows"], summary["table_run"], summary["task"]
+    task, seeds = summary["task"], summary["seeds"]
     table, _, _, per_epoch, _, metric = INFNET_TABLES[task]
     pretrain, steps = infnet_steps(per_epoch)
-    base = rows[0]
     first = INFNET_PRETRAIN_EPOCHS + 1
-    method = range(first, first + INFNET_METHOD_EPOCHS)
+    method, pre = range(first, first + INFNET_METHOD_EPOCHS), range(1, first)
+
+    def values(curve: dict, wanted) -> list[float | None]:
+        found = dict(zip(curve["epochs"], curve["valid"], strict=True))
+        return [found.get(e) for e in wanted]
 
     def at(curve: dict, wanted) -> str:
-        found = dict(zip(curve["epochs"], curve["valid"], strict=True))
-        return ", ".join(f"{found[e]:.2f}" if e in found else "–" for e in wanted)
+        return ", ".join("–" if v is None else f"{v:.2f}" for v in values(curve, wanted))
 
-    pre = range(1, first)
-    same = ref and ref["fingerprint"] == base["fingerprint"]
-    equal = ref and at(ref, pre) == at(base, pre)
-    hosts = sorted({r["cpu"] or "not recorded" for r in rows})
+    def best(curve: dict) -> tuple[float, int]:
+        return max((v, e) for v, e in zip(curve["valid"], curve["epochs"], strict=True) if e >= first)
+
+    def mean_sd(xs: list[float]) -> str:
+        return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
+
+    hosts = sorted({a["cpu"] or "not recorded" for s in seeds for a in s["arms"].values()})
     what = {"ner": "NER (seed 004 Table 3)", "pos": "Twitter POS (seed 004 Table 9)"}[task]
     lines = [
         f"# {what}: what makes InfNet fall in its method phase, by ablation", "",
-        f"Status: **ablation** of `results/{table}.md`'s InfNet row ({task.upper()}, seed 301) at commit "
-        f"{summary['commit'][:12]}, not the table's {summary['table_commit'][:12]}: forking a run "
-        "(`trainer.init_from`) came after it. The table's protocol: its full schedule and data "
-        f"(`{summary['args']}`); CPU, one thread a run, {len(rows)} runs on {'; '.join(hosts)}. Made by "
-        f"`make ablation-{task}-infnet` (`python -m scripts.ablation {task}-infnet`).", "",
-        f"The base is the table's configuration trained to the end of pretraining (step {pretrain:,}, epoch "
-        f"{first - 1}; fingerprint {base['fingerprint']}, "
-        + ("the same as the table's seed-301 run's" if same else
-           f"**not** the table's seed-301 run's ({ref.get('fingerprint', 'no such run here')})")
-        + f"; its valid {metric} at epochs 1-{first - 1} "
-        + ("equal to that run's at two decimals" if equal else "**differs** from that run's" if ref else
-           "not compared")
-        + "). Each arm forks the base's final checkpoint (weights, Adam moments, random state) and trains "
-        f"{INFNET_METHOD_EPOCHS} method epochs (to step {steps:,}) with one setting changed from there on; the as-run "
-        "arm changes nothing: the table's run continued on this host. E: the energy (its optimizer, `optim`); A and F: "
-        "the test-time and cost-augmented inference networks (the task's own Adam, `task.inner_lr`). Test: at the "
-        "best method epoch by valid, as the table reports.", "",
-        f"| arm | changed from epoch {first} | valid {metric}, epochs {method.start}-{method.stop - 1} | "
-        "best valid (epoch) | test at it | run time (s) |",
-        "|---|---|---|---|---|---|",
-        f"| base: pretraining | – | epoch {first - 1}: {at(base, [first - 1])} | – | – | {base['wall_seconds']} |",
+        f"Status: **ablation** of `results/{table}.md`'s InfNet row ({task.upper()}, seeds "
+        f"{', '.join(str(s['seed']) for s in seeds)}) at commit {summary['commit'][:12]}, not the table's "
+        f"{summary['table_commit'][:12]}: forking a run (`trainer.init_from`) came after it. The table's protocol: "
+        f"its full schedule and data (`{summary['args']}`); CPU, one thread a run, "
+        f"{sum(len(s['arms']) for s in seeds)} runs on {'; '.join(hosts)}. Made by `make ablation-{task}-infnet` "
+        f"(`python -m scripts.ablation {task}-infnet`).", "",
+        f"Per seed, the base is the table's configuration trained to the end of pretraining (step {pretrain:,}, "
+        f"epoch {first - 1}). Each arm forks the base's final checkpoint (weights, Adam moments, random state) and "
+        f"trains {INFNET_METHOD_EPOCHS} method epochs (to step {steps:,}) with one setting changed from there on; the "
+        "as-run arm changes nothing: the table's run continued on this host. E: the energy (its optimizer, "
+        "`optim`); A and F: the test-time and cost-augmented inference networks (the task's own Adam, "
+        "`task.inner_lr`). Valid: " + metric + "; test: at the best method epoch by valid, as the table reports.",
+        "", "## The arms", "",
+        f"| arm | changed from epoch {first} | valid, epochs {method.start}-{method.stop - 1} (mean over seeds) | "
+        "best valid (epoch), per seed | test at it, mean ± sd (per seed) |", "|---|---|---|---|---|",
     ]
-    for r in rows[1:]:
-        best_v, best_e = max((v, e) for v, e in zip(r["valid"], r["epochs"], strict=True) if e >= first)
-        lines.append(f"| {r['row']} | {', '.join(f'`{o}`' for o in r['overrides']) or 'nothing'} | "
-                     f"{at(r, method)} | {best_v:.2f} ({best_e}) | {r['test_at_best']:.2f} | {r['wall_seconds']} |")
-    if ref:
-        lines.append(f"| the table's run (commit {ref['commit'][:12]}; its host: `results/{table}.md`) | – | "
-                     f"{at(ref, method)} | – | – | – |")
-        lines += ["", "The as-run arm's valid " + metric + f" at epochs {method.start}-{method.stop - 1} "
-                  + ("equals the table's run's at two decimals." if at(rows[1], method) == at(ref, method) else
-                     "**differs** from the table's run's (another code or another host: see the status line and "
-                     f"`results/{table}.md`'s notes).")]
-    lines += ["", "Run time: a fork's record counts its source's steps too (the base's pretraining)."]
+    pretrained = [s["arms"]["base"]["valid"][-1] for s in seeds]
+    lines.append(f"| base: pretraining | – | epoch {first - 1}: {statistics.fmean(pretrained):.2f} | "
+                 f"{' / '.join(f'{v:.2f}' for v in pretrained)} | – |")
+    for label, (row, arm) in INFNET_ARMS.items():
+        curves = [s["arms"][label] for s in seeds]
+        per_epoch_mean = [statistics.fmean(col) for col in zip(*(values(c, method) for c in curves), strict=True)
+                          if None not in col]
+        tests = [c["test_at_best"] for c in curves]
+        lines.append(f"| {row} | {', '.join(f'`{o}`' for o in arm) or 'nothing'} | "
+                     f"{', '.join(f'{v:.2f}' for v in per_epoch_mean)} | "
+                     f"{' / '.join('{:.2f} ({})'.format(*best(c)) for c in curves)} | {mean_sd(tests)} "
+                     f"({' / '.join(f'{t:.2f}' for t in tests)}) |")
+    lines += ["", "## Each seed, beside the table's run", "",
+              "| seed | run | valid, epochs " f"{method.start}-{method.stop - 1} | test at best | run time (s) |",
+              "|---|---|---|---|---|"]
+    checks = []
+    for s in seeds:
+        ref, base = s["table_run"], s["arms"]["base"]
+        for label in INFNET_ARMS:
+            a = s["arms"][label]
+            lines.append(f"| {s['seed']} | {INFNET_ARMS[label][0]} | {at(a, method)} | {a['test_at_best']:.2f} | "
+                         f"{a['wall_seconds']} |")
+        if ref:
+            lines.append(f"| {s['seed']} | the table's run (commit {ref['commit'][:12]}) | {at(ref, method)} | – | – |")
+        checks.append(
+            f"- seed {s['seed']}: base fingerprint {base['fingerprint']}, "
+            + (("the table's run's" if ref["fingerprint"] == base["fingerprint"] else
+                f"**not** the table's run's ({ref['fingerprint']})")
+               + f"; valid at epochs 1-{first - 1} "
+               + ("equal to that run's" if at(ref, pre) == at(base, pre) else "**differ** from that run's")
+               + f"; the as-run arm at epochs {method.start}-{method.stop - 1} "
+               + ("equal to it" if at(s["arms"]["as_run"], method) == at(ref, method) else
+                  "**differ** from it (another host: `results/" + table + ".md`'s notes)")
+               if ref else "no table run here to compare"))
+    lines += ["", "## Checks (two decimals)", "", *checks, "",
+              "Run time: a fork's record counts its source's steps too (the base's pretraining)."]
     return "\n".join(lines) + "\n"
 
 

@@ -185,26 +185,34 @@ def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_th
     assert config.returncode == 0 and "init_from" in config.stdout  # the pinned commit exists and forks
     assert ablation.infnet_steps(439) == (4390, 7024)  # NER: 10 epochs of pretraining, then 6
 
-    def run(label, row, overrides, epochs, valid):
-        return {"label": label, "row": row, "overrides": overrides, "fingerprint": "039a58209336", "cpu": "Xeon",
-                "commit": "8ba1b42", "wall_seconds": 100, "epochs": epochs, "valid": valid,
-                "test_at_best": max(valid[10:], default=0) - 10}
-
     pre = list(range(1, 11))
-    rows = [run("base", "base: pretraining", [], pre, [70.0 + e for e in pre]),
-            run("energy_frozen", "energy frozen", ["optim.lr=1e-12"], pre + [11, 12],
-                [70.0 + e for e in pre] + [82.5, 81.0])]
-    summary = {"task": "ner", "commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28, "args": "x=1",
-               "rows": rows, "table_run": {"fingerprint": "039a58209336", "commit": "cb8c1918d7a4",
-                                           "epochs": pre + [11], "valid": [70.0 + e for e in pre] + [78.55]}}
+
+    def run(valid, method=(), test=0.0):
+        return {"fingerprint": "039a58209336", "cpu": "Xeon", "commit": "8ba1b42", "wall_seconds": 100,
+                "epochs": pre + list(range(11, 11 + len(method))), "valid": [70.0 + e for e in pre] + list(method),
+                "test_at_best": test}
+
+    def seed(n, shift):
+        arms = {"base": run(pre)} | {label: run(pre, [80.0 + shift + i, 79.0 + shift], test=70.0 + shift)
+                                     for i, label in enumerate(ablation.INFNET_ARMS)}
+        return {"seed": n, "arms": arms, "table_run": {**run(pre, [80.0 + shift, 79.0 + shift]),
+                                                       "commit": "cb8c1918d7a4"}}
+
+    summary = {"task": "ner", "commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28,
+               "args": "x=1", "rows": [], "seeds": [seed(301, 0.0), seed(302, 1.0)]}
     page = ablation.infnet_page(summary)
-    assert "the same as the table's seed-301 run's" in page and "equal to that run's at two decimals" in page
-    assert "| base: pretraining | – | epoch 10: 80.00 | – | – | 100 |" in page
-    assert "| energy frozen | `optim.lr=1e-12` | 82.50, 81.00, –, –, –, – | 82.50 (11) | 72.50 | 100 |" in page
-    assert "| 78.55, –, –, –, –, – | – | – | – |" in page
-    assert "The as-run arm's valid span F1 (conlleval) at epochs 11-16 **differs**" in page  # no as-run row here
-    summary["table_run"]["valid"][3] = 1.0  # the table's run computed pretraining differently: said so
-    assert "**differs** from that run's" in ablation.infnet_page(summary)
-    pos = ablation.infnet_page({**summary, "task": "pos", "table_run": {}})
-    assert "# Twitter POS (seed 004 Table 9)" in pos and "valid token accuracy, epochs 11-16" in pos
-    assert "not compared" in pos and "the table's run (commit" not in pos
+    assert "| base: pretraining | – | epoch 10: 80.00 | 80.00 / 80.00 | – |" in page
+    # energy frozen, the second arm: 81 then 79 at seed 301, 82 then 80 at seed 302
+    assert ("| energy frozen (its lr 1e-12) | `optim.lr=1e-12` | 81.50, 79.50 | 81.00 (11) / 82.00 (11) | "
+            "70.50 ± 0.71 (70.00 / 71.00) |") in page
+    assert "| 302 | the table's run (commit cb8c1918d7a4) | 81.00, 80.00, –, –, –, – | – | – |" in page
+    assert ("- seed 301: base fingerprint 039a58209336, the table's run's; valid at epochs 1-10 equal to that run's; "
+            "the as-run arm at epochs 11-16 equal to it") in page
+    summary["seeds"][1]["table_run"]["valid"][3] = 1.0  # the table's run computed pretraining differently: said so
+    summary["seeds"][1]["table_run"]["valid"][-1] = 1.0
+    page = ablation.infnet_page(summary)
+    assert "- seed 302: base fingerprint 039a58209336, the table's run's; valid at epochs 1-10 **differ**" in page
+    assert "the as-run arm at epochs 11-16 **differ** from it" in page
+    pos = ablation.infnet_page({**summary, "task": "pos", "seeds": [{**seed(301, 0.0), "table_run": {}}]})
+    assert "# Twitter POS (seed 004 Table 9)" in pos and "Valid: token accuracy" in pos
+    assert "- seed 301: base fingerprint 039a58209336, no table run here to compare" in pos
