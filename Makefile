@@ -127,11 +127,11 @@ table-direct-vae-unsupervised: ## seed 003 unsupervised discrete VAE: direct, GS
 ablation-vae-direct-anneal: install ## the unsupervised VAE's direct rows with |eps| annealed faster (rates 1e-4, 3.5e-4 at K = 10, 50; 3.5e-4 on 20 bits; 20 epochs) at the table's pinned code, ~0.8 CPU-h; ONLY=summary runs none -> results/direct/vae_unsupervised_direct_anneal.md
 	nice -n 5 $(BIN)/python -m scripts.ablation vae-direct-anneal $(if $(ONLY),--only $(ONLY))
 
-ablation-ner-infnet: install ## NER's InfNet (seeds 301-303) forked at the end of pretraining: 6 method epochs as run, with the energy frozen, with the inference networks' lr 1e-4, with their cross-entropy (InfNet+), at the first commit with trainer.init_from, ~3 CPU-h; ONLY=summary runs none -> results/energy/ner_infnet_ablation.md
-	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet $(if $(ONLY),--only $(ONLY))
+ablation-ner-infnet: install ## NER's InfNet (seeds 301-303) forked at the end of pretraining: 6 method epochs as run, with the energy frozen, with the inference networks' lr 1e-4, with their cross-entropy (InfNet+), at the first commit with trainer.init_from, ~3 CPU-h; SEEDS=301,302 those alone; ONLY=summary runs none -> results/energy/ner_infnet_ablation.md
+	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet $(if $(ONLY),--only $(ONLY)) $(if $(SEEDS),--seeds $(SEEDS))
 
 ablation-pos-infnet: install ## the same ablation of Twitter POS's InfNet (seeds 301-303; 42 batches an epoch), ~15 CPU-min; ONLY=summary runs none -> results/energy/pos_infnet_ablation.md
-	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet $(if $(ONLY),--only $(ONLY))
+	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet $(if $(ONLY),--only $(ONLY)) $(if $(SEEDS),--seeds $(SEEDS))
 
 ablation-sorting-sigma-lr: install ## sorting's learned sigma with its SGD lr raised (1e-4, 1e-2; d = 100, seeds 301-303) at the table's pinned code, ~0.5 CPU-h; ONLY=summary runs none -> results/direct/sorting_sigma_lr.md
 	nice -n 5 $(BIN)/python -m scripts.ablation sorting-sigma-lr $(if $(ONLY),--only $(ONLY))

@@ -5,8 +5,8 @@
     python -m scripts.ablation citation-energies [--only summary] # make ablation-citation-energies
     python -m scripts.ablation vae-direct-anneal [--only summary] # make ablation-vae-direct-anneal
     python -m scripts.ablation sorting-sigma-lr [--only summary]  # make ablation-sorting-sigma-lr
-    python -m scripts.ablation ner-infnet [--only summary]        # make ablation-ner-infnet
-    python -m scripts.ablation pos-infnet [--only summary]        # make ablation-pos-infnet
+    python -m scripts.ablation ner-infnet [--only summary] [--seeds 301,302]  # make ablation-ner-infnet [SEEDS=...]
+    python -m scripts.ablation pos-infnet [--only summary] [--seeds 301,302]  # make ablation-pos-infnet [SEEDS=...]
     python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
 
 An ablation's runs go one at a time, one thread, under ``nice``, from the campaign's worktree of the table's commit
@@ -585,10 +585,11 @@ def infnet_steps(per_epoch: int) -> tuple[int, int]:
     return INFNET_PRETRAIN_EPOCHS * per_epoch, (INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS) * per_epoch
 
 
-def infnet_ablation(task: str, only_summary: bool) -> None:
-    """InfNet on ``task`` (:data:`INFNET_TABLES`), each of :data:`INFNET_SEEDS`: the table's run to the end of
-    pretraining (the base), then forks of it that change one setting of the method phase (:data:`INFNET_ARMS`) for
-    :data:`INFNET_METHOD_EPOCHS` epochs, all at :data:`FORK_COMMIT` on one host."""
+def infnet_ablation(task: str, only_summary: bool, seeds: tuple[int, ...] = INFNET_SEEDS) -> None:
+    """InfNet on ``task`` (:data:`INFNET_TABLES`), each of ``seeds`` (default: :data:`INFNET_SEEDS`; fewer: a page of
+    those alone, its status line naming them): the table's run to the end of pretraining (the base), then forks of it
+    that change one setting of the method phase (:data:`INFNET_ARMS`) for :data:`INFNET_METHOD_EPOCHS` epochs, all at
+    :data:`FORK_COMMIT` on one host."""
     import pandas as pd
 
     from latentstruct.report.tables import filter_runs
@@ -598,7 +599,7 @@ def infnet_ablation(task: str, only_summary: bool) -> None:
     name = f"{task}_infnet"
     where = campaign.campaign_root() / "ablations" / name
     runs = {}
-    for seed in INFNET_SEEDS:
+    for seed in seeds:
         base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, f"trainer.seed={seed}"]
         runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
         runs |= {f"{label}-{seed}": [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where}/base-{seed}",
@@ -619,8 +620,8 @@ def infnet_ablation(task: str, only_summary: bool) -> None:
         return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
 
     found = filter_runs(table_runs(table), {"choices.experiment": "ner_infnet", **match})
-    seeds = []
-    for seed in INFNET_SEEDS:
+    made = []
+    for seed in seeds:
         arms = {}
         for label in ["base", *INFNET_ARMS]:
             record = json.loads((where / f"{label}-{seed}" / "metrics.json").read_text())
@@ -633,9 +634,9 @@ def infnet_ablation(task: str, only_summary: bool) -> None:
             run_dir = Path(mine["run_dir"].iloc[0])
             reference = {"fingerprint": json.loads((run_dir / "run.json").read_text())["fingerprint"],
                          "commit": str(mine["git_commit"].iloc[0]), **curve(run_dir)}
-        seeds.append({"seed": seed, "arms": arms, "table_run": reference})
+        made.append({"seed": seed, "arms": arms, "table_run": reference})
     write({"task": task, "commit": FORK_COMMIT, "table_commit": plan["commit"], "args": entry["args"], "rows": [],
-           "seeds": seeds}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
+           "seeds": made}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
 
 
 def infnet_page(summary: dict) -> str:
@@ -727,8 +728,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(ABLATIONS))
     parser.add_argument("--only", choices=["summary"], help="run nothing: the page from the completed runs")
+    parser.add_argument("--seeds", help="the InfNet ablations: these seeds alone (comma-separated; default "
+                        f"{','.join(map(str, INFNET_SEEDS))})")
     args = parser.parse_args(argv)
-    ABLATIONS[args.name](args.only == "summary")
+    if args.seeds and not args.name.endswith("-infnet"):
+        parser.error("--seeds: the InfNet ablations only")
+    kw = {"seeds": tuple(int(s) for s in args.seeds.split(","))} if args.seeds else {}
+    ABLATIONS[args.name](args.only == "summary", **kw)
     return 0
 
 
