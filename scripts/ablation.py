@@ -660,6 +660,9 @@ def infnet_page(summary: dict) -> str:
         return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
 
     hosts = sorted({a["cpu"] or "not recorded" for s in seeds for a in s["arms"].values()})
+    shown = [s["seed"] for s in seeds]
+    missing = [s for s in INFNET_SEEDS if s not in shown]
+    seeds_arg = "" if tuple(shown) == INFNET_SEEDS else ",".join(map(str, shown))
     what = {"ner": "NER (seed 004 Table 3)", "pos": "Twitter POS (seed 004 Table 9)"}[task]
     lines = [
         f"# {what}: what makes InfNet fall in its method phase, by ablation", "",
@@ -667,8 +670,11 @@ def infnet_page(summary: dict) -> str:
         f"{', '.join(str(s['seed']) for s in seeds)}) at commit {summary['commit'][:12]}, not the table's "
         f"{summary['table_commit'][:12]}: forking a run (`trainer.init_from`) came after it. The table's protocol: "
         f"its full schedule and data (`{summary['args']}`); CPU, one thread a run, "
-        f"{sum(len(s['arms']) for s in seeds)} runs on {'; '.join(hosts)}. Made by `make ablation-{task}-infnet` "
-        f"(`python -m scripts.ablation {task}-infnet`).", "",
+        f"{sum(len(s['arms']) for s in seeds)} runs on {'; '.join(hosts)}. Made by `make ablation-{task}-infnet"
+        f"{seeds_arg and ' SEEDS=' + seeds_arg}` (`python -m scripts.ablation {task}-infnet"
+        f"{seeds_arg and ' --seeds ' + seeds_arg}`)"
+        + (f"; seed{'s' * (len(missing) > 1)} {', '.join(map(str, missing))} of the ablation not run yet "
+           f"(`make ablation-{task}-infnet`)" if missing else "") + ".", "",
         f"Per seed, the base is the table's configuration trained to the end of pretraining (step {pretrain:,}, "
         f"epoch {first - 1}). Each arm forks the base's final checkpoint (weights, Adam moments, random state) and "
         f"trains {INFNET_METHOD_EPOCHS} method epochs (to step {steps:,}) with one setting changed from there on; the "

@@ -201,6 +201,8 @@ def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_th
     summary = {"task": "ner", "commit": ablation.FORK_COMMIT, "table_commit": "cb8c1918d7a4" + "0" * 28,
                "args": "x=1", "rows": [], "seeds": [seed(301, 0.0), seed(302, 1.0)]}
     page = ablation.infnet_page(summary)
+    assert ("Made by `make ablation-ner-infnet SEEDS=301,302` (`python -m scripts.ablation ner-infnet --seeds "
+            "301,302`); seed 303 of the ablation not run yet (`make ablation-ner-infnet`).") in page
     assert "| base: pretraining | – | epoch 10: 80.00 | 80.00 / 80.00 | – |" in page
     # energy frozen, the second arm: 81 then 79 at seed 301, 82 then 80 at seed 302
     assert ("| energy frozen (its lr 1e-12) | `optim.lr=1e-12` | 81.50, 79.50 | 81.00 (11) / 82.00 (11) | "
