@@ -97,18 +97,26 @@ def run_at_protocol(entry: dict, argv: list[str], run_dir: Path, check: bool = T
 
 
 def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool, minutes: str,
-           entry: dict | None = None) -> tuple[Path, dict]:
+           entry: dict | None = None, sources: dict[str, str] | None = None) -> tuple[Path, dict]:
     """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not done, in order, as ``python argv``
     followed by the table's protocol (its plan's args) and ``hydra.run.dir``, at the table's code (``entry``: the
     plan with another commit or args, where the ablation needs what the table's code lacks). Returns (its runs'
     folder, the plan).
     Done: completed, or failed with its record saying why (a run is deterministic at one code: run again, it fails
-    again; its page shows the error); a run that fails without a record stops the ablation."""
+    again; its page shows the error); a run that fails without a record stops the ablation.
+    ``sources``: ``fork label: source label`` for runs that start from another's last checkpoint
+    (``trainer.init_from``); the records keep no checkpoints, so a source restored without one is run again (exactly,
+    at one code) when a fork of it is still to run — the source first, as ``runs`` orders them."""
     entry = entry or campaign.plan(table)
     root, state = campaign.campaign_root(), campaign.STATE / f"ablations-{name}"
     where = root / "ablations" / name
     if (state / carry.RECORDS).is_file():
         carry.unpack(state, root, log=_log)
+    for fork, source in (sources or {}).items():
+        if (not only_summary and carry.run_status(where / fork) not in DONE
+                and not (where / source / "checkpoint.pt").is_file()):
+            for file in ("metrics.json", "run.json"):
+                (where / source / file).unlink(missing_ok=True)
     todo = [label for label in runs if carry.run_status(where / label) not in DONE]
     if todo and only_summary:
         raise SystemExit(f"error: {len(todo)} runs of the ablation {name} not completed ({', '.join(todo)}): run "
@@ -558,7 +566,7 @@ def sorting_page(summary: dict) -> str:
 # ------------------------------------------------------------------------------------- ner-infnet, pos-infnet
 
 #: the first commit with trainer.init_from (a fork): the tables' own (NER cb8c191, POS 81c19b8) have none. The page
-#: checks that each base run's identity is its table's seed-301 InfNet run's and that its pretraining computes the same
+#: checks per seed that the base run's identity is its table's InfNet run's and that its pretraining computes the same
 FORK_COMMIT = "8ba1b42fbeca9674ef9a66b9fb2cf99c258d7c34"
 INFNET_PRETRAIN_EPOCHS = 10  # the tables' pretraining (configs/trainer/ner_energy.yaml)
 INFNET_METHOD_EPOCHS = 6
@@ -604,16 +612,12 @@ def infnet_ablation(task: str, only_summary: bool, seeds: tuple[int, ...] = INFN
         runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
         runs |= {f"{label}-{seed}": [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where}/base-{seed}",
                                      *arm] for label, (_, arm) in INFNET_ARMS.items()}
-        forks_left = [label for label in INFNET_ARMS if carry.run_status(where / f"{label}-{seed}") not in DONE]
-        if forks_left and not only_summary and not (where / f"base-{seed}" / "checkpoint.pt").is_file():
-            # restored from the records (no checkpoints): re-made, exactly, for the forks still to run
-            for file in ("metrics.json", "run.json"):
-                (where / f"base-{seed}" / file).unlink(missing_ok=True)
+    sources = {f"{label}-{seed}": f"base-{seed}" for label in INFNET_ARMS for seed in seeds}
     plan = campaign.plan(table)
     # the table's protocol, but not its list of rows: the experiment is the base's
     entry = {**plan, "commit": FORK_COMMIT,
              "args": " ".join(a for a in plan["args"].split() if not a.startswith("+experiment="))}
-    where, _ = ensure(name, table, runs, only_summary, "~1-25", entry=entry)
+    where, _ = ensure(name, table, runs, only_summary, "~1-25", entry=entry, sources=sources)
 
     def curve(run_dir: Path) -> dict:
         history = pd.read_csv(run_dir / "history.csv")

@@ -218,3 +218,16 @@ def test_the_ner_infnet_ablation_forks_at_a_commit_that_can_and_its_page_sets_th
     pos = ablation.infnet_page({**summary, "task": "pos", "seeds": [{**seed(301, 0.0), "table_run": {}}]})
     assert "# Twitter POS (seed 004 Table 9)" in pos and "Valid: token accuracy" in pos
     assert "- seed 301: base fingerprint 039a58209336, no table run here to compare" in pos
+
+
+def test_a_fork_still_to_run_has_its_source_run_again_where_the_records_kept_no_checkpoint(fake_campaign, capsys):
+    base = {"base": ["-c", FAKE_RUN, "x=0"]}
+    ablation.ensure("t", "paper/table", base, only_summary=False, minutes="1")  # packed without a checkpoint
+    shutil.rmtree(fake_campaign / "root")  # a fresh machine: the committed records only
+    capsys.readouterr()
+    runs = {**base, "fork": ["-c", FAKE_RUN, "x=1"]}
+    with pytest.raises(SystemExit, match=r"1 runs of the ablation t not completed \(fork\)"):
+        ablation.ensure("t", "paper/table", runs, only_summary=True, minutes="1", sources={"fork": "base"})
+    ablation.ensure("t", "paper/table", runs, only_summary=False, minutes="1", sources={"fork": "base"})
+    out = capsys.readouterr().out
+    assert "base (1 of 2)" in out and "fork (2 of 2)" in out  # the source first, then its fork
