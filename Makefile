@@ -57,7 +57,7 @@ BENCH_IMPLICIT_OUT ?= results/bench/implicit.md
 .DEFAULT_GOAL := help
 .PHONY: help install run test lint campaign table table-spigot-synthetic spigot-table2 spigot-inner-steps table-direct-sorting \
 	direct-sorting direct-sorting-time table-direct-knn table-direct-vae table-direct-vae-unsupervised ablation-vae-direct-anneal ablation-sorting-sigma-lr table-listops \
-	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda ablation-citation-energies ablation-ner-infnet ablation-pos-infnet table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
+	table-energy-mlc table-energy-ner table-energy-pos table-energy-citation ablation-citation-lambda ablation-citation-energies ablation-ner-infnet ablation-pos-infnet ablation-ner-infnet-energies ablation-pos-infnet-energies table-spigot-sst ablation-spigot-ce table-spigot-snli report reliability \
 	table-lab-gradients table-lab-matrix table-lab-planted bench-structures bench-layers bench-replay bench-compose bench-cpu bench-implicit bench-suite \
 	device-bundle gpu-check-dry gpu-results gpu-unpack \
 	gpu-stage clean
@@ -132,6 +132,12 @@ ablation-ner-infnet: install ## NER's InfNet (seeds 301-303) forked at the end o
 
 ablation-pos-infnet: install ## the same ablation of Twitter POS's InfNet (seeds 301-303; 42 batches an epoch), ~15 CPU-min; ONLY=summary runs none -> results/energy/pos_infnet_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet $(if $(ONLY),--only $(ONLY)) $(if $(SEEDS),--seeds $(SEEDS))
+
+ablation-ner-infnet-energies: install ## where the energy of ablation-ner-infnet's runs puts its minimum (scripts/energy_probe.py: A's and the energy's exact minimum's F1 and token accuracy, where the energy ranks the gold, per arm at its last step); trains nothing where the runs' weights are here (~4 min), else makes them again (~3 CPU-h); ONLY=summary refuses to -> results/energy/ner_infnet_energies.md
+	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet-energies $(if $(ONLY),--only $(ONLY))
+
+ablation-pos-infnet-energies: install ## the same probe of ablation-pos-infnet's runs, and of the as-run arm at each method epoch (forks of the base stopped there: 15 runs, ~10 CPU-min) -> results/energy/pos_infnet_energies.md
+	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet-energies $(if $(ONLY),--only $(ONLY))
 
 ablation-sorting-sigma-lr: install ## sorting's learned sigma with its SGD lr raised (1e-4, 1e-2; d = 100, seeds 301-303) at the table's pinned code, ~0.5 CPU-h; ONLY=summary runs none -> results/direct/sorting_sigma_lr.md
 	nice -n 5 $(BIN)/python -m scripts.ablation sorting-sigma-lr $(if $(ONLY),--only $(ONLY))

@@ -7,6 +7,8 @@
     python -m scripts.ablation sorting-sigma-lr [--only summary]  # make ablation-sorting-sigma-lr
     python -m scripts.ablation ner-infnet [--only summary] [--seeds 301,302]  # make ablation-ner-infnet [SEEDS=...]
     python -m scripts.ablation pos-infnet [--only summary] [--seeds 301,302]  # make ablation-pos-infnet [SEEDS=...]
+    python -m scripts.ablation ner-infnet-energies [--only summary]  # make ablation-ner-infnet-energies
+    python -m scripts.ablation pos-infnet-energies [--only summary]  # make ablation-pos-infnet-energies
     python scripts/spigot_ce_probe.py ablation [--only summary]   # make ablation-spigot-ce (its runs go through here)
 
 An ablation's runs go one at a time, one thread, under ``nice``, from the campaign's worktree of the table's commit
@@ -27,7 +29,7 @@ share of valid tokens tagged author -> ``results/energy/citation_lambda_ablation
 
 citation-energies (issue #34, the same reading: is it the energy or A that fails?): no runs of its own; each L_CD
 run of the table (λ = 1), of citation-lambda (its variants) and each floor run at 5, 10 and 50 labelled, its model at
-its last step, through ``scripts/citation_energy_probe.py`` at the table's code: A's and the energy's exact minimum's
+its last step, through ``scripts/energy_probe.py`` at the table's code: A's and the energy's exact minimum's
 token accuracy and author share, where the energy ranks the gold -> ``results/energy/citation_energies.md``
 (``.json``). A run whose weights are not here (the records keep none) is re-made from its configuration at that code
 (:func:`last_state`), its metrics checked equal to its record's.
@@ -52,6 +54,12 @@ trained to the end of pretraining (the base, whose identity is the table's run's
 nothing, the energy's lr (frozen), the inference networks' lr, their cross-entropy (InfNet+). At
 :data:`FORK_COMMIT`, not the tables' code, which cannot fork (their protocol otherwise) ->
 ``results/energy/{ner,pos}_infnet_ablation.md`` (``.json``).
+
+ner-infnet-energies, pos-infnet-energies (the same reading: does the energy's minimum leave the labels, or A the
+energy's minimum?): the InfNet ablation's runs, each at its last step, through ``scripts/energy_probe.py`` at
+:data:`FORK_COMMIT` (POS: the as-run arm also stopped at each method epoch, :data:`INFNET_PROBE_EPOCHS`, by forks of
+the base) -> ``results/energy/{ner,pos}_infnet_energies.md`` (``.json``). A run whose weights are not here is made
+again in its folder (:func:`ensure` with ``weights``), its metrics checked equal to its record's.
 """
 
 from __future__ import annotations
@@ -97,7 +105,8 @@ def run_at_protocol(entry: dict, argv: list[str], run_dir: Path, check: bool = T
 
 
 def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool, minutes: str,
-           entry: dict | None = None, sources: dict[str, str] | None = None) -> tuple[Path, dict]:
+           entry: dict | None = None, sources: dict[str, str] | None = None,
+           weights: bool = False) -> tuple[Path, dict]:
     """Run the ablation ``name`` of ``table``: each ``label: argv`` of ``runs`` not done, in order, as ``python argv``
     followed by the table's protocol (its plan's args) and ``hydra.run.dir``, at the table's code (``entry``: the
     plan with another commit or args, where the ablation needs what the table's code lacks). Returns (its runs'
@@ -106,21 +115,30 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
     again; its page shows the error); a run that fails without a record stops the ablation.
     ``sources``: ``fork label: source label`` for runs that start from another's last checkpoint
     (``trainer.init_from``); the records keep no checkpoints, so a source restored without one is run again (exactly,
-    at one code) when a fork of it is still to run — the source first, as ``runs`` orders them."""
+    at one code) when a fork of it is still to run — the source first, as ``runs`` orders them. ``weights``: every run
+    is to end with its weights (``checkpoint.pt``, for a probe): one restored without them is run again the same way,
+    and its metrics (timings aside) checked equal to its record's."""
     entry = entry or campaign.plan(table)
     root, state = campaign.campaign_root(), campaign.STATE / f"ablations-{name}"
     where = root / "ablations" / name
     if (state / carry.RECORDS).is_file():
         carry.unpack(state, root, log=_log)
-    for fork, source in (sources or {}).items():
-        if (not only_summary and carry.run_status(where / fork) not in DONE
-                and not (where / source / "checkpoint.pt").is_file()):
-            for file in ("metrics.json", "run.json"):
-                (where / source / file).unlink(missing_ok=True)
+    needed = set(runs) if weights else {source for fork, source in (sources or {}).items()
+                                        if carry.run_status(where / fork) not in DONE}
+    unweighted = [label for label in runs if label in needed and carry.run_status(where / label) == "completed"
+                  and not (where / label / "checkpoint.pt").is_file()]
     todo = [label for label in runs if carry.run_status(where / label) not in DONE]
     if todo and only_summary:
         raise SystemExit(f"error: {len(todo)} runs of the ablation {name} not completed ({', '.join(todo)}): run "
                          "it without --only summary first")
+    if unweighted and only_summary:
+        raise SystemExit(f"error: {len(unweighted)} runs of the ablation {name} keep no weights here "
+                         f"({', '.join(unweighted)}): run it without --only summary to make them again")
+    recorded = {label: _metrics(where / label) for label in unweighted}  # to compare with them made again
+    for label in unweighted:
+        for file in ("metrics.json", "run.json"):
+            (where / label / file).unlink(missing_ok=True)
+    todo = [label for label in runs if carry.run_status(where / label) not in DONE]
 
     def pack() -> None:
         carry.pack_records(f"{table}:{name}", where, root, state, log=_log)
@@ -135,8 +153,17 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
             raise SystemExit(f"error: {label} exited {done.returncode} without a record of its failure: {run_dir}.out")
         if done.returncode:
             _log(f"{label} failed: {json.loads((run_dir / 'metrics.json').read_text()).get('error', '')[:200]}")
+        if label in recorded and _metrics(run_dir) != recorded[label]:
+            raise SystemExit(f"error: {label} made again at {entry['commit'][:12]} differs from its record: "
+                             f"{_metrics(run_dir)} against {recorded[label]}")
         pack()
     return where, entry
+
+
+def _metrics(run_dir: Path) -> dict:
+    """A record's metrics but its timings (which differ between two runs of one code; the rest may not)."""
+    return {k: v for k, v in json.loads((run_dir / "metrics.json").read_text()).get("metrics", {}).items()
+            if not k.endswith("seconds")}
 
 
 def table_runs(table: str):
@@ -308,7 +335,7 @@ def citation_page(summary: dict) -> str:
 # ----------------------------------------------------------------------------------------- citation-energies
 
 ENERGIES_OUT = ROOT / "results" / "energy" / "citation_energies"
-PROBE = ROOT / "scripts" / "citation_energy_probe.py"
+PROBE = ROOT / "scripts" / "energy_probe.py"
 
 
 def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entry: dict,
@@ -325,8 +352,7 @@ def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entr
     if not (again / "checkpoint.pt").is_file():
         _log(f"{label}: {run_dir} keeps no weights here: re-making it at {entry['commit'][:12]} -> {again}")
         run_at_protocol(entry, argv, again)
-    made, recorded = ({k: v for k, v in json.loads(Path(d, "metrics.json").read_text())["metrics"].items()
-                       if not k.endswith("seconds")} for d in (again, run_dir))  # timings differ, the rest may not
+    made, recorded = _metrics(again), _metrics(Path(run_dir))
     if made != recorded:
         raise SystemExit(f"error: {label} re-made at {entry['commit'][:12]} differs from its record: {made} against "
                          f"{recorded}")
@@ -335,7 +361,7 @@ def last_state(label: str, run_dir: str | Path, argv: list[str], name: str, entr
 
 def citation_energies(only_summary: bool) -> None:
     """The citation table's L_CD (λ = 1) and floor runs and the citation-lambda ablation's, at 5, 10 and 50
-    labelled: what each trained energy prefers (:mod:`scripts.citation_energy_probe`, at the table's code)."""
+    labelled: what each trained energy prefers (:mod:`scripts.energy_probe`, at the table's code)."""
     from latentstruct.report.tables import load_runs
 
     table = table_runs(CITATION)
@@ -383,7 +409,7 @@ def energies_page(summary: dict) -> str:
         "its full schedule: 5 + 10 epochs, 250 unlabelled citations; the table's args: "
         f"`{summary['args'] or '(none)'}`",
         "`make ablation-citation-energies` (`python -m scripts.ablation citation-energies`: "
-        "`scripts/citation_energy_probe.py` on each run's model at its last step, at the table's code)",
+        "`scripts/energy_probe.py` on each run's model at its last step, at the table's code)",
         f"nothing is trained ({summary['remade']} runs re-made from their configurations where this machine kept no "
         "weights, their metrics checked equal to the records'). E_φ is a linear chain, so argmin_y E_φ(x, y) is exact "
         "(Viterbi). Per row, the mean over the seeds, then each seed's value.") + [
@@ -593,35 +619,47 @@ def infnet_steps(per_epoch: int) -> tuple[int, int]:
     return INFNET_PRETRAIN_EPOCHS * per_epoch, (INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS) * per_epoch
 
 
+def infnet_runs(task: str, seeds: tuple[int, ...], epochs: tuple[int, ...] = ()) -> tuple[dict, dict, dict]:
+    """(``label: argv`` of the ablation's runs, ``fork: its source``, the plan they run under) for ``seeds``: per seed
+    the base, an arm of :data:`INFNET_ARMS` each, and the as-run arm stopped at each of ``epochs`` (``as_run_eE``: the
+    same run, to an earlier step)."""
+    table, extra, _, per_epoch, _, _ = INFNET_TABLES[task]
+    pretrain, steps = infnet_steps(per_epoch)
+    where = campaign.campaign_root() / "ablations" / f"{task}_infnet"
+    runs, sources = {}, {}
+    for seed in seeds:
+        base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, f"trainer.seed={seed}"]
+        runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
+        forks = {label: (steps, arm) for label, (_, arm) in INFNET_ARMS.items()}
+        forks |= {f"as_run_e{epoch}": (epoch * per_epoch, INFNET_ARMS["as_run"][1]) for epoch in epochs}
+        for label, (length, arm) in forks.items():
+            runs[f"{label}-{seed}"] = [*base, f"trainer.max_steps={length}", f"trainer.init_from={where}/base-{seed}",
+                                       *arm]
+            sources[f"{label}-{seed}"] = f"base-{seed}"
+    plan = campaign.plan(table)
+    # the table's protocol, but not its list of rows: the experiment is the base's
+    return runs, sources, {**plan, "commit": FORK_COMMIT,
+                           "args": " ".join(a for a in plan["args"].split() if not a.startswith("+experiment="))}
+
+
+def infnet_curve(run_dir: str | Path, column: str) -> dict:
+    """A run's evaluations from its ``history.csv``: ``epochs`` and the ``valid`` metric ``column`` at each."""
+    import pandas as pd
+
+    history = pd.read_csv(Path(run_dir) / "history.csv")
+    return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
+
+
 def infnet_ablation(task: str, only_summary: bool, seeds: tuple[int, ...] = INFNET_SEEDS) -> None:
     """InfNet on ``task`` (:data:`INFNET_TABLES`), each of ``seeds`` (default: :data:`INFNET_SEEDS`; fewer: a page of
     those alone, its status line naming them): the table's run to the end of pretraining (the base), then forks of it
     that change one setting of the method phase (:data:`INFNET_ARMS`) for :data:`INFNET_METHOD_EPOCHS` epochs, all at
     :data:`FORK_COMMIT` on one host."""
-    import pandas as pd
-
     from latentstruct.report.tables import filter_runs
 
-    table, extra, match, per_epoch, column, _ = INFNET_TABLES[task]
-    pretrain, steps = infnet_steps(per_epoch)
-    name = f"{task}_infnet"
-    where = campaign.campaign_root() / "ablations" / name
-    runs = {}
-    for seed in seeds:
-        base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, f"trainer.seed={seed}"]
-        runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
-        runs |= {f"{label}-{seed}": [*base, f"trainer.max_steps={steps}", f"trainer.init_from={where}/base-{seed}",
-                                     *arm] for label, (_, arm) in INFNET_ARMS.items()}
-    sources = {f"{label}-{seed}": f"base-{seed}" for label in INFNET_ARMS for seed in seeds}
-    plan = campaign.plan(table)
-    # the table's protocol, but not its list of rows: the experiment is the base's
-    entry = {**plan, "commit": FORK_COMMIT,
-             "args": " ".join(a for a in plan["args"].split() if not a.startswith("+experiment="))}
-    where, _ = ensure(name, table, runs, only_summary, "~1-25", entry=entry, sources=sources)
-
-    def curve(run_dir: Path) -> dict:
-        history = pd.read_csv(run_dir / "history.csv")
-        return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
+    table, _, match, _, column, _ = INFNET_TABLES[task]
+    runs, sources, entry = infnet_runs(task, seeds)
+    where, _ = ensure(f"{task}_infnet", table, runs, only_summary, "~1-25", entry=entry, sources=sources)
 
     found = filter_runs(table_runs(table), {"choices.experiment": "ner_infnet", **match})
     made = []
@@ -631,16 +669,17 @@ def infnet_ablation(task: str, only_summary: bool, seeds: tuple[int, ...] = INFN
             record = json.loads((where / f"{label}-{seed}" / "metrics.json").read_text())
             arms[label] = {"fingerprint": record["fingerprint"], "cpu": record.get("cpu"),
                            "commit": record.get("git_commit"), "wall_seconds": round(record["wall_seconds"]),
-                           "test_at_best": record["metrics"]["test/acc"], **curve(where / f"{label}-{seed}")}
+                           "test_at_best": record["metrics"]["test/acc"],
+                           **infnet_curve(where / f"{label}-{seed}", column)}
         mine = found[found["seed"] == seed]
         reference = {}
         if len(mine):
             run_dir = Path(mine["run_dir"].iloc[0])
             reference = {"fingerprint": json.loads((run_dir / "run.json").read_text())["fingerprint"],
-                         "commit": str(mine["git_commit"].iloc[0]), **curve(run_dir)}
+                         "commit": str(mine["git_commit"].iloc[0]), **infnet_curve(run_dir, column)}
         made.append({"seed": seed, "arms": arms, "table_run": reference})
-    write({"task": task, "commit": FORK_COMMIT, "table_commit": plan["commit"], "args": entry["args"], "rows": [],
-           "seeds": made}, ROOT / "results" / table.split("/")[0] / f"{name}_ablation", infnet_page)
+    write({"task": task, "commit": FORK_COMMIT, "table_commit": campaign.plan(table)["commit"], "args": entry["args"],
+           "rows": [], "seeds": made}, ROOT / "results" / table.split("/")[0] / f"{task}_infnet_ablation", infnet_page)
 
 
 def infnet_page(summary: dict) -> str:
@@ -728,9 +767,116 @@ def infnet_page(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: the method epochs at which infnet-energies also probes the as-run arm, by forks of the base stopped there (the as-run
+#: arm itself is epoch 16): POS alone, whose epoch takes ~6 s here; NER's ~90 s would make them ~25 CPU-min a seed
+INFNET_PROBE_EPOCHS = {"pos": tuple(range(INFNET_PRETRAIN_EPOCHS + 1, INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS)),
+                       "ner": ()}
+PROBE_KEYS = ("acc_A", "acc_E", "f1_A", "f1_E", "gold_below_A", "gap_gold", "gap_A", "gap_A_relaxed")
+
+
+def infnet_energies(task: str, only_summary: bool) -> None:
+    """Where the energy of :func:`infnet_ablation`'s runs puts its minimum (:mod:`scripts.energy_probe`, at
+    :data:`FORK_COMMIT`): each seed's base, each arm at its last step and the as-run arm at
+    :data:`INFNET_PROBE_EPOCHS` (forks of the base stopped there, run here if missing)."""
+    table = INFNET_TABLES[task][0]
+    epochs = INFNET_PROBE_EPOCHS[task]
+    runs, sources, entry = infnet_runs(task, INFNET_SEEDS, epochs)
+    where, _ = ensure(f"{task}_infnet", table, runs, only_summary, "~1-25", entry=entry, sources=sources, weights=True)
+    out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *(str(where / label) for label in runs)],
+                  capture_output=True, text=True)
+    probed = {}
+    for line in out.stdout.splitlines():
+        p = json.loads(line)
+        probed.setdefault(Path(p["run_dir"]).name, {})[p["split"]] = {k: p[k] for k in (*PROBE_KEYS, "step")}
+    made = []
+    for label in runs:
+        record = json.loads((where / label / "metrics.json").read_text())
+        curve = infnet_curve(where / label, INFNET_TABLES[task][4])
+        arm, seed = label.rsplit("-", 1)
+        made.append({"arm": arm, "seed": int(seed), "epoch": curve["epochs"][-1], "step": record["steps"],
+                     "valid_reported": curve["valid"][-1], "cpu": record.get("cpu"), "valid_curve": curve["valid"],
+                     "probe": probed[label]})
+    write({"task": task, "commit": FORK_COMMIT, "args": entry["args"], "rows": [], "runs": made},
+          ROOT / "results" / table.split("/")[0] / f"{task}_infnet_energies", infnet_energies_page)
+
+
+def infnet_energies_page(summary: dict) -> str:
+    task, runs = summary["task"], summary["runs"]
+    table, _, _, _, _, metric = INFNET_TABLES[task]
+    f1 = task == "ner"  # the table's metric is span F1: the probe gives it beside token accuracy
+    last = INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS
+    arms = {"base": f"base: pretraining (epoch {INFNET_PRETRAIN_EPOCHS})",
+            **{label: f"{row} (epoch {last})" for label, (row, _) in INFNET_ARMS.items()}}
+    what = {"ner": "NER (seed 004 Table 3)", "pos": "Twitter POS (seed 004 Table 9)"}[task]
+    hosts = sorted({r["cpu"] or "not recorded" for r in runs})
+
+    def mean(rs: list[dict], split: str, key: str, digits: int = 2) -> str:
+        values = [r["probe"][split][key] for r in rs]
+        return f"{statistics.fmean(values):.{digits}f}" + (f" ± {statistics.stdev(values):.{digits}f}"
+                                                            if len(values) > 1 else "")
+
+    cols = [("A", "acc_A"), ("argmin E", "acc_E")]
+    if f1:
+        cols = [("A: F1", "f1_A"), ("argmin E: F1", "f1_E"), ("A: token acc", "acc_A"),
+                ("argmin E: token acc", "acc_E")]
+    cols += [("gold < A (%)", "gold_below_A"), ("E gap: gold", "gap_gold"), ("E gap: A", "gap_A"),
+             ("E gap: A relaxed", "gap_A_relaxed")]
+    lines = [
+        f"# {what}: where InfNet's energy puts its minimum, by probe", "",
+        f"Status: **ablation** (a probe) of `results/energy/{task}_infnet_ablation.md`'s runs at commit "
+        f"{summary['commit'][:12]} (the table `results/{table}.md` is at another; that page says why and checks "
+        f"the bases against the table's runs): its full schedule and data (`{summary['args']}`); CPU, one thread a "
+        f"run, {len(runs)} runs on {'; '.join(hosts)}. Made by `make ablation-{task}-infnet-energies` "
+        f"(`python -m scripts.ablation {task}-infnet-energies`: `scripts/energy_probe.py` on each run's model at its "
+        "last step, at that commit).", "",
+        "E_φ is a linear chain (unary and transition scores), so argmin_y E_φ(x, y) is exact (Viterbi). Mean ± sd over "
+        f"seeds {', '.join(map(str, INFNET_SEEDS))}. Columns: **A**: the test-time inference network's argmax "
+        f"({'span F1 and ' if f1 else ''}token accuracy; what the run reports at that step); **argmin E**: the "
+        "energy's own minimum, the same; **gold < A**: % of sentences whose gold tagging has a lower energy than A's "
+        "argmax (ties, as where A is right, count as not lower); **E gap**: E_φ(x, y) − min_y E_φ(x, y) per token "
+        "for the gold y, for A's argmax and for A(x) itself, the distributions over tags it outputs and the energy's "
+        "descent trains it on (0: the minimum; below 0: the relaxation goes below the minimum over taggings).", ""]
+    for split, title in (("valid", "Valid"), ("train", "Train"), ("test", "Test")):
+        lines += [f"## {title}: each arm at its last step", "",
+                  "| arm | " + " | ".join(c for c, _ in cols) + " |", "|---|" + "---|" * len(cols)]
+        for arm, row in arms.items():
+            rs = [r for r in runs if r["arm"] == arm]
+            lines.append(f"| {row} | " + " | ".join(mean(rs, split, key) for _, key in cols) + " |")
+        lines.append("")
+    if INFNET_PROBE_EPOCHS[task]:
+        at = {INFNET_PRETRAIN_EPOCHS: "base", **{e: f"as_run_e{e}" for e in INFNET_PROBE_EPOCHS[task]},
+              last: "as_run"}
+        lines += ["## The as-run arm, epoch by epoch", "",
+                  f"Epoch {INFNET_PRETRAIN_EPOCHS}: the base; epochs {', '.join(map(str, INFNET_PROBE_EPOCHS[task]))}"
+                  f": forks of it stopped there (the same run as the as-run arm, to an earlier step: the checks say "
+                  f"whether their curves are the arm's); {last}: the arm.", "",
+                  "| epoch | valid: A | valid: argmin E | train: A | train: argmin E | train: gold < A (%) | "
+                  "train: E gap gold | train: E gap A | train: E gap A relaxed |", "|---" * 9 + "|"]
+        for epoch, arm in at.items():
+            rs = [r for r in runs if r["arm"] == arm]
+            lines.append(f"| {epoch} | {mean(rs, 'valid', 'acc_A')} | {mean(rs, 'valid', 'acc_E')} | "
+                         f"{mean(rs, 'train', 'acc_A')} | {mean(rs, 'train', 'acc_E')} | "
+                         f"{mean(rs, 'train', 'gold_below_A')} | {mean(rs, 'train', 'gap_gold')} | "
+                         f"{mean(rs, 'train', 'gap_A')} | {mean(rs, 'train', 'gap_A_relaxed')} |")
+        lines.append("")
+    key = "f1_A" if f1 else "acc_A"
+    off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]
+    full = {r["seed"]: r["valid_curve"] for r in runs if r["arm"] == "as_run"}
+    stray = [f"{r['arm']}-{r['seed']}" for r in runs if r["arm"].startswith("as_run_e")
+             and [round(v, 2) for v in r["valid_curve"]] != [round(v, 2) for v in full[r["seed"]][:r["epoch"]]]]
+    lines += ["## Checks", "",
+              f"- The probe's valid {metric} of A equals each run's last evaluation (its `history.csv`): "
+              + (f"**not** for {', '.join(off)}" if off else f"all {len(runs)} runs") + "."]
+    if INFNET_PROBE_EPOCHS[task]:
+        lines.append("- Each stopped fork's valid curve equals the as-run arm's to its epoch (two decimals): "
+                     + (f"**not** for {', '.join(stray)}" if stray else "all") + ".")
+    return "\n".join(lines) + "\n"
+
+
 ABLATIONS = {"citation-lambda": citation_lambda, "citation-energies": citation_energies,
              "vae-direct-anneal": vae_direct_anneal, "sorting-sigma-lr": sorting_sigma_lr,
-             **{f"{task}-infnet": functools.partial(infnet_ablation, task) for task in INFNET_TABLES}}
+             **{f"{task}-infnet": functools.partial(infnet_ablation, task) for task in INFNET_TABLES},
+             **{f"{task}-infnet-energies": functools.partial(infnet_energies, task) for task in INFNET_TABLES}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -231,3 +231,63 @@ def test_a_fork_still_to_run_has_its_source_run_again_where_the_records_kept_no_
     ablation.ensure("t", "paper/table", runs, only_summary=False, minutes="1", sources={"fork": "base"})
     out = capsys.readouterr().out
     assert "base (1 of 2)" in out and "fork (2 of 2)" in out  # the source first, then its fork
+
+
+def test_with_weights_a_run_restored_without_them_is_made_again_and_checked_against_its_record(fake_campaign,
+                                                                                                 capsys):
+    runs = {"base": ["-c", FAKE_WEIGHTED_RUN, "acc=40.0"], "fork": ["-c", FAKE_WEIGHTED_RUN, "acc=41.0"]}
+    where, _ = ablation.ensure("w", "paper/table", runs, only_summary=False, minutes="1", weights=True)
+    ablation.ensure("w", "paper/table", runs, only_summary=True, minutes="1", weights=True)  # weights here: nothing
+    shutil.rmtree(fake_campaign / "root")  # a fresh machine: the committed records (no checkpoints) only
+    capsys.readouterr()
+    ablation.ensure("w", "paper/table", runs, only_summary=False, minutes="1")  # a page without a probe: enough
+    assert "of 2)" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"2 runs of the ablation w keep no weights here \(base, fork\)"):
+        ablation.ensure("w", "paper/table", runs, only_summary=True, minutes="1", weights=True)
+    ablation.ensure("w", "paper/table", runs, only_summary=False, minutes="1", weights=True)
+    out = capsys.readouterr().out
+    assert "base (1 of 2)" in out and "fork (2 of 2)" in out and (where / "fork" / "checkpoint.pt").is_file()
+    shutil.rmtree(fake_campaign / "root")
+    changed = {**runs, "fork": ["-c", FAKE_WEIGHTED_RUN, "acc=42.0"]}  # the code computes differently now
+    with pytest.raises(SystemExit, match="fork made again at c0ffeec0ffee differs from its record"):
+        ablation.ensure("w", "paper/table", changed, only_summary=False, minutes="1", weights=True)
+
+
+def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page_sets_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATENTSTRUCT_CAMPAIGN", str(tmp_path))
+    runs, sources, entry = ablation.infnet_runs("pos", (301,), (11, 12))
+    assert list(runs) == ["base-301", *(f"{a}-301" for a in ablation.INFNET_ARMS), "as_run_e11-301", "as_run_e12-301"]
+    assert "trainer.max_steps=504" in runs["as_run_e12-301"] and "trainer.max_steps=672" in runs["as_run-301"]
+    assert runs["as_run_e12-301"][-1].startswith("trainer.init_from=") and sources["as_run_e12-301"] == "base-301"
+    assert entry["commit"] == ablation.FORK_COMMIT and "+experiment" not in entry["args"]
+
+    def probed(acc_a, acc_e):
+        split = dict.fromkeys(ablation.PROBE_KEYS, 0.5) | {"acc_A": acc_a, "acc_E": acc_e, "step": 1}
+        return {s: split for s in ("train", "valid", "test")}
+
+    made = []
+    curve = [70.0, 71.0, 72.0]  # the as-run arm's valid curve (short: a stand-in)
+    for seed, shift in ((301, 0.0), (302, 2.0)):
+        made += [{"arm": arm, "seed": seed, "epoch": 3, "step": 1, "valid_reported": 80.0 + shift, "cpu": "Xeon",
+                  "valid_curve": curve, "probe": probed(80.0 + shift, 78.0 - shift)}
+                 for arm in ["base", *ablation.INFNET_ARMS]]
+        made += [{"arm": f"as_run_e{e}", "seed": seed, "epoch": 2, "step": 1, "valid_reported": 80.0 + shift,
+                  "cpu": "Xeon", "valid_curve": curve[:2], "probe": probed(80.0 + shift, 70.0)}
+                 for e in ablation.INFNET_PROBE_EPOCHS["pos"]]
+    page = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
+                                          "runs": made})
+    assert "Made by `make ablation-pos-infnet-energies`" in page and "20 runs on Xeon" in page
+    assert ("| as run (E: Adam 1e-3, A and F: Adam 1e-3) (epoch 16) | 81.00 ± 1.41 | 77.00 ± 1.41 | 0.50 ± 0.00 "
+            "|") in page
+    assert "| 12 | 81.00 ± 1.41 | 70.00 ± 0.00 |" in page and "| 10 | 81.00 ± 1.41 | 77.00 ± 1.41 |" in page
+    assert "equals each run's last evaluation (its `history.csv`): all 20 runs" in page
+    assert "Each stopped fork's valid curve equals the as-run arm's to its epoch (two decimals): all." in page
+    made[-1]["valid_curve"], made[0]["valid_reported"] = [70.0, 75.0], 1.0  # a fork off its arm; a probe off its run
+    page = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
+                                          "runs": made})
+    assert "**not** for base-301" in page and "**not** for as_run_e15-302" in page
+    ner = ablation.infnet_energies_page({"task": "ner", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
+                                         "runs": [{**r, "probe": {s: {**p, "f1_A": 1.0, "f1_E": 2.0}
+                                                                  for s, p in r["probe"].items()}}
+                                                  for r in made if not r["arm"].startswith("as_run_e")]})
+    assert "| arm | A: F1 | argmin E: F1 | A: token acc |" in ner and "epoch by epoch" not in ner

@@ -1,0 +1,120 @@
+"""What a trained sequence energy prefers (issue #34: energy/citation's L_CD collapses at 5 and 10 labelled
+citations; InfNet's accuracy falls once the energy moves, energy/ner and energy/pos): for each run directory, its
+model at the run's last step (``checkpoint.pt``) on train, valid and test, one JSON line per run and split::
+
+    python scripts/energy_probe.py RUN_DIR [RUN_DIR ...]
+
+Run it under the code the runs ran (``PYTHONPATH`` = that commit's worktree: ``python -m scripts.ablation
+citation-energies`` and ``infnet-energies`` do). The energy E_φ(x, y) of the sequence tasks is a linear chain (unary
+and transition scores), so its minimum over tag sequences is exact (:meth:`SequenceLabelEnergy.viterbi`). Per split
+(citation's train split: its labelled citations, once each; an unlabelled one has no gold):
+
+* ``acc_A``: token accuracy of A(x)'s argmax, what the run reports (None, as every A column, for a run without an
+  inference network: the CRF floor); ``acc_E``: the same of argmin_y E_φ(x, y), what the energy itself would tag;
+* ``f1_A``, ``f1_E``: span F1 (conlleval) of the same, where the task's metric is span F1 (NER), else None;
+* ``author_A``, ``author_E``: % of tokens tagged author, where the tags have an author (citation), else None;
+* ``gold_below_A``: % of sentences where E_φ(x, gold) < E_φ(x, argmax A(x)) (the energy ranks the gold tagging above
+  A's: 100 where E is right and A has not followed it); ``gold_below_author``: the same against tagging every token
+  author (citation);
+* ``gap_gold``, ``gap_A``: E_φ(x, gold) − min_y E_φ(x, y), and the same for A's argmax, per token (0: the minimum);
+  ``gap_A_relaxed``: the same for A(x) itself, its distributions over tags (the point the inference network is trained
+  to bring down; below 0 where the energy's relaxation goes below its minimum over taggings).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+COUNTS = ("tokens", "sentences", "right_A", "right_E", "author_A", "author_E", "gold_below_A", "gold_below_author",
+          "gap_gold", "gap_A", "gap_A_relaxed")
+
+
+def probe(run_dir: str) -> list[dict]:
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from latentstruct.data.base import iterate_batches
+    from latentstruct.data.conll import span_f1
+    from latentstruct.models.masks import length_mask
+    from latentstruct.train import build_model
+
+    cfg = OmegaConf.load(Path(run_dir, ".hydra", "config.yaml"))
+    data = instantiate(cfg.dataset)
+    torch.manual_seed(0)
+    model = build_model(cfg, data.dims, data.extras)
+    state = torch.load(Path(run_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    model.eval()
+    author = model.tags.index("author") if "author" in model.tags else None
+    rows = []
+    for split in ("train", "valid", "test"):
+        sums = dict.fromkeys(COUNTS, 0.0)
+        rows_of = data.splits[split]
+        if "labelled" in rows_of and split == "train":  # citation: the labelled ones, once each (the split repeats)
+            once = torch.nonzero(rows_of["labelled"] > 0).flatten()[:int(cfg.dataset.labelled)]
+            rows_of = {k: v[once] for k, v in rows_of.items()}
+        tagged = {"gold": [], "A": [], "E": []}
+        for batch in iterate_batches(rows_of, 100):
+            with torch.no_grad():
+                batch = model.trim(batch)
+                mask = length_mask(batch["lengths"], batch["x"].shape[1], batch["x"].device)
+                gold = F.one_hot(batch["y"].clamp_min(0), model.num_tags) * mask.unsqueeze(-1)
+                e_hat = model.viterbi(batch)
+                # A(x); a run without an inference network (the CRF floor) has its energy's minimum in its place
+                a_out = e_hat if model.infnet is None else model.inference(model.infnet, batch)[0]
+                a_tags = a_out.argmax(-1)
+                a_hat = F.one_hot(a_tags, model.num_tags) * mask.unsqueeze(-1)
+                ys = [gold, a_hat, e_hat, a_out]
+                if author is not None:
+                    ys.append(F.one_hot(torch.full_like(a_tags, author), model.num_tags) * mask.unsqueeze(-1))
+                # one feature pass for them all
+                e_gold, e_a, e_min, e_relaxed, *e_author = model.energy(batch, torch.stack(ys).to(e_hat.dtype))
+            e_tags = e_hat.argmax(-1)
+            for name, tags in (("gold", batch["y"]), ("A", a_tags), ("E", e_tags)):
+                tagged[name] += [row[:n] for row, n in zip(tags.tolist(), batch["lengths"].tolist(), strict=True)]
+            sums["tokens"] += float(mask.sum())
+            sums["sentences"] += len(batch["lengths"])
+            sums["right_A"] += float(((a_tags == batch["y"]) & mask).sum())
+            sums["right_E"] += float(((e_tags == batch["y"]) & mask).sum())
+            if author is not None:
+                sums["author_A"] += float(((a_tags == author) & mask).sum())
+                sums["author_E"] += float(((e_tags == author) & mask).sum())
+                sums["gold_below_author"] += float((e_gold < e_author[0]).sum())
+            sums["gold_below_A"] += float((e_gold < e_a).sum())
+            sums["gap_gold"] += float((e_gold - e_min).sum())
+            sums["gap_A"] += float((e_a - e_min).sum())
+            sums["gap_A_relaxed"] += float((e_relaxed - e_min).sum())
+        t, c = sums["tokens"], sums["sentences"]
+        row = {"run_dir": str(run_dir), "split": split, "sentences": int(c), "tokens": int(t),
+               "acc_A": 100 * sums["right_A"] / t, "acc_E": 100 * sums["right_E"] / t, "f1_A": None, "f1_E": None,
+               "author_A": None, "author_E": None, "gold_below_A": 100 * sums["gold_below_A"] / c,
+               "gold_below_author": None, "gap_gold": sums["gap_gold"] / t, "gap_A": sums["gap_A"] / t,
+               "gap_A_relaxed": sums["gap_A_relaxed"] / t, "step": int(state["step"])}
+        if model.metric == "span_f1":
+            gold_seqs = [[model.tags[i] for i in s] for s in tagged["gold"]]
+            for who in ("A", "E"):
+                row[f"f1_{who}"] = span_f1([[model.tags[i] for i in s] for s in tagged[who]], gold_seqs)[2]
+        if author is not None:
+            row.update(author_A=100 * sums["author_A"] / t, author_E=100 * sums["author_E"] / t,
+                       gold_below_author=100 * sums["gold_below_author"] / c)
+        if model.infnet is None:  # no A: its columns say nothing
+            row.update(dict.fromkeys(("acc_A", "f1_A", "author_A", "gold_below_A", "gap_A", "gap_A_relaxed")))
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    for run_dir in argv:
+        for row in probe(run_dir):
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
