@@ -57,9 +57,10 @@ nothing, the energy's lr (frozen), the inference networks' lr, their cross-entro
 
 ner-infnet-energies, pos-infnet-energies (the same reading: does the energy's minimum leave the labels, or A the
 energy's minimum?): the InfNet ablation's runs, each at its last step, through ``scripts/energy_probe.py`` at
-:data:`FORK_COMMIT` (POS: the as-run arm also stopped at each method epoch, :data:`INFNET_PROBE_EPOCHS`, by forks of
-the base) -> ``results/energy/{ner,pos}_infnet_energies.md`` (``.json``). A run whose weights are not here is made
-again in its folder (:func:`ensure` with ``weights``), its metrics checked equal to its record's.
+:data:`FORK_COMMIT` (POS: the as-run arm also stopped at each method epoch, :data:`INFNET_PROBE_EPOCHS`, and arms of
+its own, :data:`INFNET_PROBE_ARMS`, by forks of the base) -> ``results/energy/{ner,pos}_infnet_energies.md``
+(``.json``). A run whose weights are not here is made again in its folder (:func:`ensure` with ``weights``), its
+metrics checked equal to its record's.
 """
 
 from __future__ import annotations
@@ -619,10 +620,11 @@ def infnet_steps(per_epoch: int) -> tuple[int, int]:
     return INFNET_PRETRAIN_EPOCHS * per_epoch, (INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS) * per_epoch
 
 
-def infnet_runs(task: str, seeds: tuple[int, ...], epochs: tuple[int, ...] = ()) -> tuple[dict, dict, dict]:
+def infnet_runs(task: str, seeds: tuple[int, ...], epochs: tuple[int, ...] = (),
+                arms: dict | None = None) -> tuple[dict, dict, dict]:
     """(``label: argv`` of the ablation's runs, ``fork: its source``, the plan they run under) for ``seeds``: per seed
-    the base, an arm of :data:`INFNET_ARMS` each, and the as-run arm stopped at each of ``epochs`` (``as_run_eE``: the
-    same run, to an earlier step)."""
+    the base, a fork for each of ``arms`` (default :data:`INFNET_ARMS`), and the as-run arm stopped at each of
+    ``epochs`` (``as_run_eE``: the same run, to an earlier step)."""
     table, extra, _, per_epoch, _, _ = INFNET_TABLES[task]
     pretrain, steps = infnet_steps(per_epoch)
     where = campaign.campaign_root() / "ablations" / f"{task}_infnet"
@@ -630,7 +632,7 @@ def infnet_runs(task: str, seeds: tuple[int, ...], epochs: tuple[int, ...] = ())
     for seed in seeds:
         base = ["-m", "latentstruct.train", "+experiment=ner_infnet", *extra, f"trainer.seed={seed}"]
         runs[f"base-{seed}"] = [*base, f"trainer.max_steps={pretrain}"]
-        forks = {label: (steps, arm) for label, (_, arm) in INFNET_ARMS.items()}
+        forks = {label: (steps, arm) for label, (_, arm) in (arms or INFNET_ARMS).items()}
         forks |= {f"as_run_e{epoch}": (epoch * per_epoch, INFNET_ARMS["as_run"][1]) for epoch in epochs}
         for label, (length, arm) in forks.items():
             runs[f"{label}-{seed}"] = [*base, f"trainer.max_steps={length}", f"trainer.init_from={where}/base-{seed}",
@@ -771,7 +773,19 @@ def infnet_page(summary: dict) -> str:
 #: arm itself is epoch 16): POS alone, whose epoch takes ~6 s here; NER's ~90 s would make them ~25 CPU-min a seed
 INFNET_PROBE_EPOCHS = {"pos": tuple(range(INFNET_PRETRAIN_EPOCHS + 1, INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS)),
                        "ner": ()}
-PROBE_KEYS = ("acc_A", "acc_E", "f1_A", "f1_E", "gold_below_A", "gap_gold", "gap_A", "gap_A_relaxed")
+#: arms that infnet-energies adds (forks of the base like :data:`INFNET_ARMS`): which part of eq. 5's energy loss, at
+#: which step, moves its minimum. POS alone (a NER arm is ~9 CPU-min a seed)
+INFNET_PROBE_ARMS = {
+    "pos": {
+        # eq. 5 without its λ term: the energy trained against F's cost-augmented outputs alone (A then has no ascent)
+        "lam0": ("A's term dropped (λ = 0)", ["task.lam=0"]),
+        "cost_per_token": ("Δ per token (the cost divided by the length)", ["task.normalize_cost=true"]),
+        "energy_lr": ("the energy's lr 1e-4", ["optim.lr=1e-4"]),
+    },
+    "ner": {},
+}
+PROBE_KEYS = ("acc_A", "acc_E", "acc_E_unary", "transition_abs", "f1_A", "f1_E", "gold_below_A", "gap_gold", "gap_A",
+              "gap_A_relaxed")
 
 
 def infnet_energies(task: str, only_summary: bool) -> None:
@@ -780,7 +794,8 @@ def infnet_energies(task: str, only_summary: bool) -> None:
     :data:`INFNET_PROBE_EPOCHS` (forks of the base stopped there, run here if missing)."""
     table = INFNET_TABLES[task][0]
     epochs = INFNET_PROBE_EPOCHS[task]
-    runs, sources, entry = infnet_runs(task, INFNET_SEEDS, epochs)
+    arms = INFNET_ARMS | INFNET_PROBE_ARMS[task]
+    runs, sources, entry = infnet_runs(task, INFNET_SEEDS, epochs, arms)
     where, _ = ensure(f"{task}_infnet", table, runs, only_summary, "~1-25", entry=entry, sources=sources, weights=True)
     out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *(str(where / label) for label in runs)],
                   capture_output=True, text=True)
@@ -796,7 +811,8 @@ def infnet_energies(task: str, only_summary: bool) -> None:
         made.append({"arm": arm, "seed": int(seed), "epoch": curve["epochs"][-1], "step": record["steps"],
                      "valid_reported": curve["valid"][-1], "cpu": record.get("cpu"), "valid_curve": curve["valid"],
                      "probe": probed[label]})
-    write({"task": task, "commit": FORK_COMMIT, "args": entry["args"], "rows": [], "runs": made},
+    write({"task": task, "commit": FORK_COMMIT, "args": entry["args"], "rows": [], "runs": made,
+           "arms": {label: list(arm) for label, arm in arms.items()}},
           ROOT / "results" / table.split("/")[0] / f"{task}_infnet_energies", infnet_energies_page)
 
 
@@ -806,7 +822,8 @@ def infnet_energies_page(summary: dict) -> str:
     f1 = task == "ner"  # the table's metric is span F1: the probe gives it beside token accuracy
     last = INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS
     arms = {"base": f"base: pretraining (epoch {INFNET_PRETRAIN_EPOCHS})",
-            **{label: f"{row} (epoch {last})" for label, (row, _) in INFNET_ARMS.items()}}
+            **{label: f"{row} ({''.join(f'`{o}`, ' for o in arm)}epoch {last})"
+               for label, (row, arm) in summary["arms"].items()}}
     what = {"ner": "NER (seed 004 Table 3)", "pos": "Twitter POS (seed 004 Table 9)"}[task]
     hosts = sorted({r["cpu"] or "not recorded" for r in runs})
 
@@ -815,12 +832,12 @@ def infnet_energies_page(summary: dict) -> str:
         return f"{statistics.fmean(values):.{digits}f}" + (f" ± {statistics.stdev(values):.{digits}f}"
                                                             if len(values) > 1 else "")
 
-    cols = [("A", "acc_A"), ("argmin E", "acc_E")]
+    cols = [("A", "acc_A"), ("argmin E", "acc_E"), ("argmin E: unary part", "acc_E_unary")]
     if f1:
         cols = [("A: F1", "f1_A"), ("argmin E: F1", "f1_E"), ("A: token acc", "acc_A"),
-                ("argmin E: token acc", "acc_E")]
+                ("argmin E: token acc", "acc_E"), ("argmin E, unary part: token acc", "acc_E_unary")]
     cols += [("gold < A (%)", "gold_below_A"), ("E gap: gold", "gap_gold"), ("E gap: A", "gap_A"),
-             ("E gap: A relaxed", "gap_A_relaxed")]
+             ("E gap: A relaxed", "gap_A_relaxed"), ("mean abs W", "transition_abs")]
     lines = [
         f"# {what}: where InfNet's energy puts its minimum, by probe", "",
         f"Status: **ablation** (a probe) of `results/energy/{task}_infnet_ablation.md`'s runs at commit "
@@ -832,10 +849,14 @@ def infnet_energies_page(summary: dict) -> str:
         "E_φ is a linear chain (unary and transition scores), so argmin_y E_φ(x, y) is exact (Viterbi). Mean ± sd over "
         f"seeds {', '.join(map(str, INFNET_SEEDS))}. Columns: **A**: the test-time inference network's argmax "
         f"({'span F1 and ' if f1 else ''}token accuracy; what the run reports at that step); **argmin E**: the "
-        "energy's own minimum, the same; **gold < A**: % of sentences whose gold tagging has a lower energy than A's "
-        "argmax (ties, as where A is right, count as not lower); **E gap**: E_φ(x, y) − min_y E_φ(x, y) per token "
-        "for the gold y, for A's argmax and for A(x) itself, the distributions over tags it outputs and the energy's "
-        "descent trains it on (0: the minimum; below 0: the relaxation goes below the minimum over taggings).", ""]
+        "energy's own minimum, the same; **unary part**: the same of the energy's unary scores alone (per token, its "
+        "transitions dropped); **gold < A**: % of sentences whose gold tagging has a lower energy than A's argmax "
+        "(ties, as where A is right, count as not lower); **E gap**: E_φ(x, y) − min_y E_φ(x, y) per token for the "
+        "gold y, for A's argmax and for A(x) itself, the distributions over tags it outputs, at which eq. 5 evaluates "
+        "the energy (0: the minimum; below 0: the relaxation goes below the minimum over taggings); **mean abs W**: "
+        "the mean |W_ij| of the energy's transition scores (0 after pretraining, which trains the unary part alone)."
+        + (f" The arms after the ablation's {len(INFNET_ARMS)} are this probe's own (`INFNET_PROBE_ARMS`), forks of "
+           "the same bases." if len(summary["arms"]) > len(INFNET_ARMS) else ""), ""]
     for split, title in (("valid", "Valid"), ("train", "Train"), ("test", "Test")):
         lines += [f"## {title}: each arm at its last step", "",
                   "| arm | " + " | ".join(c for c, _ in cols) + " |", "|---|" + "---|" * len(cols)]
@@ -850,14 +871,16 @@ def infnet_energies_page(summary: dict) -> str:
                   f"Epoch {INFNET_PRETRAIN_EPOCHS}: the base; epochs {', '.join(map(str, INFNET_PROBE_EPOCHS[task]))}"
                   f": forks of it stopped there (the same run as the as-run arm, to an earlier step: the checks say "
                   f"whether their curves are the arm's); {last}: the arm.", "",
-                  "| epoch | valid: A | valid: argmin E | train: A | train: argmin E | train: gold < A (%) | "
-                  "train: E gap gold | train: E gap A | train: E gap A relaxed |", "|---" * 9 + "|"]
+                  "| epoch | valid: A | valid: argmin E | train: A | train: argmin E | train: argmin E, unary part | "
+                  "train: gold < A (%) | train: E gap gold | train: E gap A | train: E gap A relaxed | mean abs W |",
+                  "|---" * 11 + "|"]
         for epoch, arm in at.items():
             rs = [r for r in runs if r["arm"] == arm]
             lines.append(f"| {epoch} | {mean(rs, 'valid', 'acc_A')} | {mean(rs, 'valid', 'acc_E')} | "
                          f"{mean(rs, 'train', 'acc_A')} | {mean(rs, 'train', 'acc_E')} | "
-                         f"{mean(rs, 'train', 'gold_below_A')} | {mean(rs, 'train', 'gap_gold')} | "
-                         f"{mean(rs, 'train', 'gap_A')} | {mean(rs, 'train', 'gap_A_relaxed')} |")
+                         f"{mean(rs, 'train', 'acc_E_unary')} | {mean(rs, 'train', 'gold_below_A')} | "
+                         f"{mean(rs, 'train', 'gap_gold')} | {mean(rs, 'train', 'gap_A')} | "
+                         f"{mean(rs, 'train', 'gap_A_relaxed')} | {mean(rs, 'train', 'transition_abs', 3)} |")
         lines.append("")
     key = "f1_A" if f1 else "acc_A"
     off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]

@@ -11,6 +11,8 @@ and transition scores), so its minimum over tag sequences is exact (:meth:`Seque
 
 * ``acc_A``: token accuracy of A(x)'s argmax, what the run reports (None, as every A column, for a run without an
   inference network: the CRF floor); ``acc_E``: the same of argmin_y E_φ(x, y), what the energy itself would tag;
+  ``acc_E_unary``: the same of the energy's unary part alone (per token, the transitions dropped), and
+  ``transition_abs``: the mean |W_ij| of its transition scores (a run's, the same in every split);
 * ``f1_A``, ``f1_E``: span F1 (conlleval) of the same, where the task's metric is span F1 (NER), else None;
 * ``author_A``, ``author_E``: % of tokens tagged author, where the tags have an author (citation), else None;
 * ``gold_below_A``: % of sentences where E_φ(x, gold) < E_φ(x, argmax A(x)) (the energy ranks the gold tagging above
@@ -30,8 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-COUNTS = ("tokens", "sentences", "right_A", "right_E", "author_A", "author_E", "gold_below_A", "gold_below_author",
-          "gap_gold", "gap_A", "gap_A_relaxed")
+COUNTS = ("tokens", "sentences", "right_A", "right_E", "right_E_unary", "author_A", "author_E", "gold_below_A",
+          "gold_below_author", "gap_gold", "gap_A", "gap_A_relaxed")
 
 
 def probe(run_dir: str) -> list[dict]:
@@ -62,9 +64,11 @@ def probe(run_dir: str) -> list[dict]:
         for batch in iterate_batches(rows_of, 100):
             with torch.no_grad():
                 batch = model.trim(batch)
+                batch = {**batch, "_energy_features": model.energy_features(batch)}  # one feature pass for them all
                 mask = length_mask(batch["lengths"], batch["x"].shape[1], batch["x"].device)
                 gold = F.one_hot(batch["y"].clamp_min(0), model.num_tags) * mask.unsqueeze(-1)
                 e_hat = model.viterbi(batch)
+                unary = model.energy_net.energy.unary_scores(batch["_energy_features"])  # higher: lower energy
                 # A(x); a run without an inference network (the CRF floor) has its energy's minimum in its place
                 a_out = e_hat if model.infnet is None else model.inference(model.infnet, batch)[0]
                 a_tags = a_out.argmax(-1)
@@ -72,7 +76,6 @@ def probe(run_dir: str) -> list[dict]:
                 ys = [gold, a_hat, e_hat, a_out]
                 if author is not None:
                     ys.append(F.one_hot(torch.full_like(a_tags, author), model.num_tags) * mask.unsqueeze(-1))
-                # one feature pass for them all
                 e_gold, e_a, e_min, e_relaxed, *e_author = model.energy(batch, torch.stack(ys).to(e_hat.dtype))
             e_tags = e_hat.argmax(-1)
             for name, tags in (("gold", batch["y"]), ("A", a_tags), ("E", e_tags)):
@@ -81,6 +84,7 @@ def probe(run_dir: str) -> list[dict]:
             sums["sentences"] += len(batch["lengths"])
             sums["right_A"] += float(((a_tags == batch["y"]) & mask).sum())
             sums["right_E"] += float(((e_tags == batch["y"]) & mask).sum())
+            sums["right_E_unary"] += float(((unary.argmax(-1) == batch["y"]) & mask).sum())
             if author is not None:
                 sums["author_A"] += float(((a_tags == author) & mask).sum())
                 sums["author_E"] += float(((e_tags == author) & mask).sum())
@@ -91,7 +95,9 @@ def probe(run_dir: str) -> list[dict]:
             sums["gap_A_relaxed"] += float((e_relaxed - e_min).sum())
         t, c = sums["tokens"], sums["sentences"]
         row = {"run_dir": str(run_dir), "split": split, "sentences": int(c), "tokens": int(t),
-               "acc_A": 100 * sums["right_A"] / t, "acc_E": 100 * sums["right_E"] / t, "f1_A": None, "f1_E": None,
+               "acc_A": 100 * sums["right_A"] / t, "acc_E": 100 * sums["right_E"] / t,
+               "acc_E_unary": 100 * sums["right_E_unary"] / t, "f1_A": None, "f1_E": None,
+               "transition_abs": float(model.energy_net.energy.transition.detach().abs().mean()),
                "author_A": None, "author_E": None, "gold_below_A": 100 * sums["gold_below_A"] / c,
                "gold_below_author": None, "gap_gold": sums["gap_gold"] / t, "gap_A": sums["gap_A"] / t,
                "gap_A_relaxed": sums["gap_A_relaxed"] / t, "step": int(state["step"])}

@@ -274,20 +274,26 @@ def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page
         made += [{"arm": f"as_run_e{e}", "seed": seed, "epoch": 2, "step": 1, "valid_reported": 80.0 + shift,
                   "cpu": "Xeon", "valid_curve": curve[:2], "probe": probed(80.0 + shift, 70.0)}
                  for e in ablation.INFNET_PROBE_EPOCHS["pos"]]
+    arms = {label: list(arm) for label, arm in ablation.INFNET_ARMS.items()}
     page = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
-                                          "runs": made})
+                                          "runs": made, "arms": arms})
     assert "Made by `make ablation-pos-infnet-energies`" in page and "20 runs on Xeon" in page
     assert ("| as run (E: Adam 1e-3, A and F: Adam 1e-3) (epoch 16) | 81.00 ± 1.41 | 77.00 ± 1.41 | 0.50 ± 0.00 "
-            "|") in page
+            "| 0.50 ± 0.00 |") in page
+    assert "| energy frozen (its lr 1e-12) (`optim.lr=1e-12`, epoch 16) |" in page and "probe's own" not in page
     assert "| 12 | 81.00 ± 1.41 | 70.00 ± 0.00 |" in page and "| 10 | 81.00 ± 1.41 | 77.00 ± 1.41 |" in page
     assert "equals each run's last evaluation (its `history.csv`): all 20 runs" in page
     assert "Each stopped fork's valid curve equals the as-run arm's to its epoch (two decimals): all." in page
     made[-1]["valid_curve"], made[0]["valid_reported"] = [70.0, 75.0], 1.0  # a fork off its arm; a probe off its run
+    made += [{**made[0], "arm": "lam0"}]
+    arms |= {"lam0": ["A's term dropped (λ = 0)", ["task.lam=0"]]}
     page = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
-                                          "runs": made})
+                                          "runs": made, "arms": arms})
+    assert "| A's term dropped (λ = 0) (`task.lam=0`, epoch 16) |" in page and "this probe's own" in page
     assert "**not** for base-301" in page and "**not** for as_run_e15-302" in page
     ner = ablation.infnet_energies_page({"task": "ner", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
                                          "runs": [{**r, "probe": {s: {**p, "f1_A": 1.0, "f1_E": 2.0}
                                                                   for s, p in r["probe"].items()}}
-                                                  for r in made if not r["arm"].startswith("as_run_e")]})
+                                                  for r in made if not r["arm"].startswith("as_run_e")],
+                                         "arms": arms})
     assert "| arm | A: F1 | argmin E: F1 | A: token acc |" in ner and "epoch by epoch" not in ner

@@ -60,4 +60,5 @@ def test_on_ner_infnet_the_probe_gives_span_f1_beside_token_accuracy(tmp_path):
         r = rows[split]
         assert abs(r["f1_A"] - last[f"{split}/f1"]) < 1e-9 and abs(r["acc_A"] - last[f"{split}/token_acc"]) < 1e-9
         assert 0 <= r["f1_E"] <= 100 and r["author_A"] is None and r["gold_below_author"] is None
-        assert r["gap_gold"] >= -1e-6 and r["gap_A"] >= -1e-6
+        assert r["gap_gold"] >= -1e-6 and r["gap_A"] >= -1e-6 and 0 <= r["acc_E_unary"] <= 100
+        assert r["transition_abs"] == rows["train"]["transition_abs"] > 0  # the method phase trains W
