@@ -784,8 +784,8 @@ INFNET_PROBE_ARMS = {
     },
     "ner": {},
 }
-PROBE_KEYS = ("acc_A", "acc_E", "acc_E_unary", "transition_abs", "f1_A", "f1_E", "gold_below_A", "gap_gold", "gap_A",
-              "gap_A_relaxed")
+PROBE_KEYS = ("acc_A", "acc_E", "acc_E_unary", "transition_abs", "acc_F", "F_at_E_errors", "f1_A", "f1_E",
+              "gold_below_A", "gap_gold", "gap_A", "gap_A_relaxed")
 
 
 def infnet_energies(task: str, only_summary: bool) -> None:
@@ -836,7 +836,8 @@ def infnet_energies_page(summary: dict) -> str:
     if f1:
         cols = [("A: F1", "f1_A"), ("argmin E: F1", "f1_E"), ("A: token acc", "acc_A"),
                 ("argmin E: token acc", "acc_E"), ("argmin E, unary part: token acc", "acc_E_unary")]
-    cols += [("gold < A (%)", "gold_below_A"), ("E gap: gold", "gap_gold"), ("E gap: A", "gap_A"),
+    cols += [("F: token acc" if f1 else "F", "acc_F"), ("F at E's errors (%)", "F_at_E_errors"),
+             ("gold < A (%)", "gold_below_A"), ("E gap: gold", "gap_gold"), ("E gap: A", "gap_A"),
              ("E gap: A relaxed", "gap_A_relaxed"), ("mean abs W", "transition_abs")]
     lines = [
         f"# {what}: where InfNet's energy puts its minimum, by probe", "",
@@ -850,7 +851,9 @@ def infnet_energies_page(summary: dict) -> str:
         f"seeds {', '.join(map(str, INFNET_SEEDS))}. Columns: **A**: the test-time inference network's argmax "
         f"({'span F1 and ' if f1 else ''}token accuracy; what the run reports at that step); **argmin E**: the "
         "energy's own minimum, the same; **unary part**: the same of the energy's unary scores alone (per token, its "
-        "transitions dropped); **gold < A**: % of sentences whose gold tagging has a lower energy than A's argmax "
+        "transitions dropped); **F**: token accuracy of the cost-augmented network's argmax (eq. 5 trains the energy "
+        "against F(x)); **F at E's errors**: % of the tokens the energy's minimum tags wrong where F's argmax has that "
+        "same wrong tag; **gold < A**: % of sentences whose gold tagging has a lower energy than A's argmax "
         "(ties, as where A is right, count as not lower); **E gap**: E_φ(x, y) − min_y E_φ(x, y) per token for the "
         "gold y, for A's argmax and for A(x) itself, the distributions over tags it outputs, at which eq. 5 evaluates "
         "the energy (0: the minimum; below 0: the relaxation goes below the minimum over taggings); **mean abs W**: "
@@ -872,13 +875,14 @@ def infnet_energies_page(summary: dict) -> str:
                   f": forks of it stopped there (the same run as the as-run arm, to an earlier step: the checks say "
                   f"whether their curves are the arm's); {last}: the arm.", "",
                   "| epoch | valid: A | valid: argmin E | train: A | train: argmin E | train: argmin E, unary part | "
-                  "train: gold < A (%) | train: E gap gold | train: E gap A | train: E gap A relaxed | mean abs W |",
-                  "|---" * 11 + "|"]
+                  "train: F | train: F at E's errors (%) | train: gold < A (%) | train: E gap gold | train: E gap A | "
+                  "train: E gap A relaxed | mean abs W |", "|---" * 13 + "|"]
         for epoch, arm in at.items():
             rs = [r for r in runs if r["arm"] == arm]
             lines.append(f"| {epoch} | {mean(rs, 'valid', 'acc_A')} | {mean(rs, 'valid', 'acc_E')} | "
                          f"{mean(rs, 'train', 'acc_A')} | {mean(rs, 'train', 'acc_E')} | "
-                         f"{mean(rs, 'train', 'acc_E_unary')} | {mean(rs, 'train', 'gold_below_A')} | "
+                         f"{mean(rs, 'train', 'acc_E_unary')} | {mean(rs, 'train', 'acc_F')} | "
+                         f"{mean(rs, 'train', 'F_at_E_errors')} | {mean(rs, 'train', 'gold_below_A')} | "
                          f"{mean(rs, 'train', 'gap_gold')} | {mean(rs, 'train', 'gap_A')} | "
                          f"{mean(rs, 'train', 'gap_A_relaxed')} | {mean(rs, 'train', 'transition_abs', 3)} |")
         lines.append("")

@@ -13,6 +13,9 @@ and transition scores), so its minimum over tag sequences is exact (:meth:`Seque
   inference network: the CRF floor); ``acc_E``: the same of argmin_y E_φ(x, y), what the energy itself would tag;
   ``acc_E_unary``: the same of the energy's unary part alone (per token, the transitions dropped), and
   ``transition_abs``: the mean |W_ij| of its transition scores (a run's, the same in every split);
+* ``acc_F``: token accuracy of the cost-augmented network F's argmax (InfNet: eq. 5 trains the energy against F(x));
+  ``F_at_E_errors``: % of the tokens the energy's minimum tags wrong where F's argmax has that same wrong tag (the
+  energy's own errors among the outputs it is pushed up at); both None without F;
 * ``f1_A``, ``f1_E``: span F1 (conlleval) of the same, where the task's metric is span F1 (NER), else None;
 * ``author_A``, ``author_E``: % of tokens tagged author, where the tags have an author (citation), else None;
 * ``gold_below_A``: % of sentences where E_φ(x, gold) < E_φ(x, argmax A(x)) (the energy ranks the gold tagging above
@@ -32,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-COUNTS = ("tokens", "sentences", "right_A", "right_E", "right_E_unary", "author_A", "author_E", "gold_below_A",
-          "gold_below_author", "gap_gold", "gap_A", "gap_A_relaxed")
+COUNTS = ("tokens", "sentences", "right_A", "right_E", "right_E_unary", "right_F", "wrong_E", "F_at_E_errors",
+          "author_A", "author_E", "gold_below_A", "gold_below_author", "gap_gold", "gap_A", "gap_A_relaxed")
 
 
 def probe(run_dir: str) -> list[dict]:
@@ -53,6 +56,7 @@ def probe(run_dir: str) -> list[dict]:
     model.load_state_dict(state["model"])
     model.eval()
     author = model.tags.index("author") if "author" in model.tags else None
+    cost_net = getattr(model, "cost_net", None)
     rows = []
     for split in ("train", "valid", "test"):
         sums = dict.fromkeys(COUNTS, 0.0)
@@ -69,6 +73,7 @@ def probe(run_dir: str) -> list[dict]:
                 gold = F.one_hot(batch["y"].clamp_min(0), model.num_tags) * mask.unsqueeze(-1)
                 e_hat = model.viterbi(batch)
                 unary = model.energy_net.energy.unary_scores(batch["_energy_features"])  # higher: lower energy
+                f_tags = None if cost_net is None else model.inference(cost_net, batch)[0].argmax(-1)
                 # A(x); a run without an inference network (the CRF floor) has its energy's minimum in its place
                 a_out = e_hat if model.infnet is None else model.inference(model.infnet, batch)[0]
                 a_tags = a_out.argmax(-1)
@@ -78,6 +83,11 @@ def probe(run_dir: str) -> list[dict]:
                     ys.append(F.one_hot(torch.full_like(a_tags, author), model.num_tags) * mask.unsqueeze(-1))
                 e_gold, e_a, e_min, e_relaxed, *e_author = model.energy(batch, torch.stack(ys).to(e_hat.dtype))
             e_tags = e_hat.argmax(-1)
+            wrong = (e_tags != batch["y"]) & mask
+            sums["wrong_E"] += float(wrong.sum())
+            if cost_net is not None:
+                sums["right_F"] += float(((f_tags == batch["y"]) & mask).sum())
+                sums["F_at_E_errors"] += float((wrong & (f_tags == e_tags)).sum())
             for name, tags in (("gold", batch["y"]), ("A", a_tags), ("E", e_tags)):
                 tagged[name] += [row[:n] for row, n in zip(tags.tolist(), batch["lengths"].tolist(), strict=True)]
             sums["tokens"] += float(mask.sum())
@@ -96,7 +106,8 @@ def probe(run_dir: str) -> list[dict]:
         t, c = sums["tokens"], sums["sentences"]
         row = {"run_dir": str(run_dir), "split": split, "sentences": int(c), "tokens": int(t),
                "acc_A": 100 * sums["right_A"] / t, "acc_E": 100 * sums["right_E"] / t,
-               "acc_E_unary": 100 * sums["right_E_unary"] / t, "f1_A": None, "f1_E": None,
+               "acc_E_unary": 100 * sums["right_E_unary"] / t, "f1_A": None, "f1_E": None, "acc_F": None,
+               "F_at_E_errors": None,
                "transition_abs": float(model.energy_net.energy.transition.detach().abs().mean()),
                "author_A": None, "author_E": None, "gold_below_A": 100 * sums["gold_below_A"] / c,
                "gold_below_author": None, "gap_gold": sums["gap_gold"] / t, "gap_A": sums["gap_A"] / t,
@@ -105,6 +116,9 @@ def probe(run_dir: str) -> list[dict]:
             gold_seqs = [[model.tags[i] for i in s] for s in tagged["gold"]]
             for who in ("A", "E"):
                 row[f"f1_{who}"] = span_f1([[model.tags[i] for i in s] for s in tagged[who]], gold_seqs)[2]
+        if cost_net is not None:
+            row.update(acc_F=100 * sums["right_F"] / t,
+                       F_at_E_errors=100 * sums["F_at_E_errors"] / max(sums["wrong_E"], 1))
         if author is not None:
             row.update(author_A=100 * sums["author_A"] / t, author_E=100 * sums["author_E"] / t,
                        gold_below_author=100 * sums["gold_below_author"] / c)

@@ -279,7 +279,7 @@ def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page
                                           "runs": made, "arms": arms})
     assert "Made by `make ablation-pos-infnet-energies`" in page and "20 runs on Xeon" in page
     assert ("| as run (E: Adam 1e-3, A and F: Adam 1e-3) (epoch 16) | 81.00 ± 1.41 | 77.00 ± 1.41 | 0.50 ± 0.00 "
-            "| 0.50 ± 0.00 |") in page
+            "| 0.50 ± 0.00 | 0.50 ± 0.00 | 0.50 ± 0.00 |") in page
     assert "| energy frozen (its lr 1e-12) (`optim.lr=1e-12`, epoch 16) |" in page and "probe's own" not in page
     assert "| 12 | 81.00 ± 1.41 | 70.00 ± 0.00 |" in page and "| 10 | 81.00 ± 1.41 | 77.00 ± 1.41 |" in page
     assert "equals each run's last evaluation (its `history.csv`): all 20 runs" in page

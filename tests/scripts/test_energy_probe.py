@@ -35,6 +35,7 @@ def test_the_probe_reads_a_at_its_last_step_and_the_energys_exact_minimum(tmp_pa
             assert abs(mine - last[f"{split}/acc"]) < 1e-9
             assert r["gap_gold"] >= -1e-6 and 0 <= r["gold_below_author"] <= 100
             assert r["f1_A"] is None and r["f1_E"] is None  # the task's metric is token accuracy
+            assert r["acc_F"] is None and r["F_at_E_errors"] is None  # no cost-augmented network
             if experiment == "cd":
                 assert r["gap_A"] >= -1e-6 and 0 <= r["gold_below_A"] <= 100
                 assert abs(r["author_A"] - last[f"{split}/author_share"]) < 1e-9
@@ -62,3 +63,4 @@ def test_on_ner_infnet_the_probe_gives_span_f1_beside_token_accuracy(tmp_path):
         assert 0 <= r["f1_E"] <= 100 and r["author_A"] is None and r["gold_below_author"] is None
         assert r["gap_gold"] >= -1e-6 and r["gap_A"] >= -1e-6 and 0 <= r["acc_E_unary"] <= 100
         assert r["transition_abs"] == rows["train"]["transition_abs"] > 0  # the method phase trains W
+        assert 0 <= r["acc_F"] <= 100 and 0 <= r["F_at_E_errors"] <= 100
