@@ -784,6 +784,8 @@ INFNET_PROBE_ARMS = {
     },
     "ner": {},
 }
+#: the arms whose energy the page also takes apart, its parameters swapped with the base's (where the task has them)
+INFNET_SWAP_ARMS = ("as_run_e11", "as_run", "lam0")
 PROBE_KEYS = ("acc_A", "acc_E", "acc_E_unary", "transition_abs", "acc_F", "F_at_E_errors", "f1_A", "f1_E",
               "gold_below_A", "gap_gold", "gap_A", "gap_A_relaxed")
 
@@ -799,10 +801,18 @@ def infnet_energies(task: str, only_summary: bool) -> None:
     where, _ = ensure(f"{task}_infnet", table, runs, only_summary, "~1-25", entry=entry, sources=sources, weights=True)
     out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), *(str(where / label) for label in runs)],
                   capture_output=True, text=True)
-    probed = {}
+    probed, swapped = {}, {}
     for line in out.stdout.splitlines():
         p = json.loads(line)
         probed.setdefault(Path(p["run_dir"]).name, {})[p["split"]] = {k: p[k] for k in (*PROBE_KEYS, "step")}
+    for seed in INFNET_SEEDS:  # which of the energy's parameters moved its minimum: swapped with the base's
+        moved = [where / f"{arm}-{seed}" for arm in INFNET_SWAP_ARMS if f"{arm}-{seed}" in runs]
+        out = at_code(campaign.code_dir(entry["commit"]), [str(PROBE), "--swap", str(where / f"base-{seed}"),
+                                                           *map(str, moved)], capture_output=True, text=True)
+        for line in out.stdout.splitlines():
+            p = json.loads(line)
+            swapped.setdefault(Path(p["run_dir"]).name, {})[p["split"]] = {
+                k: v for k, v in p.items() if k not in ("run_dir", "base_dir", "split")}
     made = []
     for label in runs:
         record = json.loads((where / label / "metrics.json").read_text())
@@ -810,7 +820,7 @@ def infnet_energies(task: str, only_summary: bool) -> None:
         arm, seed = label.rsplit("-", 1)
         made.append({"arm": arm, "seed": int(seed), "epoch": curve["epochs"][-1], "step": record["steps"],
                      "valid_reported": curve["valid"][-1], "cpu": record.get("cpu"), "valid_curve": curve["valid"],
-                     "probe": probed[label]})
+                     "probe": probed[label], **({"swap": swapped[label]} if label in swapped else {})})
     write({"task": task, "commit": FORK_COMMIT, "args": entry["args"], "rows": [], "runs": made,
            "arms": {label: list(arm) for label, arm in arms.items()}},
           ROOT / "results" / table.split("/")[0] / f"{task}_infnet_energies", infnet_energies_page)
@@ -885,6 +895,26 @@ def infnet_energies_page(summary: dict) -> str:
                          f"{mean(rs, 'train', 'F_at_E_errors')} | {mean(rs, 'train', 'gold_below_A')} | "
                          f"{mean(rs, 'train', 'gap_gold')} | {mean(rs, 'train', 'gap_A')} | "
                          f"{mean(rs, 'train', 'gap_A_relaxed')} | {mean(rs, 'train', 'transition_abs', 3)} |")
+        lines.append("")
+    swaps = [r for r in runs if "swap" in r]
+    if swaps:
+        groups = [k.removeprefix("back.") for k in swaps[0]["swap"]["train"] if k.startswith("back.")]
+        names = ["run", "base", *(f"{w}.{g}" for g in groups for w in ("back", "only"))]
+        lines += ["## Which of the energy's parameters moved its minimum", "",
+                  "Token accuracy of the energy's minimum (Viterbi), the run's parameters swapped part by part with "
+                  "its base's (the same seed at the end of pretraining): **back**: the run with that part put back to "
+                  "the base's; **only**: the base with that part alone moved to the run's. Parts: the word vectors, "
+                  "the BiLSTM, the unary scores' layer, the transition scores (`ENERGY_GROUPS` in "
+                  "`scripts/energy_probe.py`). Mean ± sd over seeds.", "",
+                  "| arm (epoch) | split | the run | the base | "
+                  + " | ".join(f"{g} back | only {g}" for g in groups) + " |", "|---" * (2 + len(names)) + "|"]
+        for arm in INFNET_SWAP_ARMS:
+            rs = [r for r in swaps if r["arm"] == arm]
+            for split in ("train", "valid") if rs else ():
+                values = [[r["swap"][split][name] for r in rs] for name in names]
+                lines.append(f"| {arm} ({rs[0]['epoch']}) | {split} | " + " | ".join(
+                    f"{statistics.fmean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}" for v in values)
+                    + " |")
         lines.append("")
     key = "f1_A" if f1 else "acc_A"
     off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]

@@ -24,6 +24,15 @@ and transition scores), so its minimum over tag sequences is exact (:meth:`Seque
 * ``gap_gold``, ``gap_A``: E_φ(x, gold) − min_y E_φ(x, y), and the same for A's argmax, per token (0: the minimum);
   ``gap_A_relaxed``: the same for A(x) itself, its distributions over tags (the point the inference network is trained
   to bring down; below 0 where the energy's relaxation goes below its minimum over taggings).
+
+Which of the energy's parameters moved its minimum, by swapping them with another state of the same run (its base,
+before the moves)::
+
+    python scripts/energy_probe.py --swap BASE_DIR RUN_DIR [RUN_DIR ...]
+
+one JSON line per run and split: ``acc_E`` of the run, of the base, and per group of :data:`ENERGY_GROUPS`,
+``back.<group>`` (the run with that group's parameters restored to the base's) and ``only.<group>`` (the base with
+that group's parameters moved to the run's).
 """
 
 from __future__ import annotations
@@ -39,13 +48,18 @@ COUNTS = ("tokens", "sentences", "right_A", "right_E", "right_E_unary", "right_F
           "author_A", "author_E", "gold_below_A", "gold_below_author", "gap_gold", "gap_A", "gap_A_relaxed")
 
 
-def probe(run_dir: str) -> list[dict]:
+#: the energy's parameters by part (prefixes of its state's keys): word vectors, the per-token feature vectors (NER+),
+#: the BiLSTM, the unary scores' layer, the transition scores with their start and end
+ENERGY_GROUPS = {"words": ("energy_net.features.words.",), "extras": ("energy_net.features.extras.",),
+                 "bilstm": ("energy_net.features.encoder.",), "unary": ("energy_net.energy.unary.",),
+                 "transitions": ("energy_net.energy.transition", "energy_net.energy.start", "energy_net.energy.end")}
+
+
+def load(run_dir: str):
+    """(the run's configuration, its data, its model in eval mode at its last step, that checkpoint)."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from latentstruct.data.base import iterate_batches
-    from latentstruct.data.conll import span_f1
-    from latentstruct.models.masks import length_mask
     from latentstruct.train import build_model
 
     cfg = OmegaConf.load(Path(run_dir, ".hydra", "config.yaml"))
@@ -54,7 +68,52 @@ def probe(run_dir: str) -> list[dict]:
     model = build_model(cfg, data.dims, data.extras)
     state = torch.load(Path(run_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
-    model.eval()
+    return cfg, data, model.eval(), state
+
+
+def energy_accuracy(model, rows: dict[str, torch.Tensor]) -> float:
+    """Token accuracy (%) of argmin_y E_φ(x, y) (Viterbi) over ``rows``."""
+    from latentstruct.data.base import iterate_batches
+    from latentstruct.models.masks import length_mask
+
+    right = tokens = 0.0
+    for batch in iterate_batches(rows, 100):
+        with torch.no_grad():
+            batch = model.trim(batch)
+            mask = length_mask(batch["lengths"], batch["x"].shape[1], batch["x"].device)
+            right += float(((model.viterbi(batch).argmax(-1) == batch["y"]) & mask).sum())
+            tokens += float(mask.sum())
+    return 100 * right / tokens
+
+
+def swap(base_dir: str, run_dir: str, splits: tuple[str, ...] = ("train", "valid")) -> list[dict]:
+    """``acc_E`` of ``run_dir``'s energy with each group of :data:`ENERGY_GROUPS` put back to ``base_dir``'s
+    (``back.<group>``), and of the base's with that group alone moved to the run's (``only.<group>``); groups the model
+    lacks are left out. Both runs are of one configuration (their states have the same keys)."""
+    _, data, model, state = load(run_dir)
+    moved, base = state["model"], torch.load(Path(base_dir, "checkpoint.pt"), map_location="cpu",
+                                             weights_only=False)["model"]
+    if moved.keys() != base.keys():
+        raise ValueError(f"{run_dir} and {base_dir} are not of one model")
+    states = {"run": moved, "base": base}
+    for group, prefixes in ENERGY_GROUPS.items():
+        if any(k.startswith(prefixes) for k in moved):
+            states[f"back.{group}"] = {k: base[k] if k.startswith(prefixes) else v for k, v in moved.items()}
+            states[f"only.{group}"] = {k: moved[k] if k.startswith(prefixes) else v for k, v in base.items()}
+    rows = [{"run_dir": str(run_dir), "base_dir": str(base_dir), "split": split} for split in splits]
+    for name, weights in states.items():
+        model.load_state_dict(weights)
+        for row in rows:
+            row[name] = energy_accuracy(model, data.splits[row["split"]])
+    return rows
+
+
+def probe(run_dir: str) -> list[dict]:
+    from latentstruct.data.base import iterate_batches
+    from latentstruct.data.conll import span_f1
+    from latentstruct.models.masks import length_mask
+
+    cfg, data, model, state = load(run_dir)
     author = model.tags.index("author") if "author" in model.tags else None
     cost_net = getattr(model, "cost_net", None)
     rows = []
@@ -130,9 +189,10 @@ def probe(run_dir: str) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
-    for run_dir in argv:
-        for row in probe(run_dir):
-            print(json.dumps(row), flush=True)
+    rows = ((row for run_dir in argv[2:] for row in swap(argv[1], run_dir)) if argv[:1] == ["--swap"] else
+            (row for run_dir in argv for row in probe(run_dir)))
+    for row in rows:
+        print(json.dumps(row), flush=True)
     return 0
 
 

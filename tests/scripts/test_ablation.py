@@ -278,6 +278,15 @@ def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page
     page = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
                                           "runs": made, "arms": arms})
     assert "Made by `make ablation-pos-infnet-energies`" in page and "20 runs on Xeon" in page
+    assert "Which of the energy's parameters" not in page  # no swaps: no section
+    for r in made:
+        if r["arm"] == "as_run":
+            split = {"run": 70.0, "base": 90.0 + r["seed"] - 301, "back.bilstm": 89.0, "only.bilstm": 72.0}
+            r["swap"] = {"train": split, "valid": split}
+    swapped = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1",
+                                             "rows": [], "runs": made, "arms": arms})
+    assert "| arm (epoch) | split | the run | the base | bilstm back | only bilstm |" in swapped
+    assert "| as_run (3) | valid | 70.00 ± 0.00 | 90.50 ± 0.71 | 89.00 ± 0.00 | 72.00 ± 0.00 |" in swapped
     assert ("| as run (E: Adam 1e-3, A and F: Adam 1e-3) (epoch 16) | 81.00 ± 1.41 | 77.00 ± 1.41 | 0.50 ± 0.00 "
             "| 0.50 ± 0.00 | 0.50 ± 0.00 | 0.50 ± 0.00 |") in page
     assert "| energy frozen (its lr 1e-12) (`optim.lr=1e-12`, epoch 16) |" in page and "probe's own" not in page

@@ -64,3 +64,27 @@ def test_on_ner_infnet_the_probe_gives_span_f1_beside_token_accuracy(tmp_path):
         assert r["gap_gold"] >= -1e-6 and r["gap_A"] >= -1e-6 and 0 <= r["acc_E_unary"] <= 100
         assert r["transition_abs"] == rows["train"]["transition_abs"] > 0  # the method phase trains W
         assert 0 <= r["acc_F"] <= 100 and 0 <= r["F_at_E_errors"] <= 100
+
+
+def test_swapping_the_energys_parts_with_its_base_gives_each_states_exact_minimum(tmp_path):
+    from scripts.energy_probe import ENERGY_GROUPS, swap
+    from tests.helpers import one_epoch_per_phase
+    from tests.tasks.test_energy_ner import _toy_cfg, write_conll
+
+    data_dir, dirs = write_conll(tmp_path / "data"), {}
+    for name, epochs in (("base", 1), ("run", 2)):  # the same run, one epoch of the method phase apart
+        out = tmp_path / name
+        cfg = _toy_cfg(data_dir, out, "infnet")
+        one_epoch_per_phase(cfg)
+        cfg.trainer.phases[1].epochs = epochs
+        assert train(cfg, console=False)["status"] == "completed"
+        (out / ".hydra").mkdir()
+        OmegaConf.save(cfg, out / ".hydra" / "config.yaml")
+        dirs[name] = str(out)
+    rows = {r["split"]: r for r in swap(dirs["base"], dirs["run"])}
+    probed = {name: {r["split"]: r["acc_E"] for r in probe(d)} for name, d in dirs.items()}
+    assert sorted(rows) == ["train", "valid"] and "back.extras" not in rows["train"]  # no NER+ features here
+    for split, r in rows.items():
+        assert r["run"] == probed["run"][split] and r["base"] == probed["base"][split]
+        assert {k.split(".", 1)[1] for k in r if "." in k} == set(ENERGY_GROUPS) - {"extras"}
+        assert all(0 <= r[k] <= 100 for k in r if "." in k)
