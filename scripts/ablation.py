@@ -652,6 +652,11 @@ def infnet_curve(run_dir: str | Path, column: str) -> dict:
     return {"epochs": [int(e) for e in history["epoch"]], "valid": [float(v) for v in history[column]]}
 
 
+def mean_sd(xs: list[float], digits: int = 2) -> str:
+    """``mean ± sd`` (sample sd; 0 of one value)."""
+    return f"{statistics.fmean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
+
+
 def infnet_ablation(task: str, only_summary: bool, seeds: tuple[int, ...] = INFNET_SEEDS) -> None:
     """InfNet on ``task`` (:data:`INFNET_TABLES`), each of ``seeds`` (default: :data:`INFNET_SEEDS`; fewer: a page of
     those alone, its status line naming them): the table's run to the end of pretraining (the base), then forks of it
@@ -700,9 +705,6 @@ def infnet_page(summary: dict) -> str:
 
     def best(curve: dict) -> tuple[float, int]:
         return max((v, e) for v, e in zip(curve["valid"], curve["epochs"], strict=True) if e >= first)
-
-    def mean_sd(xs: list[float]) -> str:
-        return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
 
     hosts = sorted({a["cpu"] or "not recorded" for s in seeds for a in s["arms"].values()})
     shown = [s["seed"] for s in seeds]
@@ -792,8 +794,9 @@ PROBE_KEYS = ("acc_A", "acc_E", "acc_E_unary", "transition_abs", "acc_F", "F_at_
 
 def infnet_energies(task: str, only_summary: bool) -> None:
     """Where the energy of :func:`infnet_ablation`'s runs puts its minimum (:mod:`scripts.energy_probe`, at
-    :data:`FORK_COMMIT`): each seed's base, each arm at its last step and the as-run arm at
-    :data:`INFNET_PROBE_EPOCHS` (forks of the base stopped there, run here if missing)."""
+    :data:`FORK_COMMIT`): each seed's base, each arm (and those of :data:`INFNET_PROBE_ARMS`) at its last step and the
+    as-run arm at :data:`INFNET_PROBE_EPOCHS` (forks of the base, run here if missing); then the arms of
+    :data:`INFNET_SWAP_ARMS` with their energy's parameters swapped part by part with the base's."""
     table = INFNET_TABLES[task][0]
     epochs = INFNET_PROBE_EPOCHS[task]
     arms = INFNET_ARMS | INFNET_PROBE_ARMS[task]
@@ -838,9 +841,7 @@ def infnet_energies_page(summary: dict) -> str:
     hosts = sorted({r["cpu"] or "not recorded" for r in runs})
 
     def mean(rs: list[dict], split: str, key: str, digits: int = 2) -> str:
-        values = [r["probe"][split][key] for r in rs]
-        return f"{statistics.fmean(values):.{digits}f}" + (f" ± {statistics.stdev(values):.{digits}f}"
-                                                            if len(values) > 1 else "")
+        return mean_sd([r["probe"][split][key] for r in rs], digits)
 
     cols = [("A", "acc_A"), ("argmin E", "acc_E"), ("argmin E: unary part", "acc_E_unary")]
     if f1:
@@ -912,9 +913,7 @@ def infnet_energies_page(summary: dict) -> str:
             rs = [r for r in swaps if r["arm"] == arm]
             for split in ("train", "valid") if rs else ():
                 values = [[r["swap"][split][name] for r in rs] for name in names]
-                lines.append(f"| {arm} ({rs[0]['epoch']}) | {split} | " + " | ".join(
-                    f"{statistics.fmean(v):.2f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.2f}" for v in values)
-                    + " |")
+                lines.append(f"| {arm} ({rs[0]['epoch']}) | {split} | " + " | ".join(map(mean_sd, values)) + " |")
         lines.append("")
     key = "f1_A" if f1 else "acc_A"
     off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]

@@ -89,7 +89,7 @@ def energy_accuracy(model, rows: dict[str, torch.Tensor]) -> float:
 def swap(base_dir: str, run_dir: str, splits: tuple[str, ...] = ("train", "valid")) -> list[dict]:
     """``acc_E`` of ``run_dir``'s energy with each group of :data:`ENERGY_GROUPS` put back to ``base_dir``'s
     (``back.<group>``), and of the base's with that group alone moved to the run's (``only.<group>``); groups the model
-    lacks are left out. Both runs are of one configuration (their states have the same keys)."""
+    lacks are left out. Both runs are of one model (their states have the same keys), e.g. a fork and its source."""
     _, data, model, state = load(run_dir)
     moved, base = state["model"], torch.load(Path(base_dir, "checkpoint.pt"), map_location="cpu",
                                              weights_only=False)["model"]
