@@ -139,7 +139,7 @@ def ensure(name: str, table: str, runs: dict[str, list[str]], only_summary: bool
     for label in unweighted:
         for file in ("metrics.json", "run.json"):
             (where / label / file).unlink(missing_ok=True)
-    todo = [label for label in runs if carry.run_status(where / label) not in DONE]
+    todo = [label for label in runs if label in todo or label in recorded]  # those reset join, in the runs' order
 
     def pack() -> None:
         carry.pack_records(f"{table}:{name}", where, root, state, log=_log)
