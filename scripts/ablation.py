@@ -914,6 +914,22 @@ def infnet_energies_page(summary: dict) -> str:
             for split in ("train", "valid") if rs else ():
                 values = [[r["swap"][split][name] for r in rs] for name in names]
                 lines.append(f"| {arm} ({rs[0]['epoch']}) | {split} | " + " | ".join(map(mean_sd, values)) + " |")
+        lines += ["", "## How far each part moved, in steps of the learning rate", "",
+                  "Per coordinate of each part, |φ_run − φ_base| / (lr × the method steps between the two states): "
+                  "the mean and the largest. Adam's step is about lr a coordinate where the gradient keeps its sign "
+                  "and size, so the largest is at most about 1 unless the steps were enlarged; the energy's one "
+                  "optimizer goes on from pretraining into the method phase, and moments from pretraining that are "
+                  "small beside the method's gradients would enlarge its first steps (up to ~1/√(1 − β₂) = 32 times "
+                  "at β₂ = 0.999). The transition scores have no moments from pretraining (it trains the unary part "
+                  "alone). Mean ± sd over seeds.", "",
+                  "| arm (epoch) | method steps | " + " | ".join(f"{g}: mean | {g}: largest" for g in groups) + " |",
+                  "|---" * (2 + 2 * len(groups)) + "|"]
+        for arm in INFNET_SWAP_ARMS:
+            rs = [r for r in swaps if r["arm"] == arm]
+            if rs:
+                values = [[r["swap"]["train"][f"step_{s}.{g}"] for r in rs] for g in groups for s in ("mean", "max")]
+                lines.append(f"| {arm} ({rs[0]['epoch']}) | {rs[0]['swap']['train']['steps_between']:,} | "
+                             + " | ".join(mean_sd(v, 3) for v in values) + " |")
         lines.append("")
     key = "f1_A" if f1 else "acc_A"
     off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]

@@ -32,7 +32,11 @@ before the moves)::
 
 one JSON line per run and split: ``acc_E`` of the run, of the base, and per group of :data:`ENERGY_GROUPS`,
 ``back.<group>`` (the run with that group's parameters restored to the base's) and ``only.<group>`` (the base with
-that group's parameters moved to the run's).
+that group's parameters moved to the run's); and how far the group moved, per coordinate, in Adam steps of the run's
+learning rate: ``step_mean.<group>`` and ``step_max.<group>``, the mean and largest |φ_run − φ_base| / (``optim.lr``
+× ``steps_between``, the steps between the two states), the same in every split. Adam's step is about the learning
+rate a coordinate where the gradient keeps its sign and size; moments carried over from pretraining that are small
+beside the method's gradients would make it larger (up to ~1/√(1 − β₂) times at first), the largest above 1.
 """
 
 from __future__ import annotations
@@ -90,17 +94,24 @@ def swap(base_dir: str, run_dir: str, splits: tuple[str, ...] = ("train", "valid
     """``acc_E`` of ``run_dir``'s energy with each group of :data:`ENERGY_GROUPS` put back to ``base_dir``'s
     (``back.<group>``), and of the base's with that group alone moved to the run's (``only.<group>``); groups the model
     lacks are left out. Both runs are of one model (their states have the same keys), e.g. a fork and its source."""
-    _, data, model, state = load(run_dir)
-    moved, base = state["model"], torch.load(Path(base_dir, "checkpoint.pt"), map_location="cpu",
-                                             weights_only=False)["model"]
+    cfg, data, model, state = load(run_dir)
+    base_state = torch.load(Path(base_dir, "checkpoint.pt"), map_location="cpu", weights_only=False)
+    moved, base = state["model"], base_state["model"]
     if moved.keys() != base.keys():
         raise ValueError(f"{run_dir} and {base_dir} are not of one model")
-    states = {"run": moved, "base": base}
+    steps = state["step"] - base_state["step"]
+    if steps <= 0:
+        raise ValueError(f"{run_dir} (step {state['step']}) is not after {base_dir} (step {base_state['step']})")
+    states, steps_moved = {"run": moved, "base": base}, {"steps_between": steps}
     for group, prefixes in ENERGY_GROUPS.items():
-        if any(k.startswith(prefixes) for k in moved):
+        keys = [k for k in moved if k.startswith(prefixes)]
+        if keys:
             states[f"back.{group}"] = {k: base[k] if k.startswith(prefixes) else v for k, v in moved.items()}
             states[f"only.{group}"] = {k: moved[k] if k.startswith(prefixes) else v for k, v in base.items()}
-    rows = [{"run_dir": str(run_dir), "base_dir": str(base_dir), "split": split} for split in splits]
+            per_step = torch.cat([(moved[k] - base[k]).abs().flatten() for k in keys]) / (cfg.optim.lr * steps)
+            steps_moved[f"step_mean.{group}"] = float(per_step.mean())
+            steps_moved[f"step_max.{group}"] = float(per_step.max())
+    rows = [{"run_dir": str(run_dir), "base_dir": str(base_dir), "split": split, **steps_moved} for split in splits]
     for name, weights in states.items():
         model.load_state_dict(weights)
         for row in rows:

@@ -281,12 +281,15 @@ def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page
     assert "Which of the energy's parameters" not in page  # no swaps: no section
     for r in made:
         if r["arm"] == "as_run":
-            split = {"run": 70.0, "base": 90.0 + r["seed"] - 301, "back.bilstm": 89.0, "only.bilstm": 72.0}
+            split = {"run": 70.0, "base": 90.0 + r["seed"] - 301, "back.bilstm": 89.0, "only.bilstm": 72.0,
+                     "steps_between": 84, "step_mean.bilstm": 0.1, "step_max.bilstm": 0.9 + (r["seed"] - 301) / 10}
             r["swap"] = {"train": split, "valid": split}
     swapped = ablation.infnet_energies_page({"task": "pos", "commit": ablation.FORK_COMMIT, "args": "x=1",
                                              "rows": [], "runs": made, "arms": arms})
     assert "| arm (epoch) | split | the run | the base | bilstm back | only bilstm |" in swapped
     assert "| as_run (3) | valid | 70.00 ± 0.00 | 90.50 ± 0.71 | 89.00 ± 0.00 | 72.00 ± 0.00 |" in swapped
+    assert "| arm (epoch) | method steps | bilstm: mean | bilstm: largest |" in swapped
+    assert "| as_run (3) | 84 | 0.100 ± 0.000 | 0.950 ± 0.071 |" in swapped
     assert ("| as run (E: Adam 1e-3, A and F: Adam 1e-3) (epoch 16) | 81.00 ± 1.41 | 77.00 ± 1.41 | 0.50 ± 0.00 "
             "| 0.50 ± 0.00 | 0.50 ± 0.00 | 0.50 ± 0.00 |") in page
     assert "| energy frozen (its lr 1e-12) (`optim.lr=1e-12`, epoch 16) |" in page and "probe's own" not in page

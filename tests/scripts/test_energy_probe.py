@@ -4,7 +4,11 @@ shares are percentages of the sentences (here citations)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+import pytest
+import torch
 from omegaconf import OmegaConf
 
 from latentstruct.train import train
@@ -84,7 +88,21 @@ def test_swapping_the_energys_parts_with_its_base_gives_each_states_exact_minimu
     rows = {r["split"]: r for r in swap(dirs["base"], dirs["run"])}
     probed = {name: {r["split"]: r["acc_E"] for r in probe(d)} for name, d in dirs.items()}
     assert sorted(rows) == ["train", "valid"] and "back.extras" not in rows["train"]  # no NER+ features here
+    groups = set(ENERGY_GROUPS) - {"extras"}  # no NER+ features here
     for split, r in rows.items():
         assert r["run"] == probed["run"][split] and r["base"] == probed["base"][split]
-        assert {k.split(".", 1)[1] for k in r if "." in k} == set(ENERGY_GROUPS) - {"extras"}
-        assert all(0 <= r[k] <= 100 for k in r if "." in k)
+        assert {k.split(".", 1)[1] for k in r if "." in k} == groups
+        assert all(0 <= r[k] <= 100 for k in r if k.startswith(("back.", "only.")))
+    # how far each part moved, in steps of the learning rate: from the two checkpoints and the run's lr
+    states = [torch.load(Path(dirs[n], "checkpoint.pt"), weights_only=False) for n in ("base", "run")]
+    lr = OmegaConf.load(Path(dirs["run"], ".hydra", "config.yaml")).optim.lr
+    steps = states[1]["step"] - states[0]["step"]
+    assert steps > 0 and rows["train"]["steps_between"] == steps
+    scale = lr * steps
+    for group in groups:
+        moved = torch.cat([(states[1]["model"][k] - states[0]["model"][k]).abs().flatten()
+                           for k in states[1]["model"] if k.startswith(ENERGY_GROUPS[group])]) / scale
+        assert 0 < rows["train"][f"step_max.{group}"] == rows["valid"][f"step_max.{group}"] == float(moved.max())
+        assert abs(rows["train"][f"step_mean.{group}"] - float(moved.mean())) < 1e-9
+    with pytest.raises(ValueError, match="is not after"):
+        swap(dirs["run"], dirs["base"])
