@@ -136,7 +136,7 @@ ablation-pos-infnet: install ## the same ablation of Twitter POS's InfNet (seeds
 ablation-ner-infnet-energies: install ## where the energy of ablation-ner-infnet's runs puts its minimum (scripts/energy_probe.py: A's and the energy's exact minimum's F1 and token accuracy, where the energy ranks the gold, per arm at its last step); trains nothing where the runs' weights are here (~4 min), else makes them again (~3 CPU-h); ONLY=summary refuses to -> results/energy/ner_infnet_energies.md
 	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet-energies $(if $(ONLY),--only $(ONLY))
 
-ablation-pos-infnet-energies: install ## the same probe of ablation-pos-infnet's runs, of the as-run arm at each method epoch (forks of the base stopped there) and of three arms of its own (lambda 0, cost per token, the energy's lr 1e-4): 24 runs, ~40 CPU-min -> results/energy/pos_infnet_energies.md
+ablation-pos-infnet-energies: install ## the same probe of ablation-pos-infnet's runs, of the as-run arm at each method epoch (forks of the base stopped there) and of four arms of its own (lambda 0, cost per token, the energy's lr 1e-4, the inference networks' lr 1e-2): 27 runs, ~45 CPU-min -> results/energy/pos_infnet_energies.md
 	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet-energies $(if $(ONLY),--only $(ONLY))
 
 ablation-sorting-sigma-lr: install ## sorting's learned sigma with its SGD lr raised (1e-4, 1e-2; d = 100, seeds 301-303) at the table's pinned code, ~0.5 CPU-h; ONLY=summary runs none -> results/direct/sorting_sigma_lr.md

@@ -783,6 +783,9 @@ INFNET_PROBE_ARMS = {
         "lam0": ("A's term dropped (λ = 0)", ["task.lam=0"]),
         "cost_per_token": ("Δ per token (the cost divided by the length)", ["task.normalize_cost=true"]),
         "energy_lr": ("the energy's lr 1e-4", ["optim.lr=1e-4"]),
+        # the inference networks 10 times faster than the energy (the energy's own step as run): do its new minima
+        # form where F's outputs do not go because F lags behind the energy, or at the energy's step whatever F does?
+        "infnet_lr_up": ("inference networks' lr 1e-2", ["task.inner_lr=1e-2"]),
     },
     "ner": {},
 }
