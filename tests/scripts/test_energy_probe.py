@@ -88,7 +88,7 @@ def test_swapping_the_energys_parts_with_its_base_gives_each_states_exact_minimu
     rows = {r["split"]: r for r in swap(dirs["base"], dirs["run"])}
     probed = {name: {r["split"]: r["acc_E"] for r in probe(d)} for name, d in dirs.items()}
     assert sorted(rows) == ["train", "valid"] and "back.extras" not in rows["train"]  # no NER+ features here
-    groups = set(ENERGY_GROUPS) - {"extras"}  # no NER+ features here
+    groups = set(ENERGY_GROUPS) - {"extras"}
     for split, r in rows.items():
         assert r["run"] == probed["run"][split] and r["base"] == probed["base"][split]
         assert {k.split(".", 1)[1] for k in r if "." in k} == groups
