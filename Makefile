@@ -133,7 +133,7 @@ ablation-ner-infnet: install ## NER's InfNet (seeds 301-303) forked at the end o
 ablation-pos-infnet: install ## the same ablation of Twitter POS's InfNet (seeds 301-303; 42 batches an epoch), ~15 CPU-min; ONLY=summary runs none -> results/energy/pos_infnet_ablation.md
 	nice -n 5 $(BIN)/python -m scripts.ablation pos-infnet $(if $(ONLY),--only $(ONLY)) $(if $(SEEDS),--seeds $(SEEDS))
 
-ablation-ner-infnet-energies: install ## where the energy of ablation-ner-infnet's runs puts its minimum (scripts/energy_probe.py: A's and the energy's exact minimum's F1 and token accuracy, where the energy ranks the gold, per arm at its last step); trains nothing where the runs' weights are here (~4 min), else makes them again (~3 CPU-h); ONLY=summary refuses to -> results/energy/ner_infnet_energies.md
+ablation-ner-infnet-energies: install ## where the energy of ablation-ner-infnet's runs puts its minimum (scripts/energy_probe.py: A's and the energy's exact minimum's F1 and token accuracy, where the energy ranks the gold, per arm at its last step, and of the as-run arm after one method epoch: a fork of each base stopped there, 3 runs); trains only those where the runs' weights are here (~15 min), else makes every run again (~3 CPU-h); ONLY=summary refuses to -> results/energy/ner_infnet_energies.md
 	nice -n 5 $(BIN)/python -m scripts.ablation ner-infnet-energies $(if $(ONLY),--only $(ONLY))
 
 ablation-pos-infnet-energies: install ## the same probe of ablation-pos-infnet's runs, of the as-run arm at each method epoch (forks of the base stopped there) and of four arms of its own (lambda 0, cost per token, the energy's lr 1e-4, the inference networks' lr 1e-2): 27 runs, ~45 CPU-min -> results/energy/pos_infnet_energies.md

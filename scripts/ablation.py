@@ -772,9 +772,10 @@ def infnet_page(summary: dict) -> str:
 
 
 #: the method epochs at which infnet-energies also probes the as-run arm, by forks of the base stopped there (the as-run
-#: arm itself is epoch 16): POS alone, whose epoch takes ~6 s here; NER's ~90 s would make them ~25 CPU-min a seed
+#: arm itself is epoch 16): POS each, whose epoch takes ~6 s here; NER the first alone (~90 s an epoch: all five would
+#: be ~25 CPU-min a seed), where the energy's minimum first moves and its steps would be largest
 INFNET_PROBE_EPOCHS = {"pos": tuple(range(INFNET_PRETRAIN_EPOCHS + 1, INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS)),
-                       "ner": ()}
+                       "ner": (INFNET_PRETRAIN_EPOCHS + 1,)}
 #: arms that infnet-energies adds (forks of the base like :data:`INFNET_ARMS`): which part of eq. 5's energy loss, at
 #: which step, moves its minimum. POS alone (a NER arm is ~9 CPU-min a seed)
 INFNET_PROBE_ARMS = {
@@ -888,12 +889,14 @@ def infnet_energies_page(summary: dict) -> str:
                   f"Epoch {INFNET_PRETRAIN_EPOCHS}: the base; epochs {', '.join(map(str, INFNET_PROBE_EPOCHS[task]))}"
                   f": forks of it stopped there (the same run as the as-run arm, to an earlier step: the checks say "
                   f"whether their curves are the arm's); {last}: the arm.", "",
-                  "| epoch | valid: A | valid: argmin E | train: A | train: argmin E | train: argmin E, unary part | "
+                  f"| epoch | valid: A{' F1' if f1 else ''} | valid: argmin E{' F1' if f1 else ''} | train: A | "
+                  "train: argmin E | train: argmin E, unary part | "
                   "train: F | train: F at E's errors (%) | train: gold < A (%) | train: E gap gold | train: E gap A | "
                   "train: E gap A relaxed | mean abs W |", "|---" * 13 + "|"]
         for epoch, arm in at.items():
             rs = [r for r in runs if r["arm"] == arm]
-            lines.append(f"| {epoch} | {mean(rs, 'valid', 'acc_A')} | {mean(rs, 'valid', 'acc_E')} | "
+            lines.append(f"| {epoch} | {mean(rs, 'valid', 'f1_A' if f1 else 'acc_A')} | "
+                         f"{mean(rs, 'valid', 'f1_E' if f1 else 'acc_E')} | "
                          f"{mean(rs, 'train', 'acc_A')} | {mean(rs, 'train', 'acc_E')} | "
                          f"{mean(rs, 'train', 'acc_E_unary')} | {mean(rs, 'train', 'acc_F')} | "
                          f"{mean(rs, 'train', 'F_at_E_errors')} | {mean(rs, 'train', 'gold_below_A')} | "

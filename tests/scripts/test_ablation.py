@@ -306,6 +306,8 @@ def test_the_infnet_energies_runs_stop_the_as_run_arm_at_each_epoch_and_the_page
     ner = ablation.infnet_energies_page({"task": "ner", "commit": ablation.FORK_COMMIT, "args": "x=1", "rows": [],
                                          "runs": [{**r, "probe": {s: {**p, "f1_A": 1.0, "f1_E": 2.0}
                                                                   for s, p in r["probe"].items()}}
-                                                  for r in made if not r["arm"].startswith("as_run_e")],
+                                                  for r in made if r["arm"] in ("base", "as_run_e11", *arms)],
                                          "arms": arms})
-    assert "| arm | A: F1 | argmin E: F1 | A: token acc |" in ner and "epoch by epoch" not in ner
+    assert "| arm | A: F1 | argmin E: F1 | A: token acc |" in ner
+    assert "| epoch | valid: A F1 | valid: argmin E F1 |" in ner
+    assert "| 11 | 1.00 ± 0.00 | 2.00 ± 0.00 | 81.00 ± 1.41 | 70.00 ± 0.00 |" in ner and "| 12 |" not in ner
