@@ -837,6 +837,7 @@ def infnet_energies_page(summary: dict) -> str:
     task, runs = summary["task"], summary["runs"]
     table, _, _, _, _, metric = INFNET_TABLES[task]
     f1 = task == "ner"  # the table's metric is span F1: the probe gives it beside token accuracy
+    key_A, key_E = ("f1_A", "f1_E") if f1 else ("acc_A", "acc_E")  # A's and the minimum's, in the table's metric
     last = INFNET_PRETRAIN_EPOCHS + INFNET_METHOD_EPOCHS
     arms = {"base": f"base: pretraining (epoch {INFNET_PRETRAIN_EPOCHS})",
             **{label: f"{row} ({''.join(f'`{o}`, ' for o in arm)}epoch {last})"
@@ -895,8 +896,7 @@ def infnet_energies_page(summary: dict) -> str:
                   "train: E gap A relaxed | mean abs W |", "|---" * 13 + "|"]
         for epoch, arm in at.items():
             rs = [r for r in runs if r["arm"] == arm]
-            lines.append(f"| {epoch} | {mean(rs, 'valid', 'f1_A' if f1 else 'acc_A')} | "
-                         f"{mean(rs, 'valid', 'f1_E' if f1 else 'acc_E')} | "
+            lines.append(f"| {epoch} | {mean(rs, 'valid', key_A)} | {mean(rs, 'valid', key_E)} | "
                          f"{mean(rs, 'train', 'acc_A')} | {mean(rs, 'train', 'acc_E')} | "
                          f"{mean(rs, 'train', 'acc_E_unary')} | {mean(rs, 'train', 'acc_F')} | "
                          f"{mean(rs, 'train', 'F_at_E_errors')} | {mean(rs, 'train', 'gold_below_A')} | "
@@ -915,9 +915,9 @@ def infnet_energies_page(summary: dict) -> str:
                   "`scripts/energy_probe.py`). Mean ± sd over seeds.", "",
                   "| arm (epoch) | split | the run | the base | "
                   + " | ".join(f"{g} back | only {g}" for g in groups) + " |", "|---" * (2 + len(names)) + "|"]
-        for arm in INFNET_SWAP_ARMS:
-            rs = [r for r in swaps if r["arm"] == arm]
-            for split in ("train", "valid") if rs else ():
+        swapped = {arm: rs for arm in INFNET_SWAP_ARMS if (rs := [r for r in swaps if r["arm"] == arm])}
+        for arm, rs in swapped.items():
+            for split in ("train", "valid"):
                 values = [[r["swap"][split][name] for r in rs] for name in names]
                 lines.append(f"| {arm} ({rs[0]['epoch']}) | {split} | " + " | ".join(map(mean_sd, values)) + " |")
         lines += ["", "## How far each part moved, in steps of the learning rate", "",
@@ -930,15 +930,12 @@ def infnet_energies_page(summary: dict) -> str:
                   "alone). Mean ± sd over seeds.", "",
                   "| arm (epoch) | method steps | " + " | ".join(f"{g}: mean | {g}: largest" for g in groups) + " |",
                   "|---" * (2 + 2 * len(groups)) + "|"]
-        for arm in INFNET_SWAP_ARMS:
-            rs = [r for r in swaps if r["arm"] == arm]
-            if rs:
-                values = [[r["swap"]["train"][f"step_{s}.{g}"] for r in rs] for g in groups for s in ("mean", "max")]
-                lines.append(f"| {arm} ({rs[0]['epoch']}) | {rs[0]['swap']['train']['steps_between']:,} | "
-                             + " | ".join(mean_sd(v, 3) for v in values) + " |")
+        for arm, rs in swapped.items():
+            values = [[r["swap"]["train"][f"step_{s}.{g}"] for r in rs] for g in groups for s in ("mean", "max")]
+            lines.append(f"| {arm} ({rs[0]['epoch']}) | {rs[0]['swap']['train']['steps_between']:,} | "
+                         + " | ".join(mean_sd(v, 3) for v in values) + " |")
         lines.append("")
-    key = "f1_A" if f1 else "acc_A"
-    off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key] - r["valid_reported"]) > 1e-6]
+    off = [f"{r['arm']}-{r['seed']}" for r in runs if abs(r["probe"]["valid"][key_A] - r["valid_reported"]) > 1e-6]
     full = {r["seed"]: r["valid_curve"] for r in runs if r["arm"] == "as_run"}
     stray = [f"{r['arm']}-{r['seed']}" for r in runs if r["arm"].startswith("as_run_e")
              and [round(v, 2) for v in r["valid_curve"]] != [round(v, 2) for v in full[r["seed"]][:r["epoch"]]]]
